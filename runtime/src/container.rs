@@ -1,0 +1,505 @@
+//! Containers of one shim (one pod) and the operations containerd asks for.
+//!
+//! [`Runtime`] owns every container of the shim behind one lock, and a task
+//! that turns reaped exits into [`Event`]s, after the process's output has
+//! drained, so a `TaskExit` is never published before the last log line.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use log::{info, warn};
+use oci_spec::runtime::{LinuxNamespaceType, Spec};
+use tokio::sync::{mpsc, Mutex};
+
+use crate::cgroup;
+use crate::error::{Error, IoContext, Result};
+use crate::process::{ExitInfo, Process, Status};
+use crate::reaper;
+use crate::runc::{self, Runc};
+use crate::spec::ActorSpec;
+use crate::stdio::{self, StdioConfig};
+
+/// What the runtime reports to the shim, to be published to containerd.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A process exited (exec_id is empty for init).
+    Exit {
+        container_id: String,
+        exec_id: String,
+        pid: i32,
+        exit: ExitInfo,
+    },
+    /// The kernel OOM-killed a process of the container.
+    Oom { container_id: String },
+}
+
+/// One container: its bundle, runc handle, init process and execs.
+pub struct Container {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub runc: Runc,
+    pub init: Process,
+    pub execs: HashMap<String, Process>,
+    pub actor: ActorSpec,
+    /// Whether the container has its own pid namespace (if not, its
+    /// processes are killed when init exits, as runc-v2 does).
+    own_pid_ns: bool,
+    memory_cgroup: Option<PathBuf>,
+}
+
+impl Container {
+    fn process(&self, exec_id: &str) -> Result<&Process> {
+        if exec_id.is_empty() {
+            return Ok(&self.init);
+        }
+        self.execs
+            .get(exec_id)
+            .ok_or_else(|| Error::NotFound(format!("process {exec_id} of container {}", self.id)))
+    }
+
+    fn process_mut(&mut self, exec_id: &str) -> Result<&mut Process> {
+        if exec_id.is_empty() {
+            return Ok(&mut self.init);
+        }
+        let id = self.id.clone();
+        self.execs
+            .get_mut(exec_id)
+            .ok_or_else(|| Error::NotFound(format!("process {exec_id} of container {id}")))
+    }
+}
+
+/// What `create` needs.
+pub struct CreateRequest {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub stdio: StdioConfig,
+}
+
+/// The state of a process, as `state` reports it.
+#[derive(Debug, Clone)]
+pub struct ProcessState {
+    pub id: String,
+    pub exec_id: String,
+    pub pid: i32,
+    pub bundle: PathBuf,
+    pub status: Status,
+    pub stdio: StdioConfig,
+    pub exit: Option<ExitInfo>,
+}
+
+#[derive(Default)]
+struct Inner {
+    containers: HashMap<String, Container>,
+    /// Exits reaped before their pid was registered (a process that died
+    /// right after runc started it). Bounded: runc's own exits land here too.
+    early_exits: VecDeque<(i32, i32)>,
+}
+
+const EARLY_EXITS: usize = 512;
+
+/// All containers of this shim.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Mutex<Inner>>,
+    namespace: String,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+impl Runtime {
+    /// Creates the runtime and starts its exit monitor. `namespace` is the
+    /// containerd namespace (runc state is kept per namespace).
+    pub fn new(namespace: &str, events: mpsc::UnboundedSender<Event>) -> Self {
+        let rt = Runtime {
+            inner: Arc::default(),
+            namespace: namespace.to_string(),
+            events,
+        };
+        let mut sub = reaper::subscribe();
+        let me = rt.clone();
+        tokio::spawn(async move {
+            while let Some(exit) = sub.next().await {
+                me.on_exit(exit.pid, exit.status).await;
+            }
+        });
+        rt
+    }
+
+    fn runc_for(&self, bundle: &Path) -> Runc {
+        Runc::for_namespace(&self.namespace, bundle)
+    }
+
+    async fn on_exit(&self, pid: i32, status: i32) {
+        let mut inner = self.inner.lock().await;
+        let Some((cid, exec_id)) = find_pid(&inner, pid) else {
+            if inner.early_exits.len() >= EARLY_EXITS {
+                inner.early_exits.pop_front();
+            }
+            inner.early_exits.push_back((pid, status));
+            return;
+        };
+        drop(inner);
+        self.process_exited(&cid, &exec_id, pid, status).await;
+    }
+
+    async fn process_exited(&self, cid: &str, exec_id: &str, pid: i32, status: i32) {
+        // Wait for the output outside the lock, then record the exit.
+        let (drain, kill_all, runc) = {
+            let mut inner = self.inner.lock().await;
+            let Some(c) = inner.containers.get_mut(cid) else { return };
+            let kill_all = exec_id.is_empty() && !c.own_pid_ns;
+            let runc = c.runc.clone();
+            let Ok(p) = c.process_mut(exec_id) else { return };
+            (p.io.take_drain(), kill_all, runc)
+        };
+        if kill_all {
+            if let Err(e) = runc.kill(cid, libc::SIGKILL as u32, true).await {
+                if !runc::is_not_running(&e) {
+                    warn!(container = cid; "kill the rest of the container after init exited: {e}");
+                }
+            }
+        }
+        drain.wait().await;
+        let mut inner = self.inner.lock().await;
+        let Some(c) = inner.containers.get_mut(cid) else { return };
+        let oom = exec_id.is_empty()
+            && c.memory_cgroup.as_deref().map(cgroup::oom_kills).unwrap_or(0) > 0;
+        let Ok(p) = c.process_mut(exec_id) else { return };
+        if p.exit_info().is_some() {
+            return;
+        }
+        let exit = p.set_exited(status as u32);
+        info!(container = cid, exec = exec_id, pid, status; "process exited");
+        if oom {
+            let _ = self.events.send(Event::Oom {
+                container_id: cid.to_string(),
+            });
+        }
+        let _ = self.events.send(Event::Exit {
+            container_id: cid.to_string(),
+            exec_id: exec_id.to_string(),
+            pid,
+            exit,
+        });
+    }
+
+    /// Registers a new pid; if it already exited, handles that exit now.
+    async fn claim_early_exit(&self, cid: &str, exec_id: &str, pid: i32) {
+        let early = {
+            let mut inner = self.inner.lock().await;
+            let pos = inner.early_exits.iter().position(|(p, _)| *p == pid);
+            pos.and_then(|i| inner.early_exits.remove(i))
+        };
+        if let Some((_, status)) = early {
+            let me = self.clone();
+            let (cid, exec_id) = (cid.to_string(), exec_id.to_string());
+            tokio::spawn(async move { me.process_exited(&cid, &exec_id, pid, status).await });
+        }
+    }
+
+    /// Create: validates the torpor annotations, then `runc create`.
+    pub async fn create(&self, req: CreateRequest) -> Result<i32> {
+        let spec = read_spec(&req.bundle)?;
+        let actor = ActorSpec::from_annotations(&spec.annotations().clone().unwrap_or_default())?;
+        let own_pid_ns = spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.namespaces().as_ref())
+            .is_some_and(|ns| ns.iter().any(|n| n.typ() == LinuxNamespaceType::Pid && n.path().is_none()));
+        let mut inner = self.inner.lock().await;
+        if inner.containers.contains_key(&req.id) {
+            return Err(Error::AlreadyExists(format!("container {}", req.id)));
+        }
+        let runc = self.runc_for(&req.bundle);
+        let mut init = Process::new("", req.stdio.clone());
+        let pid_file = req.bundle.join("init.pid");
+        let (mut prepared, runc_stdio) = stdio::prepare(&req.stdio)?;
+        let console = prepared.accept_console();
+        runc.create(&req.id, &req.bundle, &pid_file, prepared.console_socket(), runc_stdio)
+            .await?;
+        let master = match console {
+            Some(h) => Some(h.await.map_err(|e| Error::InvalidArgument(format!("console: {e}")))??),
+            None => None,
+        };
+        init.io = prepared.start(master)?;
+        init.pid = runc::read_pid(&pid_file)?;
+        let pid = init.pid;
+        let memory_cgroup = cgroup::memory_cgroup_of(pid);
+        info!(container = req.id.as_str(), pid; "container created");
+        inner.containers.insert(
+            req.id.clone(),
+            Container {
+                id: req.id.clone(),
+                bundle: req.bundle,
+                runc,
+                init,
+                execs: HashMap::new(),
+                actor,
+                own_pid_ns,
+                memory_cgroup,
+            },
+        );
+        drop(inner);
+        self.claim_early_exit(&req.id, "", pid).await;
+        Ok(pid)
+    }
+
+    /// Start of init (`runc start`) or of an exec (`runc exec`).
+    pub async fn start(&self, id: &str, exec_id: &str) -> Result<i32> {
+        let mut inner = self.inner.lock().await;
+        let c = container_mut(&mut inner, id)?;
+        let p = c.process(exec_id)?;
+        if p.status != Status::Created {
+            return Err(Error::FailedPrecondition(format!(
+                "process {id}/{exec_id} is {:?}, not created",
+                p.status
+            )));
+        }
+        if exec_id.is_empty() {
+            c.runc.start(id).await?;
+            c.init.status = Status::Running;
+            return Ok(c.init.pid);
+        }
+        if c.init.status != Status::Running {
+            return Err(Error::FailedPrecondition(format!("container {id} is not running")));
+        }
+        let runc = c.runc.clone();
+        let bundle = c.bundle.clone();
+        let p = c.process_mut(exec_id)?;
+        let spec_file = p
+            .spec_file
+            .clone()
+            .ok_or_else(|| Error::InvalidArgument(format!("exec {exec_id} has no process spec")))?;
+        let pid_file = bundle.join(format!("{exec_id}.pid"));
+        let (mut prepared, runc_stdio) = stdio::prepare(&p.stdio)?;
+        let console = prepared.accept_console();
+        runc.exec(id, &spec_file, &pid_file, prepared.console_socket(), runc_stdio)
+            .await?;
+        let master = match console {
+            Some(h) => Some(h.await.map_err(|e| Error::InvalidArgument(format!("console: {e}")))??),
+            None => None,
+        };
+        p.io = prepared.start(master)?;
+        p.pid = runc::read_pid(&pid_file)?;
+        let _ = std::fs::remove_file(&pid_file);
+        p.status = Status::Running;
+        let pid = p.pid;
+        drop(inner);
+        self.claim_early_exit(id, exec_id, pid).await;
+        Ok(pid)
+    }
+
+    /// Exec: registers the process; `start` runs it.
+    pub async fn exec(&self, id: &str, exec_id: &str, process_json: &[u8], stdio: StdioConfig) -> Result<()> {
+        if exec_id.is_empty() || exec_id.contains('/') || exec_id.contains("..") {
+            return Err(Error::InvalidArgument(format!("exec id {exec_id:?} is not a valid name")));
+        }
+        let mut inner = self.inner.lock().await;
+        let c = container_mut(&mut inner, id)?;
+        if c.execs.contains_key(exec_id) {
+            return Err(Error::AlreadyExists(format!("exec {exec_id} in container {id}")));
+        }
+        if c.init.status != Status::Running {
+            return Err(Error::FailedPrecondition(format!("container {id} is not running")));
+        }
+        let file = c.bundle.join(format!("exec-{exec_id}.json"));
+        std::fs::write(&file, process_json).io_context(|| format!("write {file:?}"))?;
+        let mut p = Process::new(exec_id, stdio);
+        p.spec_file = Some(file);
+        c.execs.insert(exec_id.to_string(), p);
+        Ok(())
+    }
+
+    pub async fn state(&self, id: &str, exec_id: &str) -> Result<ProcessState> {
+        let inner = self.inner.lock().await;
+        let c = container(&inner, id)?;
+        let p = c.process(exec_id)?;
+        Ok(ProcessState {
+            id: id.to_string(),
+            exec_id: exec_id.to_string(),
+            pid: p.pid,
+            bundle: c.bundle.clone(),
+            status: p.status,
+            stdio: p.stdio.clone(),
+            exit: p.exit_info(),
+        })
+    }
+
+    /// Kill: a signal to init (`all`: every process) or to an exec.
+    pub async fn kill(&self, id: &str, exec_id: &str, signal: u32, all: bool) -> Result<()> {
+        let inner = self.inner.lock().await;
+        let c = container(&inner, id)?;
+        let p = c.process(exec_id)?;
+        if p.exit_info().is_some() || (p.status == Status::Created && !exec_id.is_empty()) {
+            return Err(Error::NotFound(format!("process {id}/{exec_id} already finished")));
+        }
+        if exec_id.is_empty() {
+            return c.runc.kill(id, signal, all).await.map_err(|e| {
+                if runc::is_not_running(&e) {
+                    Error::NotFound(format!("process {id} already finished"))
+                } else {
+                    e
+                }
+            });
+        }
+        let sig = nix::sys::signal::Signal::try_from(signal as i32)
+            .map_err(|_| Error::InvalidArgument(format!("signal {signal}")))?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(p.pid), sig).map_err(|e| match e {
+            nix::errno::Errno::ESRCH => Error::NotFound(format!("process {id}/{exec_id} already finished")),
+            e => Error::Sys {
+                context: format!("kill {}", p.pid),
+                source: e,
+            },
+        })
+    }
+
+    /// Delete: an exited exec, or the container (which must not be running).
+    pub async fn delete(&self, id: &str, exec_id: &str) -> Result<(i32, ExitInfo)> {
+        let mut inner = self.inner.lock().await;
+        let c = container_mut(&mut inner, id)?;
+        if !exec_id.is_empty() {
+            let p = c.process(exec_id)?;
+            let exit = match (p.exit_info(), p.status) {
+                (Some(e), _) => e,
+                (None, Status::Created) => ExitInfo {
+                    status: 0,
+                    at: std::time::SystemTime::now(),
+                },
+                _ => return Err(Error::FailedPrecondition(format!("exec {exec_id} is still running"))),
+            };
+            let p = c.execs.remove(exec_id).ok_or_else(|| Error::NotFound(exec_id.to_string()))?;
+            if let Some(f) = p.spec_file {
+                let _ = std::fs::remove_file(f);
+            }
+            return Ok((p.pid, exit));
+        }
+        if matches!(c.init.status, Status::Running | Status::Paused) && c.init.exit_info().is_none() {
+            return Err(Error::FailedPrecondition(format!("container {id} is still running")));
+        }
+        c.runc.delete(id, true).await.or_else(|e| {
+            if runc::is_not_running(&e) {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })?;
+        let mut c = inner.containers.remove(id).ok_or_else(|| Error::NotFound(id.to_string()))?;
+        let exit = c.init.exit_info().unwrap_or(ExitInfo {
+            status: 137,
+            at: std::time::SystemTime::now(),
+        });
+        c.init.io.close();
+        Ok((c.init.pid, exit))
+    }
+
+    pub async fn pause(&self, id: &str) -> Result<()> {
+        let mut inner = self.inner.lock().await;
+        let c = container_mut(&mut inner, id)?;
+        if c.init.status != Status::Running {
+            return Err(Error::FailedPrecondition(format!("container {id} is {:?}, not running", c.init.status)));
+        }
+        c.runc.pause(id).await?;
+        c.init.status = Status::Paused;
+        Ok(())
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<()> {
+        let mut inner = self.inner.lock().await;
+        let c = container_mut(&mut inner, id)?;
+        if c.init.status != Status::Paused {
+            return Err(Error::FailedPrecondition(format!("container {id} is {:?}, not paused", c.init.status)));
+        }
+        c.runc.resume(id).await?;
+        c.init.status = Status::Running;
+        Ok(())
+    }
+
+    /// Pids of the container, with the exec id of those that are execs.
+    pub async fn pids(&self, id: &str) -> Result<Vec<(i32, Option<String>)>> {
+        let inner = self.inner.lock().await;
+        let c = container(&inner, id)?;
+        let pids = c.runc.ps(id).await?;
+        Ok(pids
+            .into_iter()
+            .map(|pid| {
+                let exec = c.execs.values().find(|p| p.pid == pid).map(|p| p.exec_id.clone());
+                (pid, exec)
+            })
+            .collect())
+    }
+
+    pub async fn close_io(&self, id: &str, exec_id: &str) -> Result<()> {
+        let inner = self.inner.lock().await;
+        container(&inner, id)?.process(exec_id)?.io.close_stdin();
+        Ok(())
+    }
+
+    pub async fn resize_pty(&self, id: &str, exec_id: &str, width: u32, height: u32) -> Result<()> {
+        let inner = self.inner.lock().await;
+        container(&inner, id)?.process(exec_id)?.io.resize(width, height)
+    }
+
+    pub async fn update(&self, id: &str, resources_json: &[u8]) -> Result<()> {
+        let inner = self.inner.lock().await;
+        let c = container(&inner, id)?;
+        c.runc.update(id, resources_json, &c.bundle).await
+    }
+
+    pub async fn stats(&self, id: &str) -> Result<serde_json::Value> {
+        let inner = self.inner.lock().await;
+        let c = container(&inner, id)?;
+        c.runc.stats(id).await
+    }
+
+    /// A receiver that sees the exit of the process.
+    pub async fn exit_watch(&self, id: &str, exec_id: &str) -> Result<tokio::sync::watch::Receiver<Option<ExitInfo>>> {
+        let inner = self.inner.lock().await;
+        Ok(container(&inner, id)?.process(exec_id)?.exit_watch())
+    }
+
+    /// Pid of a container's init, for Connect.
+    pub async fn init_pid(&self, id: &str) -> Result<i32> {
+        let inner = self.inner.lock().await;
+        Ok(container(&inner, id)?.init.pid)
+    }
+
+    pub async fn is_empty(&self) -> bool {
+        self.inner.lock().await.containers.is_empty()
+    }
+}
+
+fn find_pid(inner: &Inner, pid: i32) -> Option<(String, String)> {
+    for c in inner.containers.values() {
+        if c.init.pid == pid {
+            return Some((c.id.clone(), String::new()));
+        }
+        if let Some(p) = c.execs.values().find(|p| p.pid == pid) {
+            return Some((c.id.clone(), p.exec_id.clone()));
+        }
+    }
+    None
+}
+
+fn container<'a>(inner: &'a Inner, id: &str) -> Result<&'a Container> {
+    inner
+        .containers
+        .get(id)
+        .ok_or_else(|| Error::NotFound(format!("container {id}")))
+}
+
+fn container_mut<'a>(inner: &'a mut Inner, id: &str) -> Result<&'a mut Container> {
+    inner
+        .containers
+        .get_mut(id)
+        .ok_or_else(|| Error::NotFound(format!("container {id}")))
+}
+
+/// Reads the bundle's OCI spec.
+pub fn read_spec(bundle: &Path) -> Result<Spec> {
+    let path = bundle.join("config.json");
+    let text = std::fs::read(&path).io_context(|| format!("read {path:?}"))?;
+    serde_json::from_slice(&text).map_err(|source| Error::Json {
+        context: format!("parse {path:?}"),
+        source,
+    })
+}

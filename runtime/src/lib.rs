@@ -1,0 +1,20 @@
+//! torpor-runtime: the behaviour behind `containerd-shim-torpor-v1`, independent
+//! of containerd's wire types.
+//!
+//! - [`spec`]: `torpor.dev/*` annotations validated into an [`spec::ActorSpec`];
+//! - [`reaper`]: the SIGCHLD reaper every child process of the shim goes through;
+//! - [`runc`]: the runc (and, through it, CRIU) command driver;
+//! - [`stdio`]: the plumbing between containerd's FIFOs and a process's stdio;
+//! - [`process`] and [`container`]: supervised processes and containers;
+//! - [`cgroup`]: OOM and resource statistics from the container's cgroup.
+
+pub mod cgroup;
+pub mod container;
+pub mod error;
+pub mod process;
+pub mod reaper;
+pub mod runc;
+pub mod spec;
+pub mod stdio;
+
+pub use error::{Error, Result};

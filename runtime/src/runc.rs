@@ -1,0 +1,248 @@
+//! The runc command driver. Every call goes through the [`reaper`](crate::reaper);
+//! a failure carries the last error runc wrote to its JSON log (for a
+//! checkpoint or restore, that names the CRIU log too).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use log::debug;
+use serde::Deserialize;
+
+use crate::error::{Error, IoContext, Result};
+use crate::reaper;
+
+/// Where torpor keeps runc's state, one directory per containerd namespace.
+pub const DEFAULT_ROOT: &str = "/run/torpor/runc";
+
+/// runc, bound to a state root and a bundle's log file.
+#[derive(Debug, Clone)]
+pub struct Runc {
+    binary: PathBuf,
+    root: PathBuf,
+    log: PathBuf,
+}
+
+/// The stdio a container or exec process gets, as runc is given it.
+pub struct ProcessStdio {
+    pub stdin: std::process::Stdio,
+    pub stdout: std::process::Stdio,
+    pub stderr: std::process::Stdio,
+}
+
+/// `runc state` output (the fields torpor uses).
+#[derive(Debug, Deserialize)]
+pub struct State {
+    pub pid: i32,
+    pub status: String,
+}
+
+#[derive(Deserialize)]
+struct LogLine {
+    level: String,
+    msg: String,
+}
+
+impl Runc {
+    /// runc for a container of `namespace` in `bundle`: `$TORPOR_RUNC` or
+    /// `runc` from PATH, state under [`DEFAULT_ROOT`]/namespace.
+    pub fn for_namespace(namespace: &str, bundle: &Path) -> Self {
+        let binary = std::env::var_os("TORPOR_RUNC").unwrap_or_else(|| "runc".into());
+        Runc::new(binary, Path::new(DEFAULT_ROOT).join(namespace), bundle)
+    }
+
+    pub fn new(binary: impl Into<PathBuf>, root: impl Into<PathBuf>, bundle: &Path) -> Self {
+        Runc {
+            binary: binary.into(),
+            root: root.into(),
+            log: bundle.join("log.json"),
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.binary);
+        c.arg("--root")
+            .arg(&self.root)
+            .arg("--log")
+            .arg(&self.log)
+            .arg("--log-format")
+            .arg("json")
+            .args(args);
+        c
+    }
+
+    /// The last error-level message runc logged, or `fallback`.
+    pub fn last_error(&self, fallback: &str) -> String {
+        let Ok(text) = std::fs::read_to_string(&self.log) else {
+            return fallback.to_string();
+        };
+        text.lines()
+            .rev()
+            .filter_map(|l| serde_json::from_str::<LogLine>(l).ok())
+            .find(|l| l.level == "error" || l.level == "fatal")
+            .map(|l| l.msg)
+            .unwrap_or_else(|| fallback.to_string())
+    }
+
+    fn failed(&self, command: &str, stderr: &[u8]) -> Error {
+        let stderr = String::from_utf8_lossy(stderr).trim().to_string();
+        Error::Runc {
+            command: command.to_string(),
+            message: self.last_error(&stderr),
+        }
+    }
+
+    /// Runs a runc subcommand that does not touch a container's stdio.
+    async fn run(&self, args: &[&str]) -> Result<Vec<u8>> {
+        debug!(args:? = args; "runc");
+        let out = reaper::output(self.command(args)).await?;
+        if out.status.success() {
+            Ok(out.stdout)
+        } else {
+            Err(self.failed(args[0], &out.stderr))
+        }
+    }
+
+    /// Runs a runc subcommand that hands `stdio` to the container process.
+    async fn run_with_stdio(&self, args: &[&str], stdio: ProcessStdio) -> Result<()> {
+        debug!(args:? = args; "runc");
+        let mut cmd = self.command(args);
+        cmd.stdin(stdio.stdin).stdout(stdio.stdout).stderr(stdio.stderr);
+        let code = reaper::status(cmd).await?;
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(self.failed(args[0], format!("exit status {code}").as_bytes()))
+        }
+    }
+
+    /// `runc create`: the init process waits for `start`.
+    pub async fn create(
+        &self,
+        id: &str,
+        bundle: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        stdio: ProcessStdio,
+    ) -> Result<()> {
+        let bundle = bundle.to_string_lossy();
+        let pid_file = pid_file.to_string_lossy();
+        let console = console_socket.map(|p| p.to_string_lossy().into_owned());
+        let mut args = vec!["create", "--bundle", &bundle, "--pid-file", &pid_file];
+        if let Some(c) = &console {
+            args.extend(["--console-socket", c]);
+        }
+        args.push(id);
+        self.run_with_stdio(&args, stdio).await
+    }
+
+    pub async fn start(&self, id: &str) -> Result<()> {
+        self.run(&["start", id]).await.map(|_| ())
+    }
+
+    /// `runc exec --detach` of the process described in `process_json`.
+    pub async fn exec(
+        &self,
+        id: &str,
+        process_json: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        stdio: ProcessStdio,
+    ) -> Result<()> {
+        let process = process_json.to_string_lossy();
+        let pid_file = pid_file.to_string_lossy();
+        let console = console_socket.map(|p| p.to_string_lossy().into_owned());
+        let mut args = vec!["exec", "--detach", "--process", &process, "--pid-file", &pid_file];
+        if let Some(c) = &console {
+            args.extend(["--console-socket", c]);
+        }
+        args.push(id);
+        self.run_with_stdio(&args, stdio).await
+    }
+
+    pub async fn kill(&self, id: &str, signal: u32, all: bool) -> Result<()> {
+        let sig = signal.to_string();
+        let mut args = vec!["kill"];
+        if all {
+            args.push("--all");
+        }
+        args.extend([id, &sig]);
+        self.run(&args).await.map(|_| ())
+    }
+
+    pub async fn delete(&self, id: &str, force: bool) -> Result<()> {
+        let mut args = vec!["delete"];
+        if force {
+            args.push("--force");
+        }
+        args.push(id);
+        self.run(&args).await.map(|_| ())
+    }
+
+    pub async fn pause(&self, id: &str) -> Result<()> {
+        self.run(&["pause", id]).await.map(|_| ())
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<()> {
+        self.run(&["resume", id]).await.map(|_| ())
+    }
+
+    pub async fn state(&self, id: &str) -> Result<State> {
+        let out = self.run(&["state", id]).await?;
+        serde_json::from_slice(&out).map_err(|source| Error::Json {
+            context: format!("parse runc state of {id}"),
+            source,
+        })
+    }
+
+    /// Pids of every process in the container.
+    pub async fn ps(&self, id: &str) -> Result<Vec<i32>> {
+        let out = self.run(&["ps", "--format", "json", id]).await?;
+        let pids: Option<Vec<i32>> = serde_json::from_slice(&out).map_err(|source| Error::Json {
+            context: format!("parse runc ps of {id}"),
+            source,
+        })?;
+        Ok(pids.unwrap_or_default())
+    }
+
+    /// `runc update --resources FILE` with an OCI LinuxResources JSON document.
+    pub async fn update(&self, id: &str, resources_json: &[u8], scratch: &Path) -> Result<()> {
+        let file = scratch.join(format!(".update-{}.json", std::process::id()));
+        std::fs::write(&file, resources_json).io_context(|| format!("write {file:?}"))?;
+        let f = file.to_string_lossy().into_owned();
+        let r = self.run(&["update", "--resources", &f, id]).await;
+        let _ = std::fs::remove_file(&file);
+        r.map(|_| ())
+    }
+
+    /// `runc events --stats`: one JSON object with the container's cgroup stats.
+    pub async fn stats(&self, id: &str) -> Result<serde_json::Value> {
+        let out = self.run(&["events", "--stats", id]).await?;
+        serde_json::from_slice(&out).map_err(|source| Error::Json {
+            context: format!("parse runc events --stats of {id}"),
+            source,
+        })
+    }
+}
+
+/// Reads a pid file written by runc.
+pub fn read_pid(path: &Path) -> Result<i32> {
+    let s = std::fs::read_to_string(path).io_context(|| format!("read pid file {path:?}"))?;
+    s.trim()
+        .parse()
+        .map_err(|_| Error::InvalidArgument(format!("pid file {path:?} holds {s:?}, not a pid")))
+}
+
+/// Maps runc's kill errors onto NotFound, as containerd expects for a
+/// process that is already gone.
+pub fn is_not_running(e: &Error) -> bool {
+    match e {
+        Error::Runc { message, .. } => {
+            let m = message.to_lowercase();
+            m.contains("not running")
+                || m.contains("process already finished")
+                || m.contains("no such process")
+                || m.contains("does not exist")
+        }
+        _ => false,
+    }
+}

@@ -1,0 +1,215 @@
+//! `torpor.dev/*` annotations, validated into an [`ActorSpec`].
+//!
+//! Every annotation is optional. A value that does not parse is an error that
+//! names the annotation and the allowed form: torpor never falls back to a
+//! default silently. An unknown `torpor.dev/` key is an error too, so that a
+//! typo (`torpor.dev/idle-afer`) does not go unnoticed.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Prefix of every torpor annotation.
+pub const PREFIX: &str = "torpor.dev/";
+pub const ACTOR: &str = "torpor.dev/actor";
+pub const IDLE_AFTER: &str = "torpor.dev/idle-after";
+pub const FREEZE_FIRST: &str = "torpor.dev/freeze-first";
+pub const KEEP_LOCAL: &str = "torpor.dev/keep-local";
+pub const ACTIVATE_ON: &str = "torpor.dev/activate-on";
+pub const RESTORE_FROM: &str = "torpor.dev/restore-from";
+
+const KNOWN: [&str; 6] = [ACTOR, IDLE_AFTER, FREEZE_FIRST, KEEP_LOCAL, ACTIVATE_ON, RESTORE_FROM];
+
+const DURATION_FORM: &str =
+    "a duration such as 500ms, 30s, 5m or 1h (a whole number followed by ms, s, m or h)";
+const ACTOR_FORM: &str = "1 to 253 characters of a-z, 0-9, '-', '.', '_' and at most one '/', \
+     starting and ending with a letter or digit (e.g. default/my-pod)";
+const PORTS_FORM: &str = "a comma-separated list of TCP ports from 1 to 65535 (e.g. 8080,9090)";
+
+// Kubernetes annotations the CRI plugin sets, used for the default actor id.
+const K8S_POD_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+const K8S_POD_NAME: &str = "io.kubernetes.cri.sandbox-name";
+
+/// The validated torpor configuration of one actor (a pod's app containers).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ActorSpec {
+    /// Actor id: `torpor.dev/actor`, or `<namespace>/<pod name>` under CRI.
+    pub actor: Option<String>,
+    pub idle_after: Option<Duration>,
+    pub freeze_first: Option<Duration>,
+    pub keep_local: Option<Duration>,
+    pub activate_on: Option<Vec<u16>>,
+    pub restore_from: Option<String>,
+}
+
+impl ActorSpec {
+    /// Validates the annotations of an OCI spec (containerd copies the allowed
+    /// pod annotations into every container's spec).
+    pub fn from_annotations(annotations: &HashMap<String, String>) -> Result<Self> {
+        let mut spec = ActorSpec::default();
+        let mut keys: Vec<&String> = annotations.keys().filter(|k| k.starts_with(PREFIX)).collect();
+        keys.sort();
+        for key in keys {
+            let value = annotations[key].as_str();
+            match key.as_str() {
+                ACTOR => spec.actor = Some(parse_actor_id(key, value)?),
+                IDLE_AFTER => spec.idle_after = Some(parse_duration(key, value)?),
+                FREEZE_FIRST => spec.freeze_first = Some(parse_duration(key, value)?),
+                KEEP_LOCAL => spec.keep_local = Some(parse_duration(key, value)?),
+                ACTIVATE_ON => spec.activate_on = Some(parse_ports(key, value)?),
+                RESTORE_FROM => spec.restore_from = Some(parse_actor_id(key, value)?),
+                _ => {
+                    return Err(invalid(
+                        key,
+                        value,
+                        &format!("unknown torpor annotation; known ones are {}", KNOWN.join(", ")),
+                    ))
+                }
+            }
+        }
+        if spec.actor.is_none() {
+            if let (Some(ns), Some(name)) =
+                (annotations.get(K8S_POD_NAMESPACE), annotations.get(K8S_POD_NAME))
+            {
+                let id = format!("{ns}/{name}");
+                spec.actor = Some(parse_actor_id(ACTOR, &id)?);
+            }
+        }
+        Ok(spec)
+    }
+}
+
+fn invalid(key: &str, value: &str, reason: &str) -> Error {
+    Error::InvalidAnnotation {
+        key: key.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Parses `500ms`, `30s`, `5m`, `1h`. Zero is refused: "off" is expressed by
+/// leaving the annotation out.
+pub fn parse_duration(key: &str, value: &str) -> Result<Duration> {
+    let v = value.trim();
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (num, unit) = v.split_at(split);
+    let reason = format!("expected {DURATION_FORM}");
+    let n: u64 = num.parse().map_err(|_| invalid(key, value, &reason))?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.saturating_mul(60)),
+        "h" => Duration::from_secs(n.saturating_mul(3600)),
+        _ => return Err(invalid(key, value, &reason)),
+    };
+    if d.is_zero() {
+        return Err(invalid(key, value, "must be greater than zero (leave the annotation out to disable)"));
+    }
+    Ok(d)
+}
+
+/// Actor ids become file and object names, so they are restricted to a
+/// charset that can never form a path component like `..`.
+pub fn parse_actor_id(key: &str, value: &str) -> Result<String> {
+    let reason = format!("expected {ACTOR_FORM}");
+    let ok_edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    let slashes = value.matches('/').count();
+    let valid = !value.is_empty()
+        && value.len() <= 253
+        && slashes <= 1
+        && value
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-._/".contains(c))
+        && value.split('/').all(|part| ok_edge(part.chars().next()) && ok_edge(part.chars().last()));
+    if valid {
+        Ok(value.to_string())
+    } else {
+        Err(invalid(key, value, &reason))
+    }
+}
+
+fn parse_ports(key: &str, value: &str) -> Result<Vec<u16>> {
+    let reason = format!("expected {PORTS_FORM}");
+    let mut ports = Vec::new();
+    for p in value.split(',') {
+        let port: u16 = p.trim().parse().map_err(|_| invalid(key, value, &reason))?;
+        if port == 0 {
+            return Err(invalid(key, value, &reason));
+        }
+        ports.push(port);
+    }
+    Ok(ports)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ann(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn empty_is_default() {
+        assert_eq!(ActorSpec::from_annotations(&ann(&[])).unwrap(), ActorSpec::default());
+    }
+
+    #[test]
+    fn parses_all_fields() {
+        let s = ActorSpec::from_annotations(&ann(&[
+            (ACTOR, "team-a/notebook.1"),
+            (IDLE_AFTER, "30s"),
+            (FREEZE_FIRST, "500ms"),
+            (KEEP_LOCAL, "5m"),
+            (ACTIVATE_ON, "8080, 9090"),
+            (RESTORE_FROM, "golden"),
+            ("other.io/x", "ignored"),
+        ]))
+        .unwrap();
+        assert_eq!(s.actor.as_deref(), Some("team-a/notebook.1"));
+        assert_eq!(s.idle_after, Some(Duration::from_secs(30)));
+        assert_eq!(s.freeze_first, Some(Duration::from_millis(500)));
+        assert_eq!(s.keep_local, Some(Duration::from_secs(300)));
+        assert_eq!(s.activate_on, Some(vec![8080, 9090]));
+        assert_eq!(s.restore_from.as_deref(), Some("golden"));
+    }
+
+    #[test]
+    fn default_actor_from_cri_pod() {
+        let s = ActorSpec::from_annotations(&ann(&[
+            (K8S_POD_NAMESPACE, "default"),
+            (K8S_POD_NAME, "web-0"),
+        ]))
+        .unwrap();
+        assert_eq!(s.actor.as_deref(), Some("default/web-0"));
+    }
+
+    #[test]
+    fn bad_duration_names_key_and_form() {
+        for bad in ["banana", "", "10", "5d", "-1s", "0s", "1.5s"] {
+            let e = ActorSpec::from_annotations(&ann(&[(IDLE_AFTER, bad)])).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains(IDLE_AFTER), "{msg}");
+            assert!(msg.contains("duration") || msg.contains("greater than zero"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn actor_ids_cannot_be_paths() {
+        for bad in ["..", "../etc", "a/../b", "/abs", "a/b/c", "UPPER", "a b", "-a", "a/", ""] {
+            assert!(parse_actor_id(ACTOR, bad).is_err(), "{bad} accepted");
+        }
+        for good in ["a", "default/pod-1", "x.y_z", "0"] {
+            assert!(parse_actor_id(ACTOR, good).is_ok(), "{good} refused");
+        }
+    }
+
+    #[test]
+    fn bad_ports_and_unknown_keys() {
+        assert!(ActorSpec::from_annotations(&ann(&[(ACTIVATE_ON, "0")])).is_err());
+        assert!(ActorSpec::from_annotations(&ann(&[(ACTIVATE_ON, "70000")])).is_err());
+        let e = ActorSpec::from_annotations(&ann(&[("torpor.dev/idle-afer", "5s")])).unwrap_err();
+        assert!(e.to_string().contains("unknown torpor annotation"));
+    }
+}

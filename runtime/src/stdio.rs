@@ -1,0 +1,378 @@
+//! The plumbing between containerd's stdio FIFOs and a container process.
+//!
+//! Without a terminal, the process gets pipes; the shim copies them to and
+//! from the FIFOs containerd created (so the process never blocks on a FIFO
+//! nobody reads, and containerd can reattach). With a terminal, runc sends
+//! the pty master over a console socket and the shim copies the master.
+//! An empty FIFO path means /dev/null for that stream.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::net::UnixListener;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use log::{debug, warn};
+use nix::fcntl::OFlag;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::oneshot;
+
+use crate::error::{Error, IoContext, Result};
+use crate::runc::ProcessStdio;
+
+/// How long to wait, after a process exited, for its output to drain. A
+/// grandchild that kept the pipe open must not hold up the exit forever.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The stdio containerd asked for.
+#[derive(Debug, Clone, Default)]
+pub struct StdioConfig {
+    pub stdin: String,
+    pub stdout: String,
+    pub stderr: String,
+    pub terminal: bool,
+}
+
+impl StdioConfig {
+    pub fn is_null(&self) -> bool {
+        self.stdin.is_empty() && self.stdout.is_empty() && self.stderr.is_empty()
+    }
+}
+
+/// Stdio being set up: what runc is handed, and what the shim keeps.
+pub struct Prepared {
+    config: StdioConfig,
+    stdin_writer: Option<OwnedFd>,
+    stdout_reader: Option<OwnedFd>,
+    stderr_reader: Option<OwnedFd>,
+    console: Option<ConsoleSocket>,
+}
+
+/// A live process's stdio, owned by the shim.
+pub struct ProcessIo {
+    stdin_fifo: String,
+    stdin: Arc<Mutex<Option<File>>>,
+    console: Option<File>,
+    done: Vec<oneshot::Receiver<()>>,
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(OFlag::O_CLOEXEC).io_context(|| "create pipe".into())
+}
+
+/// Sets up pipes (or the console socket) for a process.
+pub fn prepare(config: &StdioConfig) -> Result<(Prepared, ProcessStdio)> {
+    let mut p = Prepared {
+        config: config.clone(),
+        stdin_writer: None,
+        stdout_reader: None,
+        stderr_reader: None,
+        console: None,
+    };
+    if config.terminal {
+        p.console = Some(ConsoleSocket::new()?);
+        let stdio = ProcessStdio {
+            stdin: Stdio::null(),
+            stdout: Stdio::null(),
+            stderr: Stdio::null(),
+        };
+        return Ok((p, stdio));
+    }
+    let stdin = if config.stdin.is_empty() {
+        Stdio::null()
+    } else {
+        let (r, w) = pipe()?;
+        p.stdin_writer = Some(w);
+        Stdio::from(r)
+    };
+    let out = |path: &str, slot: &mut Option<OwnedFd>| -> Result<Stdio> {
+        if path.is_empty() {
+            return Ok(Stdio::null());
+        }
+        let (r, w) = pipe()?;
+        *slot = Some(r);
+        Ok(Stdio::from(w))
+    };
+    let stdout = out(&config.stdout, &mut p.stdout_reader)?;
+    let stderr = out(&config.stderr, &mut p.stderr_reader)?;
+    Ok((p, ProcessStdio { stdin, stdout, stderr }))
+}
+
+impl Prepared {
+    /// The console socket to pass to runc, for a terminal process.
+    pub fn console_socket(&self) -> Option<&Path> {
+        self.console.as_ref().map(|c| c.path.as_path())
+    }
+
+    /// Starts accepting the pty master; await the result after runc returned.
+    pub fn accept_console(&mut self) -> Option<tokio::task::JoinHandle<Result<OwnedFd>>> {
+        let console = self.console.take()?;
+        Some(tokio::task::spawn_blocking(move || console.receive()))
+    }
+
+    /// Starts the copies. `master` is the pty master for a terminal process.
+    pub fn start(self, master: Option<OwnedFd>) -> Result<ProcessIo> {
+        let mut io = ProcessIo {
+            stdin_fifo: self.config.stdin.clone(),
+            stdin: Arc::new(Mutex::new(None)),
+            console: None,
+            done: Vec::new(),
+        };
+        let cfg = self.config;
+        if let Some(master) = master {
+            let master = File::from(master);
+            let reader = master.try_clone().io_context(|| "dup pty master".into())?;
+            let writer = master.try_clone().io_context(|| "dup pty master".into())?;
+            io.console = Some(master);
+            if !cfg.stdout.is_empty() {
+                io.done.push(copy_thread(reader, cfg.stdout.clone()));
+            }
+            if !cfg.stdin.is_empty() {
+                *lock(&io.stdin) = Some(writer);
+                stdin_thread(cfg.stdin.clone(), io.stdin.clone());
+            }
+            return Ok(io);
+        }
+        if let Some(w) = self.stdin_writer {
+            *lock(&io.stdin) = Some(File::from(w));
+            stdin_thread(cfg.stdin.clone(), io.stdin.clone());
+        }
+        if let Some(r) = self.stdout_reader {
+            io.done.push(copy_task(r, cfg.stdout.clone())?);
+        }
+        if let Some(r) = self.stderr_reader {
+            io.done.push(copy_task(r, cfg.stderr.clone())?);
+        }
+        Ok(io)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Copies a pipe to a FIFO on the tokio runtime.
+fn copy_task(reader: OwnedFd, fifo: String) -> Result<oneshot::Receiver<()>> {
+    let mut src = tokio::net::unix::pipe::Receiver::from_owned_fd(reader)
+        .io_context(|| "register output pipe".into())?;
+    let (tx, rx) = oneshot::channel();
+    tokio::spawn(async move {
+        // read_write keeps the open from failing (ENXIO) when containerd has
+        // not opened its end yet; containerd still sees EOF when we close.
+        match tokio::net::unix::pipe::OpenOptions::new()
+            .read_write(true)
+            .open_sender(&fifo)
+        {
+            Ok(mut dst) => {
+                if let Err(e) = tokio::io::copy(&mut src, &mut dst).await {
+                    debug!("copy to {fifo}: {e}");
+                }
+                let _ = dst.flush().await;
+            }
+            Err(e) => warn!("open stdio fifo {fifo}: {e}"),
+        }
+        let _ = tx.send(());
+    });
+    Ok(rx)
+}
+
+/// Copies a pty master to a FIFO on a thread (a pty is not a pipe tokio takes).
+fn copy_thread(mut src: File, fifo: String) -> oneshot::Receiver<()> {
+    let (tx, rx) = oneshot::channel();
+    std::thread::spawn(move || {
+        match OpenOptions::new().read(true).write(true).open(&fifo) {
+            Ok(mut dst) => {
+                let mut buf = [0u8; 32 * 1024];
+                loop {
+                    match src.read(&mut buf) {
+                        Ok(0) | Err(_) => break, // EIO once the pty's last user is gone
+                        Ok(n) => {
+                            if dst.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => warn!("open stdio fifo {fifo}: {e}"),
+        }
+        let _ = tx.send(());
+    });
+    rx
+}
+
+/// Copies the stdin FIFO into the process until containerd closes it.
+/// The open blocks until containerd opens its writer, hence a thread.
+fn stdin_thread(fifo: String, dst: Arc<Mutex<Option<File>>>) {
+    std::thread::spawn(move || {
+        let mut src = match OpenOptions::new().read(true).open(&fifo) {
+            Ok(f) => f,
+            Err(e) => {
+                warn!("open stdin fifo {fifo}: {e}");
+                return;
+            }
+        };
+        let mut buf = [0u8; 32 * 1024];
+        loop {
+            match src.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let mut guard = lock(&dst);
+                    let Some(w) = guard.as_mut() else { return };
+                    if w.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        // containerd closed stdin: the process sees EOF (unless it is a pty).
+        let mut guard = lock(&dst);
+        if guard.as_ref().is_some_and(|f| !is_tty(f)) {
+            *guard = None;
+        }
+    });
+}
+
+fn is_tty(f: &File) -> bool {
+    nix::unistd::isatty(f).unwrap_or(false)
+}
+
+impl ProcessIo {
+    /// A process with no stdio at all.
+    pub fn null() -> Self {
+        ProcessIo {
+            stdin_fifo: String::new(),
+            stdin: Arc::new(Mutex::new(None)),
+            console: None,
+            done: Vec::new(),
+        }
+    }
+
+    /// CloseIO: the process sees EOF on stdin.
+    pub fn close_stdin(&self) {
+        let mut guard = lock(&self.stdin);
+        match guard.as_mut() {
+            // On a terminal, EOF is the VEOF character (^D), as a user would type it.
+            Some(f) if is_tty(f) => {
+                let _ = f.write_all(&[4]);
+            }
+            _ => *guard = None,
+        }
+    }
+
+    /// ResizePty.
+    pub fn resize(&self, width: u32, height: u32) -> Result<()> {
+        let Some(c) = &self.console else {
+            return Err(Error::FailedPrecondition("the process has no terminal".into()));
+        };
+        let ws = libc::winsize {
+            ws_row: height.min(u16::MAX as u32) as u16,
+            ws_col: width.min(u16::MAX as u32) as u16,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ reads a winsize struct that lives for the call.
+        let rc = unsafe { libc::ioctl(c.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+        if rc < 0 {
+            return Err(Error::Io {
+                context: "resize pty".into(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Takes what [`Drain::wait`] waits for, so the caller can wait without
+    /// holding a lock on the process.
+    pub fn take_drain(&mut self) -> Drain {
+        Drain {
+            done: std::mem::take(&mut self.done),
+        }
+    }
+
+    /// After the process exited: releases stdin, and unblocks a stdin copy
+    /// still waiting for containerd to open the FIFO.
+    pub fn close(&mut self) {
+        *lock(&self.stdin) = None;
+        if !self.stdin_fifo.is_empty() {
+            // Opening the write side lets a reader blocked in open() return;
+            // it then reads EOF and ends.
+            let _ = OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&self.stdin_fifo);
+        }
+    }
+}
+
+/// The end of a process's output copies.
+pub struct Drain {
+    done: Vec<oneshot::Receiver<()>>,
+}
+
+impl Drain {
+    /// Waits until the output is drained (bounded by [`DRAIN_TIMEOUT`]).
+    pub async fn wait(self) {
+        let all = async {
+            for r in self.done {
+                let _ = r.await;
+            }
+        };
+        if tokio::time::timeout(DRAIN_TIMEOUT, all).await.is_err() {
+            debug!("stdio still open {DRAIN_TIMEOUT:?} after exit; not waiting longer");
+        }
+    }
+}
+
+/// A unix socket on which runc sends a terminal's pty master.
+struct ConsoleSocket {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+static CONSOLE_SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl ConsoleSocket {
+    fn new() -> Result<Self> {
+        let n = CONSOLE_SEQ.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("torpor-pty-{}-{n}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).io_context(|| format!("bind console socket {path:?}"))?;
+        Ok(ConsoleSocket { listener, path })
+    }
+
+    fn receive(self) -> Result<OwnedFd> {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixAddr};
+        let r = (|| {
+            let (stream, _) = self.listener.accept().io_context(|| "accept console socket".into())?;
+            let mut buf = [0u8; 4096];
+            let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+            let mut space = nix::cmsg_space!([std::os::fd::RawFd; 2]);
+            let msg = recvmsg::<UnixAddr>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+                .io_context(|| "receive pty master".into())?;
+            for cmsg in msg.cmsgs().io_context(|| "read control message".into())? {
+                if let ControlMessageOwned::ScmRights(fds) = cmsg {
+                    if let Some(fd) = fds.first() {
+                        // SAFETY: the kernel just installed this fd for us.
+                        return Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(*fd) });
+                    }
+                }
+            }
+            Err(Error::InvalidArgument("runc sent no pty master on the console socket".into()))
+        })();
+        let _ = std::fs::remove_file(&self.path);
+        r
+    }
+}
+
+impl Drop for ConsoleSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+

@@ -1,0 +1,32 @@
+//! `containerd-shim-torpor-v1`: containerd's runtime v2 shim for torpor.
+//!
+//! containerd starts it (`start`), talks to it over ttrpc (the task service
+//! in [`task`]), and cleans up after it (`delete`). One shim serves all
+//! containers of a pod, grouped by the CRI sandbox id.
+
+mod error;
+mod events;
+mod service;
+mod stats;
+mod task;
+
+/// containerd's runtime id for torpor.
+pub const RUNTIME_ID: &str = "io.containerd.torpor.v1";
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "-v" || a == "--version" || a == "-version") {
+        println!("containerd-shim-torpor-v1:");
+        println!("  Version:  {}", env!("CARGO_PKG_VERSION"));
+        println!("  Runtime:  {RUNTIME_ID}");
+        return;
+    }
+    let config = containerd_shim::Config {
+        // The runtime crate owns the SIGCHLD reaper: it must see runc's and
+        // the containers' exits in one place.
+        no_reaper: true,
+        ..Default::default()
+    };
+    containerd_shim::asynchronous::run::<service::Service>(RUNTIME_ID, Some(config)).await;
+}

@@ -1,0 +1,91 @@
+//! The shim's process lifecycle: `start` (spawn or join the pod's shim),
+//! `delete` (clean up after a dead shim) and the task service's creation.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use containerd_shim::asynchronous::{publisher::RemotePublisher, spawn, ExitSignal, Shim};
+use containerd_shim::protos::api::DeleteResponse;
+use containerd_shim::{Config, Flags, StartOpts};
+use log::warn;
+use tokio::sync::mpsc;
+use torpor_runtime::container::{read_spec, Runtime};
+use torpor_runtime::runc::Runc;
+
+use crate::events::{timestamp, Events};
+use crate::task::TaskService;
+
+/// Annotations whose value groups containers into one shim: the CRI sandbox
+/// id (one shim per pod), or an explicit group for `ctr` users.
+const GROUP_LABELS: [&str; 3] = [
+    "io.kubernetes.cri.sandbox-id",
+    "io.containerd.torpor.v1.group",
+    "io.containerd.runc.v2.group",
+];
+
+pub struct Service {
+    exit: Arc<ExitSignal>,
+    id: String,
+    namespace: String,
+}
+
+#[async_trait]
+impl Shim for Service {
+    type T = TaskService;
+
+    async fn new(_runtime_id: &str, args: &Flags, _config: &mut Config) -> Self {
+        Service {
+            exit: Arc::new(ExitSignal::default()),
+            id: args.id.clone(),
+            namespace: args.namespace.clone(),
+        }
+    }
+
+    async fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
+        // containerd runs `start` in the bundle directory.
+        let mut grouping = opts.id.clone();
+        if let Ok(spec) = read_spec(std::path::Path::new(".")) {
+            if let Some(ann) = spec.annotations() {
+                if let Some(g) = GROUP_LABELS.iter().find_map(|l| ann.get(*l)) {
+                    grouping = g.clone();
+                }
+            }
+        }
+        let address = spawn(opts, &grouping, Vec::new()).await?;
+        containerd_shim::asynchronous::util::write_str_to_file("address", &address).await?;
+        Ok(address)
+    }
+
+    async fn delete_shim(&mut self) -> containerd_shim::Result<DeleteResponse> {
+        // The shim died: remove what it left (the runc container, the rootfs mount).
+        let bundle = std::env::current_dir()
+            .map_err(|e| containerd_shim::Error::Other(format!("get bundle dir: {e}")))?;
+        let runc = Runc::for_namespace(&self.namespace, &bundle);
+        if let Err(e) = runc.delete(&self.id, true).await {
+            warn!("cleanup: runc delete {}: {e}", self.id);
+        }
+        let rootfs = bundle.join("rootfs");
+        if let Err(e) = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0) {
+            warn!("cleanup: unmount {rootfs:?}: {e}");
+        }
+        let pid = torpor_runtime::runc::read_pid(&bundle.join("init.pid")).unwrap_or(0);
+        Ok(DeleteResponse {
+            pid: pid as u32,
+            exit_status: 137,
+            exited_at: Some(timestamp(std::time::SystemTime::now())).into(),
+            ..Default::default()
+        })
+    }
+
+    async fn wait(&mut self) {
+        self.exit.wait().await;
+    }
+
+    async fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
+        let events = Events::start(publisher, self.namespace.clone());
+        let (tx, rx) = mpsc::unbounded_channel();
+        events.forward(rx);
+        let runtime = Runtime::new(&self.namespace, tx);
+        TaskService::new(runtime, events, self.exit.clone())
+    }
+}
