@@ -1,0 +1,46 @@
+# torpor — see README.md. Every target is safe to re-run.
+SHELL := /bin/bash
+PREFIX ?= /usr/local
+CARGO ?= cargo
+
+.PHONY: all deps build install uninstall demo test unit-test integration-test bench clean
+
+all: build
+
+## deps: install (or verify) everything torpor and its tests need; cached under /var/cache/torpor
+deps:
+	scripts/deps.sh
+
+## build: the shim and the other binaries, release mode
+build:
+	$(CARGO) build --release --workspace
+
+## install: the shim on PATH for the system containerd, plus the config drop-in
+install: build
+	install -D -m 0755 target/release/containerd-shim-torpor-v1 $(DESTDIR)$(PREFIX)/bin/containerd-shim-torpor-v1
+	install -D -m 0644 deploy/containerd/torpor.toml $(DESTDIR)/etc/containerd/conf.d/torpor.toml
+	@echo "installed. Make sure /etc/containerd/config.toml has: imports = [\"/etc/containerd/conf.d/*.toml\"]"
+	@echo "then: systemctl restart containerd && kubectl apply -f RuntimeClass.yaml"
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/containerd-shim-torpor-v1 $(DESTDIR)/etc/containerd/conf.d/torpor.toml
+
+## demo: set up the machine, then run an actor under torpor on a private containerd
+demo: deps build
+	scripts/demo.sh
+
+## test: unit tests, then the integration tests against a private containerd
+test: unit-test integration-test
+
+unit-test:
+	$(CARGO) test --release -p torpor-runtime -p torpor-shim
+
+integration-test:
+	test/rig/run-tests.sh
+
+## bench: torpor against containerd-shim-runc-v2, writes bench/results.json and BENCHMARKS.md
+bench: build
+	bench/run.sh
+
+clean:
+	$(CARGO) clean
