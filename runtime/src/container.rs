@@ -46,6 +46,8 @@ pub struct Container {
     /// processes are killed when init exits, as runc-v2 does).
     own_pid_ns: bool,
     memory_cgroup: Option<PathBuf>,
+    /// A checkpoint image to restore at start, instead of `runc start`.
+    restore_from: Option<PathBuf>,
 }
 
 impl Container {
@@ -74,6 +76,8 @@ pub struct CreateRequest {
     pub id: String,
     pub bundle: PathBuf,
     pub stdio: StdioConfig,
+    /// Restore this checkpoint image directory at start.
+    pub checkpoint: Option<PathBuf>,
 }
 
 /// The state of a process, as `state` reports it.
@@ -212,6 +216,26 @@ impl Runtime {
         }
         let runc = self.runc_for(&req.bundle);
         let mut init = Process::new("", req.stdio.clone());
+        if let Some(image) = &req.checkpoint {
+            // As runc-v2: a container created from a checkpoint is restored at Start.
+            check_image(image)?;
+            info!(container = req.id.as_str(), image:? = image; "container created from a checkpoint");
+            inner.containers.insert(
+                req.id.clone(),
+                Container {
+                    id: req.id.clone(),
+                    bundle: req.bundle,
+                    runc,
+                    init,
+                    execs: HashMap::new(),
+                    actor,
+                    own_pid_ns,
+                    memory_cgroup: None,
+                    restore_from: req.checkpoint,
+                },
+            );
+            return Ok(0);
+        }
         let pid_file = req.bundle.join("init.pid");
         let (mut prepared, runc_stdio) = stdio::prepare(&req.stdio)?;
         let console = prepared.accept_console();
@@ -237,6 +261,7 @@ impl Runtime {
                 actor,
                 own_pid_ns,
                 memory_cgroup,
+                restore_from: None,
             },
         );
         drop(inner);
@@ -256,6 +281,10 @@ impl Runtime {
             )));
         }
         if exec_id.is_empty() {
+            if let Some(image) = c.restore_from.clone() {
+                drop(inner);
+                return self.restore(id, &image).await;
+            }
             c.runc.start(id).await?;
             c.init.status = Status::Running;
             return Ok(c.init.pid);
@@ -287,6 +316,49 @@ impl Runtime {
         drop(inner);
         self.claim_early_exit(id, exec_id, pid).await;
         Ok(pid)
+    }
+
+    /// Start of a container created from a checkpoint: `runc restore`.
+    async fn restore(&self, id: &str, image: &Path) -> Result<i32> {
+        let mut inner = self.inner.lock().await;
+        let c = container_mut(&mut inner, id)?;
+        let pid_file = c.bundle.join("init.pid");
+        let work = c.bundle.join("criu-work");
+        std::fs::create_dir_all(&work).io_context(|| format!("create {work:?}"))?;
+        let (mut prepared, runc_stdio) = stdio::prepare(&c.init.stdio)?;
+        let console = prepared.accept_console();
+        c.runc
+            .restore(id, &c.bundle, image, &work, &pid_file, prepared.console_socket(), runc_stdio)
+            .await?;
+        let master = match console {
+            Some(h) => Some(h.await.map_err(|e| Error::InvalidArgument(format!("console: {e}")))??),
+            None => None,
+        };
+        c.init.io = prepared.start(master)?;
+        c.init.pid = runc::read_pid(&pid_file)?;
+        c.init.status = Status::Running;
+        c.restore_from = None;
+        c.memory_cgroup = cgroup::memory_cgroup_of(c.init.pid);
+        let pid = c.init.pid;
+        info!(container = id, pid; "container restored from a checkpoint");
+        drop(inner);
+        self.claim_early_exit(id, "", pid).await;
+        Ok(pid)
+    }
+
+    /// Checkpoint of a running or paused container into `opts.image_path`.
+    pub async fn checkpoint(&self, id: &str, opts: runc::CheckpointOpts) -> Result<()> {
+        let inner = self.inner.lock().await;
+        let c = container(&inner, id)?;
+        if !matches!(c.init.status, Status::Running | Status::Paused) || c.init.exit_info().is_some() {
+            return Err(Error::FailedPrecondition(format!(
+                "container {id} is {:?}: only a running or paused container can be checkpointed",
+                c.init.status
+            )));
+        }
+        std::fs::create_dir_all(&opts.image_path).io_context(|| format!("create {:?}", opts.image_path))?;
+        std::fs::create_dir_all(&opts.work_path).io_context(|| format!("create {:?}", opts.work_path))?;
+        c.runc.checkpoint(id, &opts).await
     }
 
     /// Exec: registers the process; `start` runs it.
@@ -492,6 +564,21 @@ fn container_mut<'a>(inner: &'a mut Inner, id: &str) -> Result<&'a mut Container
         .containers
         .get_mut(id)
         .ok_or_else(|| Error::NotFound(format!("container {id}")))
+}
+
+/// Refuses a checkpoint image directory that is missing or holds no CRIU image.
+fn check_image(image: &Path) -> Result<()> {
+    if !image.is_dir() {
+        return Err(Error::InvalidArgument(format!(
+            "checkpoint image directory {image:?} does not exist"
+        )));
+    }
+    if !image.join("inventory.img").is_file() {
+        return Err(Error::InvalidArgument(format!(
+            "checkpoint image directory {image:?} holds no CRIU image (no inventory.img)"
+        )));
+    }
+    Ok(())
 }
 
 /// Reads the bundle's OCI spec.

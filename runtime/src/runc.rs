@@ -224,6 +224,102 @@ impl Runc {
     }
 }
 
+/// What a checkpoint is asked to do (containerd's CheckpointOptions).
+#[derive(Debug, Clone, Default)]
+pub struct CheckpointOpts {
+    /// Stop the container after the dump (otherwise it keeps running).
+    pub exit: bool,
+    pub open_tcp: bool,
+    pub external_unix_sockets: bool,
+    pub terminal: bool,
+    pub file_locks: bool,
+    pub empty_namespaces: Vec<String>,
+    /// CRIU's cgroup mode: soft, full, strict or ignore (empty: runc's default).
+    pub cgroups_mode: String,
+    pub image_path: PathBuf,
+    pub work_path: PathBuf,
+}
+
+impl Runc {
+    /// `runc checkpoint`. On failure the error quotes CRIU's log.
+    pub async fn checkpoint(&self, id: &str, o: &CheckpointOpts) -> Result<()> {
+        let image = o.image_path.to_string_lossy().into_owned();
+        let work = o.work_path.to_string_lossy().into_owned();
+        let mut args = vec!["checkpoint".to_string(), "--image-path".into(), image, "--work-path".into(), work];
+        if !o.exit {
+            args.push("--leave-running".into());
+        }
+        for (on, flag) in [
+            (o.open_tcp, "--tcp-established"),
+            (o.external_unix_sockets, "--ext-unix-sk"),
+            (o.terminal, "--shell-job"),
+            (o.file_locks, "--file-locks"),
+        ] {
+            if on {
+                args.push(flag.into());
+            }
+        }
+        for ns in &o.empty_namespaces {
+            args.extend(["--empty-ns".into(), ns.clone()]);
+        }
+        if !o.cgroups_mode.is_empty() {
+            args.extend(["--manage-cgroups-mode".into(), o.cgroups_mode.clone()]);
+        }
+        args.push(id.into());
+        let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+        self.run(&refs).await.map(|_| ()).map_err(|e| self.with_criu_log(e, &o.work_path, "dump.log"))
+    }
+
+    /// `runc restore --detach` of `image` into the bundle's container.
+    pub async fn restore(
+        &self,
+        id: &str,
+        bundle: &Path,
+        image: &Path,
+        work: &Path,
+        pid_file: &Path,
+        console_socket: Option<&Path>,
+        stdio: ProcessStdio,
+    ) -> Result<()> {
+        let (b, i, w, p) = (
+            bundle.to_string_lossy(),
+            image.to_string_lossy(),
+            work.to_string_lossy(),
+            pid_file.to_string_lossy(),
+        );
+        let console = console_socket.map(|p| p.to_string_lossy().into_owned());
+        let mut args = vec![
+            "restore", "--detach", "--no-subreaper", "--tcp-established", "--bundle", &b, "--image-path", &i,
+            "--work-path", &w, "--pid-file", &p,
+        ];
+        if let Some(c) = &console {
+            args.extend(["--console-socket", c, "--shell-job"]);
+        }
+        args.push(id);
+        self.run_with_stdio(&args, stdio)
+            .await
+            .map_err(|e| self.with_criu_log(e, work, "restore.log"))
+    }
+
+    /// Adds the error lines of CRIU's log to a runc error and keeps the full
+    /// log beside the bundle's runc log (`criu-<log>`).
+    fn with_criu_log(&self, e: Error, work: &Path, log: &str) -> Error {
+        let Error::Runc { command, message } = e else { return e };
+        let src = work.join(log);
+        let Ok(text) = std::fs::read_to_string(&src) else {
+            return Error::Runc { command, message };
+        };
+        let kept = self.log.with_file_name(format!("criu-{log}"));
+        let _ = std::fs::write(&kept, &text);
+        let errors: Vec<&str> = text.lines().filter(|l| l.contains("Error") || l.contains("rror (")).collect();
+        let tail = &errors[errors.len().saturating_sub(8)..];
+        Error::Runc {
+            command,
+            message: format!("{message}; CRIU log ({}):\n{}", kept.display(), tail.join("\n")),
+        }
+    }
+}
+
 /// Reads a pid file written by runc.
 pub fn read_pid(path: &Path) -> Result<i32> {
     let s = std::fs::read_to_string(path).io_context(|| format!("read pid file {path:?}"))?;

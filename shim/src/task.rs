@@ -8,23 +8,24 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use containerd_shim::asynchronous::ExitSignal;
 use containerd_shim::protos::api::{
-    CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse, DeleteRequest,
+    CheckpointTaskRequest, CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse, DeleteRequest,
     DeleteResponse, Empty, ExecProcessRequest, KillRequest, PauseRequest, PidsRequest, PidsResponse,
     ResizePtyRequest, ResumeRequest, ShutdownRequest, StartRequest, StartResponse, StateRequest, StateResponse,
     StatsRequest, StatsResponse, UpdateTaskRequest, WaitRequest, WaitResponse,
 };
 use containerd_shim::protos::events::task::{
-    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskIO, TaskPaused, TaskResumed, TaskStart,
+    TaskCheckpointed, TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskIO, TaskPaused, TaskResumed, TaskStart,
 };
 use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::{Message, MessageField};
-use containerd_shim::protos::shim::oci::ProcessDetails;
+use containerd_shim::protos::shim::oci::{CheckpointOptions, ProcessDetails};
 use containerd_shim::protos::shim_async::Task;
 use containerd_shim::protos::ttrpc::{self, r#async::TtrpcContext, Code};
 use containerd_shim::protos::types::task::{ProcessInfo, Status as TaskStatus};
 use log::{info, warn};
 use torpor_runtime::container::{CreateRequest, Runtime};
 use torpor_runtime::process::{wait_exit, Status};
+use torpor_runtime::runc::CheckpointOpts;
 use torpor_runtime::stdio::StdioConfig;
 
 use crate::error::IntoTtrpc;
@@ -78,8 +79,11 @@ fn unmount_rootfs(bundle: &Path) {
 impl Task for TaskService {
     async fn create(&self, _ctx: &TtrpcContext, req: CreateTaskRequest) -> ttrpc::Result<CreateTaskResponse> {
         info!(id = req.id.as_str(), bundle = req.bundle.as_str(); "create");
-        if !req.checkpoint.is_empty() || !req.parent_checkpoint.is_empty() {
-            return Err(status(Code::UNIMPLEMENTED, "create from a checkpoint is not supported yet"));
+        if !req.parent_checkpoint.is_empty() {
+            return Err(status(
+                Code::UNIMPLEMENTED,
+                "restore from a parent (incremental) checkpoint is not supported: this kernel has no soft-dirty tracking",
+            ));
         }
         let bundle = PathBuf::from(&req.bundle);
         mount_rootfs(&req, &bundle).await?;
@@ -95,6 +99,7 @@ impl Task for TaskService {
                 id: req.id.clone(),
                 bundle: bundle.clone(),
                 stdio,
+                checkpoint: (!req.checkpoint.is_empty()).then(|| PathBuf::from(&req.checkpoint)),
             })
             .await;
         let pid = match created {
@@ -230,6 +235,48 @@ impl Task for TaskService {
         self.runtime.resume(&req.id).await.ttrpc()?;
         self.events.send(TaskResumed {
             container_id: req.id,
+            ..Default::default()
+        });
+        Ok(Empty::new())
+    }
+
+    async fn checkpoint(&self, _ctx: &TtrpcContext, req: CheckpointTaskRequest) -> ttrpc::Result<Empty> {
+        let o = match req.options.as_ref() {
+            Some(any) if !any.value.is_empty() => CheckpointOptions::parse_from_bytes(&any.value)
+                .map_err(|e| status(Code::INVALID_ARGUMENT, format!("checkpoint options ({}): {e}", any.type_url)))?,
+            _ => CheckpointOptions::default(),
+        };
+        let image = if o.image_path.is_empty() { &req.path } else { &o.image_path };
+        if image.is_empty() {
+            return Err(status(Code::INVALID_ARGUMENT, "checkpoint needs an image path"));
+        }
+        let bundle = self.runtime.state(&req.id, "").await.ttrpc()?.bundle;
+        // As runc-v2: a work dir given by the caller is kept, ours is removed.
+        let (work, temporary) = if o.work_path.is_empty() {
+            (bundle.join("criu-work"), true)
+        } else {
+            (PathBuf::from(&o.work_path), false)
+        };
+        let opts = CheckpointOpts {
+            exit: o.exit,
+            open_tcp: o.open_tcp,
+            external_unix_sockets: o.external_unix_sockets,
+            terminal: o.terminal,
+            file_locks: o.file_locks,
+            empty_namespaces: o.empty_namespaces.clone(),
+            cgroups_mode: o.cgroups_mode.clone(),
+            image_path: PathBuf::from(image),
+            work_path: work.clone(),
+        };
+        info!(id = req.id.as_str(), image = image.as_str(), exit = o.exit; "checkpoint");
+        let r = self.runtime.checkpoint(&req.id, opts).await;
+        if temporary {
+            let _ = std::fs::remove_dir_all(&work);
+        }
+        r.ttrpc()?;
+        self.events.send(TaskCheckpointed {
+            container_id: req.id,
+            checkpoint: image.clone(),
             ..Default::default()
         });
         Ok(Empty::new())
