@@ -1,0 +1,526 @@
+#!/usr/bin/env bash
+# deps.sh: install everything torpor's tests need on a Debian 12 (bookworm)
+# machine, as root, without questions. This is what `make deps` runs.
+#
+#   scripts/deps.sh           install what is missing, then check everything
+#   scripts/deps.sh --check   only check (prints each tool and its version)
+#
+# What it does, in order (every step is skipped when already done):
+#   1. apt (bookworm): runc, iptables, iproute2, busybox-static, curl, socat,
+#      jq, ... plus CRIU's build dependencies.
+#   2. CRIU >= 4.2, built from the Debian source package of forky/sid.
+#      Why not the binary package: forky's criu needs libc6 >= 2.38, and
+#      taking libc6 from trixie on bookworm drags base-files, gnutls, nettle
+#      and libc6-dev along and removes build-essential, postgresql, locales
+#      and more (seen with `apt-get -s`). Built from the same source against
+#      bookworm's libraries, criu 4.2.1 passes `criu check` here and leaves
+#      the system's packages alone. Only deb-src entries of the newer suites
+#      are added, and a pin keeps any binary package of theirs at priority 100.
+#   3. containerd 2.x (containerd, ctr, containerd-shim-runc-v2), crictl, the
+#      CNI plugins and checkpointctl, built from their Go modules with the
+#      machine's Go (CGO_ENABLED=0).
+#   4. The local test images (test/images/build.sh).
+#   5. A check of every tool and version; fails naming what is wrong.
+#
+# Built artifacts are cached outside the clone, keyed by version, in
+# ${TORPOR_DEPS_CACHE:-/var/cache/torpor/deps}/<tool>-<version>/ and copied
+# from there to /usr/local/bin, /usr/local/sbin and /opt/cni/bin. Versions are
+# pinned in scripts/versions.env.
+set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
+export LC_ALL=C
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+repo=$(cd "$here/.." && pwd)
+# shellcheck source=scripts/versions.env
+source "$here/versions.env"
+
+log() { printf '==> %s\n' "$*"; }
+die() { printf 'deps.sh: error: %s\n' "$*" >&2; exit 1; }
+
+mode=install
+case "${1:-}" in
+"") ;;
+--check) mode=check ;;
+-h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+*) die "unknown argument '$1' (usage: deps.sh [--check])" ;;
+esac
+[[ $(id -u) == 0 ]] || die "must run as root (it installs packages and runs 'criu check')"
+
+# Tools installed here must be found by the checks even if the caller's PATH
+# lacks these directories (the caller's order is kept otherwise).
+for d in /usr/local/sbin /usr/local/bin /usr/local/go/bin; do
+	case ":$PATH:" in *":$d:"*) ;; *) PATH=$PATH:$d ;; esac
+done
+export PATH
+
+start=$SECONDS
+
+# --------------------------------------------------------------------------
+# 1. Debian packages (bookworm)
+# --------------------------------------------------------------------------
+APT_PACKAGES=(
+	# used by the tests and by CRIU/runc at run time
+	runc iptables iproute2 busybox-static ca-certificates curl socat jq xz-utils
+	# CRIU's run-time libraries (bookworm versions)
+	libbsd0 libgnutls30 libnftables1 libprotobuf-c1 libnl-3-200 libnet1 libuuid1
+	# CRIU's build dependencies (Debian's Build-Depends, less docs and python)
+	gcc make pkg-config python3 libbsd-dev libcap-dev libgnutls28-dev libnet1-dev
+	libnftables-dev libnl-3-dev libprotobuf-c-dev libprotobuf-dev
+	protobuf-c-compiler protobuf-compiler uuid-dev
+)
+
+APT_SOURCES_FILE=/etc/apt/sources.list.d/torpor-newer.sources
+APT_PREFS_FILE=/etc/apt/preferences.d/torpor-newer
+
+# Source packages only: nothing binary comes from the newer suites.
+apt_sources_text() {
+	cat <<EOF
+# Added by torpor scripts/deps.sh: source packages of newer Debian suites,
+# used to build CRIU >= ${CRIU_MIN_VERSION} (see scripts/deps.sh).
+Types: deb-src
+URIs: http://deb.debian.org/debian
+Suites: ${CRIU_SOURCE_SUITES}
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+}
+
+apt_prefs_text() {
+	cat <<'EOF'
+# Added by torpor scripts/deps.sh.
+# Should binary entries of newer suites ever be added, only packages named
+# explicitly may come from them: never upgrade bookworm's libc & co. behind
+# apt's back (a half-upgraded libc broke a machine once).
+Package: *
+Pin: release n=trixie
+Pin-Priority: 100
+
+Package: *
+Pin: release n=forky
+Pin-Priority: 100
+
+Package: *
+Pin: release n=sid
+Pin-Priority: 100
+
+# bookworm's criu 3.17 fails on this kernel (vdso) and would shadow nothing
+# but confuse: runc only Recommends it, keep it out.
+Package: criu
+Pin: release n=bookworm
+Pin-Priority: -1
+EOF
+}
+
+# write_if_changed FILE: replaces FILE with stdin if the content differs.
+# Returns 0 if it wrote, 1 if FILE was already up to date.
+write_if_changed() {
+	local file=$1 tmp
+	tmp=$(mktemp)
+	cat >"$tmp"
+	if [[ -f $file ]] && cmp -s "$tmp" "$file"; then
+		rm -f "$tmp"
+		return 1
+	fi
+	install -m 0644 "$tmp" "$file"
+	rm -f "$tmp"
+	return 0
+}
+
+apt_updated=0
+apt_update() {
+	log "apt-get update"
+	apt-get update -q -o DPkg::Lock::Timeout=600 >/dev/null || die "apt-get update failed"
+	apt_updated=1
+}
+
+install_apt_packages() {
+	local changed=0
+	if apt_sources_text | write_if_changed "$APT_SOURCES_FILE"; then changed=1; fi
+	if apt_prefs_text | write_if_changed "$APT_PREFS_FILE"; then changed=1; fi
+
+	# Which packages are not fully installed? (one dpkg-query for all)
+	local -A installed=()
+	local pkg status
+	while IFS=$'\t' read -r pkg status; do
+		[[ $status == installed ]] && installed[$pkg]=1
+	done < <(dpkg-query -W -f='${Package}\t${db:Status-Status}\n' "${APT_PACKAGES[@]}" 2>/dev/null || true)
+	local missing=()
+	for pkg in "${APT_PACKAGES[@]}"; do
+		[[ -n ${installed[$pkg]:-} ]] || missing+=("$pkg")
+	done
+
+	if ((changed)) || ((${#missing[@]})); then
+		apt_update
+	fi
+	if ((${#missing[@]})); then
+		log "apt-get install ${missing[*]}"
+		apt-get install -y -q -o DPkg::Lock::Timeout=600 --no-install-recommends "${missing[@]}" >/tmp/torpor-deps-apt.log 2>&1 ||
+			{ tail -n 30 /tmp/torpor-deps-apt.log >&2; die "apt-get install failed (full log: /tmp/torpor-deps-apt.log)"; }
+	else
+		log "apt packages: all ${#APT_PACKAGES[@]} installed"
+	fi
+}
+
+# --------------------------------------------------------------------------
+# helpers for cached artifacts
+# --------------------------------------------------------------------------
+
+# install_bin SRC DST: copies SRC to DST (mode 0755) if they differ. Goes
+# through a temporary file and a rename, so a running DST is not disturbed.
+install_bin() {
+	local src=$1 dst=$2
+	[[ -f $src ]] || die "missing built file $src"
+	if [[ -f $dst ]] && cmp -s "$src" "$dst"; then
+		return 0
+	fi
+	mkdir -p "$(dirname "$dst")"
+	install -m 0755 "$src" "$dst.torpor-new"
+	mv -f "$dst.torpor-new" "$dst"
+	echo "    installed $dst"
+}
+
+# cache_complete DIR FILE...: the cache entry was finished and has every FILE.
+cache_complete() {
+	local dir=$1 f
+	shift
+	[[ -f $dir/.complete ]] || return 1
+	for f in "$@"; do [[ -x $dir/$f ]] || return 1; done
+}
+
+# finish_cache DIR: marks DIR.tmp as complete and moves it to DIR.
+finish_cache() {
+	local dir=$1
+	date -u +%Y-%m-%dT%H:%M:%SZ >"$dir.tmp/.complete"
+	rm -rf "$dir"
+	mv "$dir.tmp" "$dir"
+}
+
+# version_ge HAVE NEED: HAVE >= NEED in Debian version order (leading v ignored)
+version_ge() {
+	dpkg --compare-versions "${1#v}" ge "${2#v}"
+}
+
+# --------------------------------------------------------------------------
+# 2. CRIU from the Debian source package of a newer suite
+# --------------------------------------------------------------------------
+criu_dir=""
+
+# criu_source_uris SUITE DIR: prints "DEBVERSION URL SHA256" of the orig
+# tarball of criu in SUITE, or nothing if SUITE has no criu source. DIR must
+# be empty: apt leaves out of its list the files already in the cwd.
+criu_source_uris() {
+	local suite=$1 dir=$2 out debver line url sha
+	out=$(cd "$dir" && apt-get source --print-uris "criu/$suite" 2>/dev/null) || return 0
+	debver=$(sed -n "s/^Selected version '\([^']*\)'.*/\1/p" <<<"$out")
+	line=$(grep -E "^'[^']*\.orig\.tar\.[a-z0-9]+' " <<<"$out" | head -n1) || true
+	[[ -n $debver && -n $line ]] || return 0
+	url=$(sed -E "s/^'([^']*)'.*/\1/" <<<"$line")
+	sha=$(grep -oE 'SHA256:[0-9a-f]{64}' <<<"$line" | cut -d: -f2) || true
+	[[ -n $sha ]] || return 0
+	echo "$debver $url $sha"
+}
+
+build_criu() {
+	# Pick the source: the pinned version if a suite has it, else the first
+	# suite whose version is new enough.
+	local suite found="" candidates=() c upstream attempt empty
+	empty=$(mktemp -d)
+	for attempt in 1 2; do
+		candidates=()
+		for suite in $CRIU_SOURCE_SUITES; do
+			c=$(criu_source_uris "$suite" "$empty")
+			[[ -n $c ]] && candidates+=("$suite $c")
+		done
+		((${#candidates[@]})) && break
+		((attempt == 1 && apt_updated == 0)) || break
+		apt_update # the deb-src index may be missing or stale
+	done
+	rmdir "$empty"
+	((${#candidates[@]})) || die "no criu source package found in suites '$CRIU_SOURCE_SUITES' (is $APT_SOURCES_FILE there and apt-get update done?)"
+	for c in "${candidates[@]}"; do
+		upstream=$(awk '{print $2}' <<<"$c" | sed -E 's/^[0-9]+://; s/-[^-]*$//')
+		if [[ $upstream == "$CRIU_VERSION" ]]; then found="$c $upstream" && break; fi
+	done
+	if [[ -z $found ]]; then
+		for c in "${candidates[@]}"; do
+			upstream=$(awk '{print $2}' <<<"$c" | sed -E 's/^[0-9]+://; s/-[^-]*$//')
+			if version_ge "$upstream" "$CRIU_MIN_VERSION"; then
+				echo "deps.sh: warning: criu $CRIU_VERSION is no longer in '$CRIU_SOURCE_SUITES', using $upstream (update CRIU_VERSION in scripts/versions.env)" >&2
+				found="$c $upstream" && break
+			fi
+		done
+	fi
+	[[ -n $found ]] || die "no criu >= $CRIU_MIN_VERSION in suites '$CRIU_SOURCE_SUITES' (found: ${candidates[*]})"
+
+	local debver url sha
+	read -r suite debver url sha upstream <<<"$found"
+	criu_dir=$TORPOR_DEPS_CACHE/criu-$upstream
+	if cache_complete "$criu_dir" sbin/criu; then
+		return 0
+	fi
+
+	log "building criu $upstream (Debian $debver source from $suite)"
+	local tmp tarball
+	tmp=$(mktemp -d)
+	tarball=$tmp/${url##*/}
+	curl -fsSL --retry 3 -o "$tarball" "$url" || { rm -rf "$tmp"; die "download of $url failed"; }
+	echo "$sha  $tarball" | sha256sum -c --quiet - || { rm -rf "$tmp"; die "checksum mismatch for $url"; }
+	tar -C "$tmp" -xf "$tarball"
+	local src
+	src=$(find "$tmp" -mindepth 1 -maxdepth 1 -type d -name 'criu-*' | head -n1)
+	[[ -n $src ]] || { rm -rf "$tmp"; die "unexpected layout of $tarball"; }
+	if ! make -C "$src" -j"$(nproc)" criu >"$tmp/build.log" 2>&1; then
+		cp "$tmp/build.log" /tmp/torpor-deps-criu-build.log
+		tail -n 30 "$tmp/build.log" >&2
+		rm -rf "$tmp"
+		die "criu build failed (full log: /tmp/torpor-deps-criu-build.log)"
+	fi
+	local built
+	built=$("$src/criu/criu" --version | awk '/^Version:/ {print $2}')
+	[[ $built == "$upstream" ]] || { rm -rf "$tmp"; die "built criu reports version '$built', expected $upstream"; }
+
+	rm -rf "$criu_dir.tmp"
+	mkdir -p "$criu_dir.tmp/sbin"
+	install -m 0755 "$src/criu/criu" "$criu_dir.tmp/sbin/criu"
+	printf 'criu %s\nsource: Debian %s criu %s\nurl: %s\nsha256: %s\n' \
+		"$upstream" "$suite" "$debver" "$url" "$sha" >"$criu_dir.tmp/BUILDINFO"
+	finish_cache "$criu_dir"
+	rm -rf "$tmp"
+}
+
+install_criu() {
+	criu_dir=$TORPOR_DEPS_CACHE/criu-$CRIU_VERSION
+	if cache_complete "$criu_dir" sbin/criu; then
+		log "criu $CRIU_VERSION: cached"
+	else
+		build_criu # sets criu_dir (the version built may differ, see there)
+	fi
+	install_bin "$criu_dir/sbin/criu" /usr/local/sbin/criu
+}
+
+# --------------------------------------------------------------------------
+# 3. Go tools
+# --------------------------------------------------------------------------
+go_bin=""
+find_go() {
+	go_bin=$(command -v go || true)
+	[[ -n $go_bin ]] || die "Go not found (looked in PATH and /usr/local/go/bin); need Go >= $GO_MIN_VERSION"
+	local v
+	v=$("$go_bin" env GOVERSION)
+	version_ge "${v#go}" "$GO_MIN_VERSION" || die "Go ${v#go} found at $go_bin, need >= $GO_MIN_VERSION"
+}
+
+# build_go_tool NAME VERSION LDFLAGS TAGS "BIN..." PKG...
+# Builds the packages PKG (all from one module, at VERSION) into
+# $TORPOR_DEPS_CACHE/NAME-VERSION/bin unless that entry is complete with
+# every BIN. Tries `go install pkg@version` first; if Go refuses (e.g. the
+# module's go.mod has replace directives), builds from a temporary module
+# that requires the tool instead.
+build_go_tool() {
+	local name=$1 version=$2 ldflags=$3 tags=$4 bins=$5
+	shift 5
+	local dir=$TORPOR_DEPS_CACHE/$name-$version b expected=()
+	for b in $bins; do expected+=("bin/$b"); done
+	if cache_complete "$dir" "${expected[@]}"; then
+		log "$name $version: cached"
+		return 0
+	fi
+	[[ -n $go_bin ]] || find_go
+	log "building $name $version with $("$go_bin" env GOVERSION)"
+	rm -rf "$dir.tmp"
+	mkdir -p "$dir.tmp/bin"
+	local pkgs=() p
+	for p in "$@"; do pkgs+=("$p@$version"); done
+	local logf=$TORPOR_DEPS_CACHE/$name-$version.build.log
+	local -a goenv=(env CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false GOBIN="$dir.tmp/bin")
+	if ! "${goenv[@]}" "$go_bin" install -trimpath -tags "$tags" -ldflags "$ldflags" "${pkgs[@]}" >"$logf" 2>&1; then
+		log "  'go install ...@$version' failed, retrying from a temporary module"
+		local mod
+		mod=$(mktemp -d)
+		if ! (
+			cd "$mod" &&
+				"${goenv[@]}" "$go_bin" mod init torpor.invalid/deps-build &&
+				"${goenv[@]}" "$go_bin" get "${pkgs[@]}" &&
+				"${goenv[@]}" "$go_bin" install -trimpath -tags "$tags" -ldflags "$ldflags" "$@"
+		) >>"$logf" 2>&1; then
+			rm -rf "$mod"
+			tail -n 30 "$logf" >&2
+			die "building $name $version failed (full log: $logf)"
+		fi
+		rm -rf "$mod"
+	fi
+	for b in $bins; do
+		[[ -x $dir.tmp/bin/$b ]] || die "building $name $version produced no '$b' (log: $logf)"
+	done
+	printf '%s %s\nbuilt with %s, CGO_ENABLED=0, tags "%s"\npackages: %s\n' \
+		"$name" "$version" "$("$go_bin" env GOVERSION)" "$tags" "$*" >"$dir.tmp/BUILDINFO"
+	finish_cache "$dir"
+	rm -f "$logf"
+}
+
+# cni_pkg NAME: the Go package of a CNI plugin.
+cni_pkg() {
+	local base=github.com/containernetworking/plugins/plugins
+	case $1 in
+	bridge | loopback | ptp | macvlan | ipvlan | host-device | vlan | tap | dummy) echo "$base/main/$1" ;;
+	host-local | dhcp | static) echo "$base/ipam/$1" ;;
+	portmap | firewall | tuning | bandwidth | sbr | vrf) echo "$base/meta/$1" ;;
+	*) die "unknown CNI plugin '$1' in CNI_PLUGINS" ;;
+	esac
+}
+
+install_go_tools() {
+	local d=$TORPOR_DEPS_CACHE
+
+	# containerd: no_btrfs, as the btrfs snapshotter needs cgo.
+	local ctrd=github.com/containerd/containerd/v2
+	build_go_tool containerd "$CONTAINERD_VERSION" \
+		"-s -w -X $ctrd/version.Version=$CONTAINERD_VERSION" "no_btrfs" \
+		"containerd ctr containerd-shim-runc-v2" \
+		"$ctrd/cmd/containerd" "$ctrd/cmd/ctr" "$ctrd/cmd/containerd-shim-runc-v2"
+
+	build_go_tool crictl "$CRICTL_VERSION" \
+		"-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" "" \
+		"crictl" sigs.k8s.io/cri-tools/cmd/crictl
+
+	local p cni_pkgs=()
+	for p in $CNI_PLUGINS; do cni_pkgs+=("$(cni_pkg "$p")"); done
+	build_go_tool cni-plugins "$CNI_PLUGINS_VERSION" \
+		"-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION" "" \
+		"$CNI_PLUGINS" "${cni_pkgs[@]}"
+
+	build_go_tool checkpointctl "$CHECKPOINTCTL_VERSION" \
+		"-s -w -X main.name=checkpointctl -X main.version=${CHECKPOINTCTL_VERSION#v}" "" \
+		"checkpointctl" github.com/checkpoint-restore/checkpointctl
+
+	local b
+	for b in containerd ctr containerd-shim-runc-v2; do
+		install_bin "$d/containerd-$CONTAINERD_VERSION/bin/$b" "/usr/local/bin/$b"
+	done
+	install_bin "$d/crictl-$CRICTL_VERSION/bin/crictl" /usr/local/bin/crictl
+	install_bin "$d/checkpointctl-$CHECKPOINTCTL_VERSION/bin/checkpointctl" /usr/local/bin/checkpointctl
+	for p in $CNI_PLUGINS; do
+		install_bin "$d/cni-plugins-$CNI_PLUGINS_VERSION/bin/$p" "/opt/cni/bin/$p"
+	done
+}
+
+# --------------------------------------------------------------------------
+# 5. checks
+# --------------------------------------------------------------------------
+problems=()
+
+# report TOOL VERSION STATUS [DETAIL]
+report() { printf '  %-24s %-16s %-8s %s\n' "$1" "$2" "$3" "${4:-}"; }
+
+# check_tool NAME MIN VERSION_COMMAND...: runs the command (found in PATH) and
+# takes the first thing that looks like a version from its output.
+check_tool() {
+	local name=$1 min=$2 path out ver
+	shift 2
+	if ! path=$(command -v "$name"); then
+		report "$name" "-" MISSING
+		problems+=("$name not found in PATH")
+		return
+	fi
+	out=$("$@" 2>&1 | head -n 5) || true
+	ver=$(grep -oE 'v?[0-9]+\.[0-9]+(\.[0-9]+)?[0-9A-Za-z.+~-]*' <<<"$out" | head -n1) || true
+	if [[ -z $ver ]]; then
+		report "$name" "?" BROKEN "$path"
+		problems+=("$name at $path does not report a version ('$*')")
+	elif [[ -n $min ]] && ! version_ge "$ver" "$min"; then
+		report "$name" "$ver" OLD "$path"
+		problems+=("$name ${ver#v} found, need >= ${min#v}")
+	else
+		report "$name" "$ver" ok "$path"
+	fi
+}
+
+check_all() {
+	log "checking dependencies"
+	check_tool criu "$CRIU_MIN_VERSION" criu --version
+	if command -v criu >/dev/null; then
+		local out
+		out=$(criu check 2>&1) || true
+		if grep -q 'Looks good' <<<"$out"; then
+			report "criu check" "" ok "Looks good"
+		else
+			report "criu check" "" FAILED "$(tail -n1 <<<"$out")"
+			problems+=("'criu check' does not say 'Looks good': $(tail -n1 <<<"$out")")
+		fi
+	fi
+	check_tool runc "$RUNC_MIN_VERSION" runc --version
+	check_tool containerd "$CONTAINERD_VERSION" containerd --version
+	check_tool ctr "$CONTAINERD_VERSION" ctr --version
+	check_tool containerd-shim-runc-v2 "$CONTAINERD_VERSION" containerd-shim-runc-v2 -v
+	check_tool crictl "$CRICTL_VERSION" crictl --version
+	check_tool checkpointctl "$CHECKPOINTCTL_VERSION" checkpointctl --version
+	local p
+	for p in $CNI_PLUGINS; do
+		if [[ -x /opt/cni/bin/$p ]]; then
+			local v
+			v=$(/opt/cni/bin/"$p" --version 2>&1 | grep -oE 'v[0-9]+\.[0-9]+\.[0-9]+' | head -n1) || true
+			if [[ -n $v ]] && version_ge "$v" "$CNI_PLUGINS_VERSION"; then
+				report "cni/$p" "$v" ok "/opt/cni/bin/$p"
+			else
+				report "cni/$p" "${v:-?}" OLD "/opt/cni/bin/$p"
+				problems+=("CNI plugin $p ${v:-(no version)} found, need >= $CNI_PLUGINS_VERSION")
+			fi
+		else
+			report "cni/$p" "-" MISSING
+			problems+=("CNI plugin /opt/cni/bin/$p missing")
+		fi
+	done
+	check_tool iptables "" iptables --version
+	check_tool iptables-restore "" iptables-restore --version
+	check_tool ip "" ip -V
+	check_tool busybox "" busybox
+	check_tool curl "" curl --version
+	check_tool socat "" socat -V
+	check_tool jq "" jq --version
+	check_tool go "$GO_MIN_VERSION" go env GOVERSION
+
+	local audit
+	audit=$(dpkg --audit 2>&1) || true
+	if [[ -z $audit ]]; then
+		report "dpkg --audit" "" ok "clean"
+	else
+		report "dpkg --audit" "" FAILED "$(head -n1 <<<"$audit")"
+		problems+=("dpkg --audit reports half-installed packages: $(tr '\n' ' ' <<<"$audit" | cut -c1-200)")
+	fi
+
+	local img_out
+	if img_out=$("$repo/test/images/build.sh" --check 2>&1); then
+		report "test images" "" ok "${TORPOR_IMAGES_DIR}/{pause,actor}.tar"
+	else
+		report "test images" "" MISSING "$img_out"
+		problems+=("test images missing or stale in $TORPOR_IMAGES_DIR (run test/images/build.sh)")
+	fi
+
+	if ((${#problems[@]})); then
+		printf '\ndeps.sh: NOT READY:\n' >&2
+		printf '  - %s\n' "${problems[@]}" >&2
+		return 1
+	fi
+	printf '\nall dependencies present (%ds)\n' "$((SECONDS - start))"
+}
+
+# --------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------
+if [[ $mode == check ]]; then
+	check_all
+	exit
+fi
+
+mkdir -p "$TORPOR_DEPS_CACHE"
+# One deps.sh at a time on a machine (e.g. a developer and CI).
+exec 9>"$TORPOR_DEPS_CACHE/.lock"
+flock 9
+
+install_apt_packages
+install_criu
+install_go_tools
+log "test images"
+"$repo/test/images/build.sh"
+check_all

@@ -1,0 +1,147 @@
+package main
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+const pageSize = 4096
+
+// ballast is the memory allocated by --alloc-mib. It is a package variable so
+// it stays reachable (and resident) for the life of the process.
+var ballast []byte
+
+type counter struct {
+	mu sync.Mutex
+	n  int64
+}
+
+func (c *counter) inc() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n++
+	return c.n
+}
+
+func (c *counter) get() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n
+}
+
+func runCounter(args []string) {
+	fs := newFlags("counter")
+	port := fs.Int("port", 8080, "TCP port to listen on")
+	allocMiB := fs.Int("alloc-mib", 0, "MiB of memory to allocate, fill and keep live")
+	if rest := parseArgs(fs, args); len(rest) != 0 {
+		fatalf("counter: unexpected arguments %q", rest)
+	}
+	exitOnTerm(nil)
+
+	if *allocMiB > 0 {
+		ballast = make([]byte, *allocMiB<<20)
+		fill(ballast)
+		fmt.Printf("allocated %d MiB, crc32c %s\n", *allocMiB, checksum())
+	}
+
+	c := &counter{}
+	ln := listen(*port)
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			fatalf("accept: %v", err)
+		}
+		go c.serve(conn)
+	}
+}
+
+// fill writes distinct, non-zero pseudo-random data to every page of b so
+// that no page is a zero page and no two pages are identical (nothing can
+// be deduplicated or skipped by a checkpoint).
+func fill(b []byte) {
+	for p := 0; p+pageSize <= len(b); p += pageSize {
+		x := uint64(p/pageSize)*0x9E3779B97F4A7C15 | 1
+		for i := p; i < p+pageSize; i += 8 {
+			// xorshift64: never yields 0 from a non-zero state
+			x ^= x << 13
+			x ^= x >> 7
+			x ^= x << 17
+			binary.LittleEndian.PutUint64(b[i:], x)
+		}
+	}
+}
+
+// checksum is the CRC-32C of the ballast, as 8 hex digits ("00000000" when
+// nothing was allocated). It is the same before a checkpoint and after a
+// restore if the memory came back intact.
+func checksum() string {
+	return fmt.Sprintf("%08x", crc32.Checksum(ballast, crc32.MakeTable(crc32.Castagnoli)))
+}
+
+// serve speaks two protocols on one port, told apart by the first line:
+//   - line protocol: "inc" -> "N", "get" -> "N", "sum" -> "crc32c", any
+//     number of commands per connection;
+//   - HTTP/1.x: GET /inc, /get, /sum, /healthz; one request per connection.
+func (c *counter) serve(conn net.Conn) {
+	defer conn.Close()
+	br := bufio.NewReader(conn)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil && (err != io.EOF || line == "") {
+			return
+		}
+		line = strings.TrimRight(line, "\r\n")
+		if isHTTPRequestLine(line) {
+			c.serveHTTP(conn, line, br)
+			return
+		}
+		switch strings.TrimSpace(line) {
+		case "inc":
+			fmt.Fprintf(conn, "%d\n", c.inc())
+		case "get":
+			fmt.Fprintf(conn, "%d\n", c.get())
+		case "sum":
+			fmt.Fprintf(conn, "%s\n", checksum())
+		case "":
+		default:
+			fmt.Fprintf(conn, "ERR unknown command %q\n", line)
+		}
+		if err != nil { // EOF after a last line without newline
+			return
+		}
+	}
+}
+
+func (c *counter) serveHTTP(conn net.Conn, requestLine string, br *bufio.Reader) {
+	req, err := readHTTPRequest(requestLine, br)
+	if err != nil {
+		return
+	}
+	if req.isProbe() {
+		writeHTTP(conn, 200, "text/plain", "ok")
+		return
+	}
+	if req.method != "GET" {
+		writeHTTP(conn, 405, "text/plain", "only GET\n")
+		return
+	}
+	switch req.path {
+	case "/inc":
+		writeHTTP(conn, 200, "text/plain", strconv.FormatInt(c.inc(), 10)+"\n")
+	case "/get":
+		writeHTTP(conn, 200, "text/plain", strconv.FormatInt(c.get(), 10)+"\n")
+	case "/sum":
+		writeHTTP(conn, 200, "text/plain", checksum()+"\n")
+	case "/healthz":
+		writeHTTP(conn, 200, "text/plain", "ok")
+	default:
+		writeHTTP(conn, 404, "text/plain", "not found\n")
+	}
+}

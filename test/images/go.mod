@@ -1,0 +1,3 @@
+module torpor/test/images
+
+go 1.22
