@@ -238,8 +238,9 @@ impl Runtime {
         }
         let pid_file = req.bundle.join("init.pid");
         let (mut prepared, runc_stdio) = stdio::prepare(&req.stdio)?;
+        let socket = prepared.console_socket();
         let console = prepared.accept_console();
-        runc.create(&req.id, &req.bundle, &pid_file, prepared.console_socket(), runc_stdio)
+        runc.create(&req.id, &req.bundle, &pid_file, socket.as_deref(), runc_stdio)
             .await?;
         let master = match console {
             Some(h) => Some(h.await.map_err(|e| Error::InvalidArgument(format!("console: {e}")))??),
@@ -301,8 +302,9 @@ impl Runtime {
             .ok_or_else(|| Error::InvalidArgument(format!("exec {exec_id} has no process spec")))?;
         let pid_file = bundle.join(format!("{exec_id}.pid"));
         let (mut prepared, runc_stdio) = stdio::prepare(&p.stdio)?;
+        let socket = prepared.console_socket();
         let console = prepared.accept_console();
-        runc.exec(id, &spec_file, &pid_file, prepared.console_socket(), runc_stdio)
+        runc.exec(id, &spec_file, &pid_file, socket.as_deref(), runc_stdio)
             .await?;
         let master = match console {
             Some(h) => Some(h.await.map_err(|e| Error::InvalidArgument(format!("console: {e}")))??),
@@ -326,9 +328,10 @@ impl Runtime {
         let work = c.bundle.join("criu-work");
         std::fs::create_dir_all(&work).io_context(|| format!("create {work:?}"))?;
         let (mut prepared, runc_stdio) = stdio::prepare(&c.init.stdio)?;
+        let socket = prepared.console_socket();
         let console = prepared.accept_console();
         c.runc
-            .restore(id, &c.bundle, image, &work, &pid_file, prepared.console_socket(), runc_stdio)
+            .restore(id, &c.bundle, image, &work, &pid_file, socket.as_deref(), runc_stdio)
             .await?;
         let master = match console {
             Some(h) => Some(h.await.map_err(|e| Error::InvalidArgument(format!("console: {e}")))??),

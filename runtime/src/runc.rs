@@ -85,9 +85,12 @@ impl Runc {
 
     fn failed(&self, command: &str, stderr: &[u8]) -> Error {
         let stderr = String::from_utf8_lossy(stderr).trim().to_string();
+        let message = self.last_error(&stderr);
+        // runc's own message already starts with "runc <command> failed: ".
+        let prefix = format!("runc {command} failed: ");
         Error::Runc {
             command: command.to_string(),
-            message: self.last_error(&stderr),
+            message: message.strip_prefix(&prefix).map(str::to_string).unwrap_or(message),
         }
     }
 

@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixListener;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -105,8 +105,8 @@ pub fn prepare(config: &StdioConfig) -> Result<(Prepared, ProcessStdio)> {
 
 impl Prepared {
     /// The console socket to pass to runc, for a terminal process.
-    pub fn console_socket(&self) -> Option<&Path> {
-        self.console.as_ref().map(|c| c.path.as_path())
+    pub fn console_socket(&self) -> Option<PathBuf> {
+        self.console.as_ref().map(|c| c.path.clone())
     }
 
     /// Starts accepting the pty master; await the result after runc returned.

@@ -29,4 +29,8 @@ async fn main() {
         ..Default::default()
     };
     containerd_shim::asynchronous::run::<service::Service>(RUNTIME_ID, Some(config)).await;
+    // Exit now, as the Go shims do: dropping the runtime would wait for
+    // worker threads still parked in blocking reads, and the shim would
+    // outlive its last container.
+    std::process::exit(0);
 }
