@@ -6,6 +6,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use containerd_shim::asynchronous::{publisher::RemotePublisher, spawn, ExitSignal, Shim};
 use containerd_shim::protos::api::DeleteResponse;
+use containerd_shim::protos::protobuf::well_known_types::any::Any;
+use containerd_shim::protos::protobuf::MessageField;
+use containerd_shim::protos::types::introspection::{RuntimeInfo, RuntimeVersion};
 use containerd_shim::{Config, Flags, StartOpts};
 use log::warn;
 use tokio::sync::mpsc;
@@ -73,6 +76,36 @@ impl Shim for Service {
             pid: pid as u32,
             exit_status: 137,
             exited_at: Some(timestamp(std::time::SystemTime::now())).into(),
+            ..Default::default()
+        })
+    }
+
+    /// `-info`: who we are, and the OCI features of the runc we drive (as
+    /// runc-v2 reports them), so containerd can check specs against them.
+    fn runtime_info(runtime_id: &str, options: Option<&Any>) -> containerd_shim::Result<RuntimeInfo> {
+        let runc = std::env::var_os("TORPOR_RUNC").unwrap_or_else(|| "runc".into());
+        let out = std::process::Command::new(&runc)
+            .arg("features")
+            .output()
+            .map_err(|e| containerd_shim::Error::Other(format!("run {runc:?} features: {e}")))?;
+        if !out.status.success() {
+            return Err(containerd_shim::Error::Other(format!(
+                "{runc:?} features failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        Ok(RuntimeInfo {
+            name: runtime_id.to_string(),
+            version: MessageField::some(RuntimeVersion {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                ..Default::default()
+            }),
+            options: options.cloned().into(),
+            features: MessageField::some(Any {
+                type_url: "types.containerd.io/opencontainers/runtime-spec/1/features/Features".into(),
+                value: out.stdout,
+                ..Default::default()
+            }),
             ..Default::default()
         })
     }
