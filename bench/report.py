@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Renders bench/results.json (+ bench/environment.json) into BENCHMARKS.md at
+the repository root and the bar chart bench/results.svg. Idempotent: run it
+after any script has merged new entries.
+
+    bench/report.py [--results PATH] [--markdown PATH] [--svg PATH]
+"""
+
+import argparse
+import html
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
+
+TORPOR_COLOR = "#2b7bb9"
+BASELINE_COLOR = "#9a9a9a"
+GOAL_COLOR = "#d62728"
+
+
+# ---------------------------------------------------------------- evaluation
+
+def ratio(e):
+    t, b = e.get("torpor"), e.get("baseline")
+    if t is None or b is None or b == 0:
+        return None
+    return t / b
+
+
+def goal_status(e):
+    """'met', 'not met' or None (no goal or no numbers)."""
+    r = ratio(e)
+    if r is None:
+        return None
+    mx, mn = e.get("goal_max_ratio"), e.get("goal_min_ratio")
+    if mx is None and mn is None:
+        return None
+    ok = (mx is None or r <= mx) and (mn is None or r >= mn)
+    return "met" if ok else "not met"
+
+
+def fmt(v, unit=""):
+    if v is None:
+        return "—"
+    if isinstance(v, float):
+        s = f"{v:.0f}" if abs(v) >= 100 else f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+    else:
+        s = str(v)
+    return s
+
+
+# ---------------------------------------------------------------------- SVG
+
+def render_svg(data: dict) -> str:
+    entries = data.get("results", [])
+    width, left, right = 760, 150, 120
+    plot_w = width - left - right
+    top = 58
+    panel_h, bar_h = 92, 22
+    height = top + panel_h * max(len(entries), 1) + 34
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="Helvetica, Arial, sans-serif" font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
+        f'<text x="{width / 2}" y="22" text-anchor="middle" font-size="16" font-weight="bold">'
+        f'torpor vs runc-v2 (containerd-shim-runc-v2)</text>',
+        f'<text x="{width / 2}" y="40" text-anchor="middle" fill="#555">'
+        f'{html.escape(data.get("date", ""))} — {html.escape(data.get("machine", ""))}</text>',
+    ]
+    for i, e in enumerate(entries):
+        y0 = top + i * panel_h
+        t, b = e.get("torpor"), e.get("baseline")
+        tp99, bp99 = e.get("torpor_p99"), e.get("baseline_p99")
+        goal_x = None
+        if b is not None and e.get("goal_max_ratio") is not None:
+            goal_x = b * e["goal_max_ratio"]
+        elif b is not None and e.get("goal_min_ratio") is not None:
+            goal_x = b * e["goal_min_ratio"]
+        vmax = max([v for v in (t, b, tp99, bp99, goal_x) if isinstance(v, (int, float))] or [1]) * 1.08
+        vmax = vmax or 1
+
+        def xs(v):
+            return left + plot_w * (v / vmax)
+
+        better = "lower is better" if e.get("lower_is_better", True) else "higher is better"
+        out.append(f'<text x="10" y="{y0 + 12}" font-weight="bold">{html.escape(e["name"])}'
+                   f'<tspan dx="6" font-weight="normal" fill="#555">({html.escape(e.get("unit", ""))}, '
+                   f'{better}{"; " + html.escape(e["goal"]) if e.get("goal") else ""})</tspan></text>')
+        rows = ((f"torpor", t, tp99, TORPOR_COLOR, e.get("error")),
+                (f"runc-v2", b, bp99, BASELINE_COLOR, e.get("baseline_error")))
+        for j, (label, v, p99, color, err) in enumerate(rows):
+            y = y0 + 20 + j * (bar_h + 6)
+            out.append(f'<text x="{left - 8}" y="{y + bar_h / 2 + 4}" text-anchor="end">{label}</text>')
+            if v is None:
+                msg = (err or "no value")
+                msg = msg if len(msg) <= 90 else msg[:87] + "..."
+                out.append(f'<text x="{left + 4}" y="{y + bar_h / 2 + 4}" fill="{GOAL_COLOR}">'
+                           f'error: {html.escape(msg)}</text>')
+                continue
+            w = max(xs(v) - left, 1)
+            out.append(f'<rect x="{left}" y="{y}" width="{w:.1f}" height="{bar_h}" fill="{color}"/>')
+            label_x = xs(v) + 6
+            if isinstance(p99, (int, float)) and p99 > v:
+                px = xs(p99)
+                out.append(f'<line x1="{xs(v):.1f}" y1="{y + bar_h / 2}" x2="{px:.1f}" y2="{y + bar_h / 2}" '
+                           f'stroke="#333" stroke-width="1"/>')
+                out.append(f'<line x1="{px:.1f}" y1="{y + 5}" x2="{px:.1f}" y2="{y + bar_h - 5}" '
+                           f'stroke="#333" stroke-width="1"/>')
+                label_x = px + 6
+                out.append(f'<text x="{label_x:.1f}" y="{y + bar_h / 2 + 4}">{fmt(v)} '
+                           f'<tspan fill="#777">(p99 {fmt(p99)})</tspan></text>')
+            else:
+                out.append(f'<text x="{label_x:.1f}" y="{y + bar_h / 2 + 4}">{fmt(v)}</text>')
+        if goal_x is not None:
+            gx = xs(goal_x)
+            out.append(f'<line x1="{gx:.1f}" y1="{y0 + 16}" x2="{gx:.1f}" y2="{y0 + 20 + 2 * bar_h + 10}" '
+                       f'stroke="{GOAL_COLOR}" stroke-width="1.5" stroke-dasharray="4,3"/>')
+            out.append(f'<text x="{gx:.1f}" y="{y0 + 20 + 2 * bar_h + 22}" text-anchor="middle" '
+                       f'fill="{GOAL_COLOR}" font-size="10">goal</text>')
+    ly = height - 14
+    out.append(f'<rect x="{left}" y="{ly - 10}" width="12" height="12" fill="{TORPOR_COLOR}"/>'
+               f'<text x="{left + 16}" y="{ly}">torpor (containerd-shim-torpor-v1)</text>')
+    out.append(f'<rect x="{left + 250}" y="{ly - 10}" width="12" height="12" fill="{BASELINE_COLOR}"/>'
+               f'<text x="{left + 266}" y="{ly}">baseline (containerd-shim-runc-v2)</text>')
+    out.append(f'<line x1="{left + 500}" y1="{ly - 4}" x2="{left + 520}" y2="{ly - 4}" stroke="{GOAL_COLOR}" '
+               f'stroke-dasharray="4,3" stroke-width="1.5"/><text x="{left + 524}" y="{ly}">goal</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+# ----------------------------------------------------------------- markdown
+
+def details(e) -> list:
+    """Extra lines under the table for one entry."""
+    lines = []
+    if e.get("statistic"):
+        lines.append(f"measured: {e['statistic']}")
+    for key, who in (("torpor", "torpor"), ("baseline", "runc-v2")):
+        bits = []
+        if e.get(f"{key}_p99") is not None:
+            bits.append(f"p99 {fmt(e[f'{key}_p99'])} {e['unit']}")
+        if e.get(f"{key}_n") is not None:
+            bits.append(f"n={e[f'{key}_n']}")
+        ph = e.get(f"{key}_phases_p50_ms")
+        if ph:
+            bits.append("p50 per step: " + ", ".join(f"{k} {fmt(v)} ms" for k, v in ph.items()))
+        if e.get(f"{key}_shim_processes") is not None:
+            tot = e.get(f"{key}_total_rss_mib")
+            bits.append(f"{e[f'{key}_shim_processes']} shim process(es)"
+                        + (f", {fmt(tot)} MiB RSS in total" if tot is not None else ""))
+        if e.get(f"{key}_pss_mib") is not None:
+            bits.append(f"PSS {fmt(e[f'{key}_pss_mib'])} MiB per pod")
+        if e.get(f"{key}_note"):
+            bits.append(e[f"{key}_note"])
+        if bits:
+            lines.append(f"{who}: " + "; ".join(bits))
+    if e.get("error"):
+        lines.append(f"**torpor error:** `{e['error']}`")
+    if e.get("baseline_error"):
+        what = "baseline n/a" if e.get("baseline_na") else "**baseline error:**"
+        lines.append(f"{what} `{e['baseline_error']}`")
+    return lines
+
+
+def render_markdown(data: dict, env: dict, svg_rel: str) -> str:
+    entries = data.get("results", [])
+    out = ["# torpor benchmarks", "",
+           "torpor (`containerd-shim-torpor-v1`, CRI runtime handler `torpor`) measured side by side "
+           "with the baseline `containerd-shim-runc-v2` (handler `runc`) in the same run, on the same "
+           "private containerd, runc and CRIU (the test rig, `test/rig/`).", "",
+           f"- date: {data.get('date', '?')}",
+           f"- machine: {data.get('machine', '?')}"]
+    for k in ("torpor_commit", "containerd", "containerd-shim-runc-v2", "runc", "criu", "crictl",
+              "load_average_at_start"):
+        if env.get(k):
+            out.append(f"- {k.replace('_', ' ')}: `{env[k]}`")
+    out += ["", "| name | unit | torpor | baseline (runc-v2) | ratio torpor/baseline | goal | goal met |",
+            "| --- | --- | ---: | ---: | ---: | --- | --- |"]
+    for e in entries:
+        r = ratio(e)
+        st = goal_status(e)
+        t = fmt(e.get("torpor")) if e.get("torpor") is not None else ("**error**" if e.get("error") else "—")
+        b = fmt(e.get("baseline")) if e.get("baseline") is not None else (
+            "n/a" if e.get("baseline_na") else "**error**" if e.get("baseline_error") else "—")
+        status = {"met": "yes", "not met": "**no**"}.get(st, "—")
+        out.append(f"| {e['name']} | {e.get('unit', '')} | {t} | {b} | "
+                   f"{'—' if r is None else f'{r:.2f}'} | {e.get('goal', '')} | {status} |")
+    out += ["", f"![torpor vs runc-v2]({svg_rel})", ""]
+    out += ["## Details", ""]
+    for e in entries:
+        lines = details(e)
+        if not lines:
+            continue
+        out.append(f"**{e['name']}**" + (f" ({'lower' if e.get('lower_is_better', True) else 'higher'} is better)"))
+        out.append("")
+        out += [f"- {line}" for line in lines]
+        out.append("")
+    out += [
+        "## How to reproduce", "",
+        "As root, on a Linux host (installs containerd, runc, CRIU, crictl, CNI "
+        "plugins and the test images first):", "",
+        "```sh",
+        "scripts/deps.sh",
+        "make bench            # = bench/run.sh",
+        "```", "",
+        "`bench/run.sh` builds the shim (`cargo build --release -p torpor-shim`), brings up its own "
+        "instance of the test rig (`test/rig/up.sh` with `TORPOR_RIG_STATE=/run/torpor-bench`, "
+        "`TORPOR_RIG_ROOT=/var/lib/torpor-bench`, bridge `torpor-bench0`, cgroup `/torpor-bench`: a "
+        "private containerd with the runtimes `runc` and `torpor`, a CNI bridge network and the local "
+        "test images; containerd finds the shim in a directory holding only a copy of "
+        "`target/release/containerd-shim-torpor-v1`), runs every benchmark script, writes "
+        "`bench/results.json`, this file and `bench/results.svg`, removes its pods and tears its rig "
+        "down again (`test/rig/down.sh`; the image content store under `/var/lib/torpor-bench` is "
+        "kept for the next run). A developer's rig on `/run/torpor-test` is left alone "
+        "(`TORPOR_BENCH_RIG=shared` measures on that one instead). A run takes about 70 s on 2 cores "
+        "once the shim is built.", "",
+        "Knobs (environment): `TORPOR_BENCH_PODS` (pods per runtime for pod_start_ms, default 40), "
+        "`TORPOR_BENCH_RSS_PODS` (pods per runtime for shim_rss_mib, default 20), "
+        "`TORPOR_BENCH_ONLY` (space-separated subset of benchmark scripts, e.g. `pod_start`), "
+        "`TORPOR_BENCH_SKIP_BUILD=1`, `TORPOR_RIG_KEEP=1` (leave the rig up).", "",
+        "## Method", "",
+        "- **pod_start_ms**: for each runtime, one unmeasured warm-up pod, then N pods one after "
+        "another, interleaving the runtimes; each is timed from the start of `crictl runp` through "
+        "`crictl create` and `crictl start` until `crictl inspect` reports `CONTAINER_RUNNING` "
+        "(container: `/actor sleep` from `localhost/torpor-test/actor:latest`). Every crictl call is "
+        "a separate process, as each kubelet CRI call is a separate RPC; the crictl process start-up "
+        "cost is the same for both runtimes. Pods are stopped and removed (untimed) between samples. "
+        "Reported: p50 (p99 in the details).",
+        "- **shim_rss_mib**: per runtime, N pods with one `/actor sleep` container each are started; "
+        "after a few seconds the VmRSS (`/proc/<pid>/status`) of the runtime's shim processes serving "
+        "those pods (matched by binary name, the rig's containerd address and the pod/container id "
+        "on their command line) is summed and divided by N. PSS (`smaps_rollup`, shared pages "
+        "divided among the processes sharing them) is given in the details.",
+        "- ratio = torpor / baseline; a goal is met when the ratio is within its bound.",
+        "- Timings depend on whatever else runs on the machine (the load average at the start is "
+        "listed above): compare the ratio, measured in one run with interleaved samples, rather "
+        "than absolute times across runs.", "",
+        "## Adding a benchmark", "",
+        "See `bench/README.md`: a script `bench/<name>.py` measures with the helpers in "
+        "`bench/bench.py` and merges its entries by name into `bench/results.json`; "
+        "`bench/report.py` renders this file.", "",
+    ]
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--results", default=bench.RESULTS_PATH)
+    ap.add_argument("--markdown", default=os.path.join(bench.REPO_ROOT, "BENCHMARKS.md"))
+    ap.add_argument("--svg", default=os.path.join(bench.BENCH_DIR, "results.svg"))
+    args = ap.parse_args()
+    data = bench.load_results(args.results)
+    try:
+        with open(bench.ENVIRONMENT_PATH) as f:
+            env = json.load(f)
+    except (OSError, ValueError):
+        env = {}
+    with open(args.svg, "w") as f:
+        f.write(render_svg(data))
+    svg_rel = os.path.relpath(args.svg, os.path.dirname(os.path.abspath(args.markdown)))
+    with open(args.markdown, "w") as f:
+        f.write(render_markdown(data, env, svg_rel))
+    bench.log(f"wrote {args.markdown} and {args.svg}")
+
+
+if __name__ == "__main__":
+    main()
