@@ -46,6 +46,8 @@ if [ ! -x "$TORPOR_SHIM_DIR/containerd-shim-torpor-v1" ]; then
 	log "warning: $TORPOR_SHIM_DIR/containerd-shim-torpor-v1 not built yet; runtime torpor will fail until it is (cargo build --release -p torpor-shim)"
 fi
 
+rig_lock || die "another up.sh/down.sh of this rig does not finish"
+
 mkdir -p "$TORPOR_RIG_STATE" "$TORPOR_RIG_ROOT" "$TORPOR_RIG_CONTAINERD_ROOT" \
 	"$TORPOR_RIG_CONTAINERD_STATE" "$TORPOR_RIG_CNI_CONF_DIR" "$TORPOR_RIG_CNI_IPAM_DIR"
 
@@ -166,8 +168,8 @@ cri_ready() {
 	case " $conds " in *" NetworkReady=true "*) ;; *) return 1 ;; esac
 }
 
-wait_for() { # seconds description command...
-	local secs="$1" what="$2"
+wait_for() { # seconds description command... (the description documents the call)
+	local secs="$1"
 	shift 2
 	local deadline=$((SECONDS + secs))
 	until "$@"; do
@@ -197,12 +199,14 @@ import_images() {
 }
 
 # ---------------------------------------------------------------------- main
-if pid="$(rig_containerd_pid)" && cri_ready; then
-	log "reusing running containerd (pid $pid, $TORPOR_RIG_ADDRESS)"
-else
-	if pid="$(rig_containerd_pid)"; then
+if pid="$(rig_containerd_pid)"; then
+	# running: reuse it (give a containerd that is still starting time for CRI)
+	if ! wait_for 60 "CRI ready" cri_ready; then
+		tail -n 30 "$TORPOR_RIG_LOG" >&2 || true
 		die "rig containerd (pid $pid) is running but CRI is not ready; see $TORPOR_RIG_LOG or run test/rig/down.sh"
 	fi
+	log "reusing running containerd (pid $pid, $TORPOR_RIG_ADDRESS)"
+else
 	# Remember the host's ip_forward (the bridge plugin turns it on) so that
 	# down.sh can put it back. Only the first up after a down records it.
 	if [ ! -f "$TORPOR_RIG_ROOT/ip_forward.orig" ]; then
@@ -215,8 +219,9 @@ else
 	echo "---- $(date -Is) rig/up.sh starting containerd" >>"$TORPOR_RIG_LOG"
 	# The shim dir goes first in PATH so containerd resolves
 	# containerd-shim-torpor-v1 from the build tree without installing it.
+	# (9>&-: containerd must not inherit the rig lock.)
 	PATH="$TORPOR_SHIM_DIR:$PATH" setsid "$TORPOR_CONTAINERD" --config "$TORPOR_RIG_CONFIG" \
-		</dev/null >>"$TORPOR_RIG_LOG" 2>&1 &
+		</dev/null >>"$TORPOR_RIG_LOG" 2>&1 9>&- &
 	pid=$!
 	echo "$pid" >"$TORPOR_RIG_PIDFILE"
 	if ! wait_for 60 "containerd socket" test -S "$TORPOR_RIG_ADDRESS"; then

@@ -1,0 +1,875 @@
+//! Helpers for the torpor integration tests.
+//!
+//! The tests drive the private containerd of the test rig (`test/rig/up.sh`)
+//! through `crictl` and `ctr`, the way kubelet and an operator would. The rig's
+//! addresses come from the environment that `test/rig/env.sh` exports (and
+//! `test/rig/run-tests.sh` sets), with the rig's defaults as fall-backs.
+//!
+//! Rules the tests follow:
+//! * A missing dependency (no crictl, no rig, no image) is a test FAILURE, never a skip.
+//! * Time limits are for liveness only ("did it ever get there"); nothing
+//!   asserts on how fast something happened.
+//! * Every pod/container a test makes is owned by a guard whose `Drop` removes
+//!   it, also when the test panics.
+
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::ffi::OsStr;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub use serde_json;
+
+/// Generous liveness limit for one state change (pod ready, container running, ...).
+pub const LIVENESS: Duration = Duration::from_secs(120);
+/// Upper bound for any single crictl/ctr invocation before it is declared hung.
+pub const COMMAND_LIMIT: Duration = Duration::from_secs(300);
+
+pub const ACTOR_IMAGE: &str = "localhost/torpor-test/actor:latest";
+pub const PAUSE_IMAGE: &str = "localhost/torpor-test/pause:latest";
+/// Kubernetes namespace of every test pod (the CRI metadata namespace).
+pub const POD_NAMESPACE: &str = "torpor-test";
+
+// ----------------------------------------------------------------- settings
+
+/// Where the rig is and what is under test.
+#[derive(Debug, Clone)]
+pub struct Rig {
+    /// containerd gRPC socket path.
+    pub address: String,
+    /// CRI endpoint for crictl (`unix://...`).
+    pub cri_endpoint: String,
+    pub crictl: String,
+    pub ctr: String,
+    /// The rig's volatile state dir (containerd state, sockets, netns).
+    pub state_dir: String,
+    /// The rig's containerd state dir.
+    pub containerd_state: String,
+    /// CRI runtime handler under test (`torpor` or `runc`).
+    pub runtime: String,
+    /// crictl's per-RPC timeout.
+    pub crictl_timeout: String,
+    /// Parent cgroup (cgroupfs driver, below each hierarchy's root) of the
+    /// test pods; down.sh removes what is left of it.
+    pub cgroup: String,
+}
+
+fn env_or(key: &str, default: &str) -> String {
+    match std::env::var(key) {
+        Ok(v) if !v.is_empty() => v,
+        _ => default.to_string(),
+    }
+}
+
+fn find_binary(env_key: &str, name: &str) -> String {
+    if let Ok(v) = std::env::var(env_key) {
+        if !v.is_empty() {
+            return v;
+        }
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
+    for dir in path.split(':').chain(["/usr/local/bin", "/usr/bin"]) {
+        let p = Path::new(dir).join(name);
+        if p.is_file() {
+            return p.to_string_lossy().into_owned();
+        }
+    }
+    // Let the spawn fail with a clear message.
+    name.to_string()
+}
+
+/// The rig settings (read once from the environment).
+pub fn rig() -> &'static Rig {
+    static RIG: OnceLock<Rig> = OnceLock::new();
+    RIG.get_or_init(|| {
+        let state_dir = env_or("TORPOR_RIG_STATE", "/run/torpor-test");
+        // Only the rig's own variables are read: an inherited CONTAINERD_ADDRESS
+        // or CONTAINER_RUNTIME_ENDPOINT may point at the host's containerd.
+        let address = env_or(
+            "TORPOR_RIG_ADDRESS",
+            &format!("{state_dir}/containerd.sock"),
+        );
+        let cri_endpoint = format!("unix://{address}");
+        Rig {
+            containerd_state: format!("{state_dir}/containerd"),
+            crictl: find_binary("TORPOR_CRICTL", "crictl"),
+            ctr: find_binary("TORPOR_CTR", "ctr"),
+            runtime: env_or("TORPOR_TEST_RUNTIME", "torpor"),
+            crictl_timeout: env_or("TORPOR_CRICTL_TIMEOUT", "120s"),
+            cgroup: env_or("TORPOR_RIG_CGROUP", "torpor-test"),
+            address,
+            cri_endpoint,
+            state_dir,
+        }
+    })
+}
+
+/// CRI runtime handler under test (`TORPOR_TEST_RUNTIME`, default `torpor`).
+pub fn runtime_handler() -> &'static str {
+    &rig().runtime
+}
+
+/// Whether the runtime under test is torpor (torpor-only tests run then).
+pub fn is_torpor() -> bool {
+    runtime_handler() == "torpor"
+}
+
+/// containerd runtime_type (`ctr run --runtime`) of the handler under test.
+pub fn runtime_type() -> String {
+    if let Ok(v) = std::env::var("TORPOR_TEST_RUNTIME_TYPE") {
+        if !v.is_empty() {
+            return v;
+        }
+    }
+    match runtime_handler() {
+        "torpor" => "io.containerd.torpor.v1".into(),
+        "runc" => "io.containerd.runc.v2".into(),
+        other => panic!(
+            "don't know the runtime_type of TORPOR_TEST_RUNTIME={other}; set TORPOR_TEST_RUNTIME_TYPE"
+        ),
+    }
+}
+
+// ------------------------------------------------------------------- names
+
+/// A name unique across tests, threads and test processes: `prefix-<pid>-<n>-<rand>`.
+/// Lower-case, DNS-label safe, at most 63 characters.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let prefix: String = prefix
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(40)
+        .collect();
+    format!("{prefix}-{}-{n}-{:x}", std::process::id(), nanos & 0xfffff)
+}
+
+// ---------------------------------------------------------------- commands
+
+/// Result of one command.
+#[derive(Debug, Clone)]
+pub struct Output {
+    /// What was run (for messages).
+    pub cmdline: String,
+    /// Exit code; 128+N when killed by signal N.
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Output {
+    pub fn success(&self) -> bool {
+        self.code == 0
+    }
+
+    /// Panics with the full output unless the command succeeded; returns stdout.
+    #[track_caller]
+    pub fn ok(self) -> String {
+        if self.code != 0 {
+            panic!("command failed: {self}");
+        }
+        self.stdout
+    }
+
+    /// Both streams, for error-message assertions.
+    pub fn all_output(&self) -> String {
+        format!("{}\n{}", self.stdout, self.stderr)
+    }
+}
+
+impl std::fmt::Display for Output {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "`{}` exited with {}\n--- stdout ---\n{}\n--- stderr ---\n{}",
+            self.cmdline,
+            self.code,
+            self.stdout.trim_end(),
+            self.stderr.trim_end()
+        )
+    }
+}
+
+/// Runs a program to completion with an optional stdin, capturing both
+/// streams. Panics if it cannot be started (missing dependency = failure) or
+/// if it is still running after `limit` (it is killed first).
+#[track_caller]
+pub fn run_with<I, S>(program: &str, args: I, stdin: Option<&[u8]>, limit: Duration) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+    let cmdline = std::iter::once(program.to_string())
+        .chain(args.iter().map(|a| a.to_string_lossy().into_owned()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut command = Command::new(program);
+    // crictl: use the rig's config file, never the host's /etc/crictl.yaml
+    // (and no warning about it missing on every call).
+    let crictl_cfg = concat!(env!("CARGO_MANIFEST_DIR"), "/rig/crictl.yaml");
+    if Path::new(crictl_cfg).is_file() {
+        command.env("CRI_CONFIG_FILE", crictl_cfg);
+    }
+    let mut child = command
+        .args(&args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!("cannot run `{cmdline}`: {e} (is the rig installed? see test/rig/up.sh)")
+        });
+    let stdin_thread = stdin.map(|data| {
+        let data = data.to_vec();
+        let mut pipe = child.stdin.take().expect("stdin pipe");
+        thread::spawn(move || {
+            let _ = pipe.write_all(&data);
+            // dropping the pipe closes it: EOF for the reader
+        })
+    });
+    let mut out_pipe = child.stdout.take().expect("stdout pipe");
+    let mut err_pipe = child.stderr.take().expect("stderr pipe");
+    let out_thread = thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = out_pipe.read_to_end(&mut buf);
+        buf
+    });
+    let err_thread = thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = err_pipe.read_to_end(&mut buf);
+        buf
+    });
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let stdout =
+                    String::from_utf8_lossy(&out_thread.join().unwrap_or_default()).into_owned();
+                let stderr =
+                    String::from_utf8_lossy(&err_thread.join().unwrap_or_default()).into_owned();
+                panic!(
+                    "`{cmdline}` still running after {limit:?} (hung), killed\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+                );
+            }
+            Ok(None) => thread::sleep(Duration::from_millis(20)),
+            Err(e) => panic!("waiting for `{cmdline}`: {e}"),
+        }
+    };
+    if let Some(t) = stdin_thread {
+        let _ = t.join();
+    }
+    let stdout = String::from_utf8_lossy(&out_thread.join().unwrap_or_default()).into_owned();
+    let stderr = String::from_utf8_lossy(&err_thread.join().unwrap_or_default()).into_owned();
+    use std::os::unix::process::ExitStatusExt;
+    let code = status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    Output {
+        cmdline,
+        code,
+        stdout,
+        stderr,
+    }
+}
+
+/// Runs a program with no stdin and the default command limit.
+#[track_caller]
+pub fn run<I, S>(program: &str, args: I) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    run_with(program, args, None, COMMAND_LIMIT)
+}
+
+fn crictl_base() -> Vec<String> {
+    let r = rig();
+    vec![
+        "--runtime-endpoint".into(),
+        r.cri_endpoint.clone(),
+        "--image-endpoint".into(),
+        r.cri_endpoint.clone(),
+        "--timeout".into(),
+        r.crictl_timeout.clone(),
+    ]
+}
+
+/// `crictl <args>` against the rig.
+#[track_caller]
+pub fn crictl(args: &[&str]) -> Output {
+    let mut all = crictl_base();
+    all.extend(args.iter().map(|s| s.to_string()));
+    run_with(&rig().crictl, all, None, COMMAND_LIMIT)
+}
+
+/// `crictl <args>` with `input` on stdin.
+#[track_caller]
+pub fn crictl_stdin(args: &[&str], input: &[u8]) -> Output {
+    let mut all = crictl_base();
+    all.extend(args.iter().map(|s| s.to_string()));
+    run_with(&rig().crictl, all, Some(input), COMMAND_LIMIT)
+}
+
+/// `crictl <args>`, panicking on failure; returns trimmed stdout.
+#[track_caller]
+pub fn crictl_ok(args: &[&str]) -> String {
+    crictl(args).ok().trim().to_string()
+}
+
+/// `crictl <args>` whose stdout is JSON.
+#[track_caller]
+pub fn crictl_json(args: &[&str]) -> Value {
+    let out = crictl(args);
+    let text = out.clone().ok();
+    serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("bad JSON from {}: {e}\n{text}", out.cmdline))
+}
+
+/// `ctr --address <rig> -n <namespace> <args>`.
+#[track_caller]
+pub fn ctr(namespace: &str, args: &[&str]) -> Output {
+    let r = rig();
+    let mut all: Vec<String> = vec![
+        "--address".into(),
+        r.address.clone(),
+        "-n".into(),
+        namespace.into(),
+    ];
+    all.extend(args.iter().map(|s| s.to_string()));
+    run(&r.ctr, all)
+}
+
+/// `ctr` with a custom limit (for `ctr run` of a process that runs a while).
+#[track_caller]
+pub fn ctr_with(namespace: &str, args: &[&str], stdin: Option<&[u8]>, limit: Duration) -> Output {
+    let r = rig();
+    let mut all: Vec<String> = vec![
+        "--address".into(),
+        r.address.clone(),
+        "-n".into(),
+        namespace.into(),
+    ];
+    all.extend(args.iter().map(|s| s.to_string()));
+    run_with(&r.ctr, all, stdin, limit)
+}
+
+/// Fails the test unless the rig answers and has the test images. Call at the
+/// start of each test: a clear message beats a cascade of crictl errors.
+#[track_caller]
+pub fn require_rig() {
+    static CHECKED: OnceLock<Result<(), String>> = OnceLock::new();
+    let res = CHECKED.get_or_init(|| {
+        let r = rig();
+        let info = std::panic::catch_unwind(|| crictl(&["info"]));
+        let info = match info {
+            Ok(o) if o.success() => o,
+            Ok(o) => {
+                return Err(format!(
+                    "the rig's CRI at {} does not answer (start it with test/rig/up.sh):\n{o}",
+                    r.cri_endpoint
+                ))
+            }
+            Err(_) => return Err(format!("cannot run crictl ({})", r.crictl)),
+        };
+        let v: Value =
+            serde_json::from_str(&info.stdout).map_err(|e| format!("crictl info: {e}"))?;
+        let conds = v["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for want in ["RuntimeReady", "NetworkReady"] {
+            let ok = conds
+                .iter()
+                .any(|c| c["type"] == want && c["status"] == true);
+            if !ok {
+                return Err(format!("CRI condition {want} is not true: {}", v["status"]));
+            }
+        }
+        let images = crictl(&["images", "-o", "json"]);
+        if !images.success() {
+            return Err(format!("crictl images failed: {images}"));
+        }
+        for img in [ACTOR_IMAGE, PAUSE_IMAGE] {
+            if !images.stdout.contains(img) {
+                return Err(format!(
+                    "image {img} is not in the rig (namespace k8s.io); run test/rig/up.sh"
+                ));
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = res {
+        panic!("test rig not usable: {e}");
+    }
+}
+
+// --------------------------------------------------------------- polling
+
+/// Polls `f` until it returns `Some`, failing the test after `limit`
+/// (a liveness limit: never used to judge speed).
+#[track_caller]
+pub fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    let mut delay = Duration::from_millis(50);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {limit:?} waiting for {what}");
+        }
+        thread::sleep(delay);
+        delay = (delay * 2).min(Duration::from_millis(500));
+    }
+}
+
+// ------------------------------------------------------------- temp files
+
+/// A temporary directory removed on drop.
+#[derive(Debug)]
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// A fresh directory named `<prefix>-<unique>` under $TMPDIR/torpor-tests.
+    pub fn new(prefix: &str) -> TempDir {
+        Self::named(&unique_name(prefix))
+    }
+
+    /// $TMPDIR/torpor-tests/<name> (name must already be unique).
+    pub fn named(name: &str) -> TempDir {
+        let path = std::env::temp_dir().join("torpor-tests").join(name);
+        std::fs::create_dir_all(&path).unwrap_or_else(|e| panic!("mkdir {}: {e}", path.display()));
+        TempDir { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Writes `value` as JSON to `dir/name` and returns the path as a String.
+pub fn write_json(dir: &Path, name: &str, value: &Value) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, serde_json::to_vec_pretty(value).unwrap())
+        .unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+    p.to_string_lossy().into_owned()
+}
+
+// ------------------------------------------------------------ CRI configs
+
+/// A CRI PodSandboxConfig as kubelet would send it (cgroupfs driver).
+pub fn pod_config(name: &str, annotations: &BTreeMap<String, String>, log_dir: &Path) -> Value {
+    let uid = format!("uid-{name}");
+    json!({
+        "metadata": {
+            "name": name,
+            "namespace": POD_NAMESPACE,
+            "uid": uid,
+            "attempt": 0
+        },
+        "hostname": name.chars().take(63).collect::<String>(),
+        "log_directory": log_dir.to_string_lossy(),
+        "labels": { "torpor-test": "true" },
+        "annotations": annotations,
+        "linux": {
+            "cgroup_parent": format!("/{}/pod-{name}", rig().cgroup),
+            "security_context": {
+                "namespace_options": { "network": 0, "pid": 1, "ipc": 0 }
+            }
+        }
+    })
+}
+
+/// A CRI ContainerConfig running `/actor <args...>` from the actor image.
+pub fn container_config(name: &str, args: &[&str]) -> Value {
+    json!({
+        "metadata": { "name": name, "attempt": 0 },
+        "image": { "image": ACTOR_IMAGE },
+        "command": ["/actor"],
+        "args": args,
+        "log_path": format!("{name}.log"),
+        "labels": { "torpor-test": "true" },
+        "linux": { "resources": {} }
+    })
+}
+
+// ------------------------------------------------------------------- pods
+
+/// A pod sandbox owned by a test. Dropping it stops and removes the pod
+/// (with its containers), even when the test panicked.
+#[derive(Debug)]
+pub struct Pod {
+    pub id: String,
+    pub name: String,
+    /// The PodSandboxConfig file (needed by `crictl create`).
+    pub config_path: String,
+    pub log_dir: PathBuf,
+    dir: TempDir,
+    removed: bool,
+}
+
+/// Options for a pod.
+#[derive(Debug, Default, Clone)]
+pub struct PodOptions {
+    pub annotations: BTreeMap<String, String>,
+    /// Runtime handler; None = the one under test.
+    pub runtime: Option<String>,
+}
+
+impl Pod {
+    /// `crictl runp` of a fresh pod with the runtime under test; panics on failure.
+    #[track_caller]
+    pub fn run(prefix: &str) -> Pod {
+        Self::run_with(prefix, PodOptions::default())
+    }
+
+    #[track_caller]
+    pub fn run_with(prefix: &str, opts: PodOptions) -> Pod {
+        match Self::try_run(prefix, opts) {
+            Ok(p) => p,
+            Err(o) => panic!("crictl runp failed: {o}"),
+        }
+    }
+
+    /// `crictl runp`, returning the failed command's output on error.
+    pub fn try_run(prefix: &str, opts: PodOptions) -> Result<Pod, Output> {
+        require_rig();
+        let name = unique_name(prefix);
+        let dir = TempDir::named(&name);
+        let log_dir = dir.path().join("logs");
+        std::fs::create_dir_all(&log_dir).unwrap();
+        let cfg = pod_config(&name, &opts.annotations, &log_dir);
+        let config_path = write_json(dir.path(), "pod.json", &cfg);
+        let runtime = opts
+            .runtime
+            .unwrap_or_else(|| runtime_handler().to_string());
+        let out = crictl(&["runp", "--runtime", &runtime, &config_path]);
+        if !out.success() {
+            // runp may have left a NotReady sandbox behind on failure: clean it.
+            remove_pods_named(&name);
+            return Err(out);
+        }
+        let id = out.stdout.trim().to_string();
+        Ok(Pod {
+            id,
+            name,
+            config_path,
+            log_dir,
+            dir,
+            removed: false,
+        })
+    }
+
+    /// The pod's temp dir (configs, logs).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `crictl create` of a container; returns the container id or the output.
+    pub fn try_create(&self, config: &Value) -> Result<String, Output> {
+        let cname = config["metadata"]["name"]
+            .as_str()
+            .unwrap_or("ctr")
+            .to_string();
+        let path = write_json(self.dir.path(), &format!("ctr-{cname}.json"), config);
+        let out = crictl(&["create", &self.id, &path, &self.config_path]);
+        if out.success() {
+            Ok(out.stdout.trim().to_string())
+        } else {
+            Err(out)
+        }
+    }
+
+    /// `crictl create`; panics on failure.
+    #[track_caller]
+    pub fn create(&self, config: &Value) -> String {
+        self.try_create(config)
+            .unwrap_or_else(|o| panic!("crictl create failed: {o}"))
+    }
+
+    /// create + start `/actor <args>` in a container named `name`; returns its id.
+    #[track_caller]
+    pub fn start_actor(&self, name: &str, args: &[&str]) -> String {
+        self.start_config(&container_config(name, args))
+    }
+
+    /// create + start a container from a full config; returns its id.
+    #[track_caller]
+    pub fn start_config(&self, config: &Value) -> String {
+        let id = self.create(config);
+        crictl_ok(&["start", &id]);
+        id
+    }
+
+    /// `crictl inspectp` as JSON.
+    #[track_caller]
+    pub fn inspect(&self) -> Value {
+        crictl_json(&["inspectp", "-o", "json", &self.id])
+    }
+
+    /// SANDBOX_READY / SANDBOX_NOTREADY
+    #[track_caller]
+    pub fn state(&self) -> String {
+        self.inspect()["status"]["state"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    /// The pod's IPv4 address.
+    #[track_caller]
+    pub fn ip(&self) -> String {
+        let v = self.inspect();
+        let ip = v["status"]["network"]["ip"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert!(!ip.is_empty(), "pod {} has no IP: {}", self.id, v["status"]);
+        ip
+    }
+
+    /// Path of the pod's network namespace (from the sandbox's OCI spec).
+    #[track_caller]
+    pub fn netns_path(&self) -> Option<String> {
+        netns_path_of(&self.inspect())
+    }
+
+    /// Stop and remove now (checked); Drop then does nothing.
+    #[track_caller]
+    pub fn remove(mut self) {
+        crictl_ok(&["stopp", &self.id]);
+        crictl_ok(&["rmp", &self.id]);
+        self.removed = true;
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        if self.removed {
+            return;
+        }
+        // Best effort, never panics (may run during unwinding).
+        let _ = std::panic::catch_unwind(|| {
+            let _ = crictl(&["stopp", &self.id]);
+            let _ = crictl(&["rmp", "-f", &self.id]);
+        });
+    }
+}
+
+/// Removes every pod (any state) whose metadata name is `name`.
+pub fn remove_pods_named(name: &str) {
+    let _ = std::panic::catch_unwind(|| {
+        let out = crictl(&["pods", "--name", name, "-q"]);
+        for id in out.stdout.split_whitespace() {
+            let _ = crictl(&["stopp", id]);
+            let _ = crictl(&["rmp", "-f", id]);
+        }
+    });
+}
+
+/// The network namespace path in a `crictl inspectp` JSON.
+pub fn netns_path_of(inspectp: &Value) -> Option<String> {
+    let spec = &inspectp["info"]["runtimeSpec"];
+    spec["linux"]["namespaces"]
+        .as_array()?
+        .iter()
+        .find(|n| n["type"] == "network")
+        .and_then(|n| n["path"].as_str())
+        .map(|s| s.to_string())
+}
+
+// ------------------------------------------------------------- containers
+
+/// `crictl inspect` as JSON.
+#[track_caller]
+pub fn inspect_container(id: &str) -> Value {
+    crictl_json(&["inspect", "-o", "json", id])
+}
+
+/// The container's CRI state: CONTAINER_CREATED / RUNNING / EXITED / UNKNOWN.
+#[track_caller]
+pub fn container_state(id: &str) -> String {
+    inspect_container(id)["status"]["state"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Waits until the container is in `state`; returns the inspect JSON.
+#[track_caller]
+pub fn wait_container_state(id: &str, state: &str) -> Value {
+    let mut last = Value::Null;
+    let what = format!("container {id} to be {state}");
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(&what, LIVENESS, || {
+            let v = inspect_container(id);
+            let ok = v["status"]["state"] == state;
+            last = v.clone();
+            ok.then_some(v)
+        })
+    }));
+    match res {
+        Ok(v) => v,
+        Err(_) => panic!(
+            "timed out waiting for {what}; last status: {}",
+            last["status"]
+        ),
+    }
+}
+
+/// Waits until the container has exited; returns (exitCode, reason).
+#[track_caller]
+pub fn wait_exited(id: &str) -> (i64, String) {
+    let v = wait_container_state(id, "CONTAINER_EXITED");
+    (
+        v["status"]["exitCode"].as_i64().unwrap_or(-1),
+        v["status"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
+
+// ------------------------------------------------------------ ctr guard
+
+/// A container created through `ctr` (namespace `default` by default).
+/// Dropping it kills and deletes its task and removes the container.
+#[derive(Debug)]
+pub struct CtrContainer {
+    pub namespace: String,
+    pub id: String,
+}
+
+impl CtrContainer {
+    /// Only registers the id for cleanup; the caller creates it (`ctr run ...`).
+    pub fn new(namespace: &str, id: &str) -> CtrContainer {
+        CtrContainer {
+            namespace: namespace.into(),
+            id: id.into(),
+        }
+    }
+
+    /// `ctr task ls` status of this task (RUNNING, PAUSED, STOPPED, ...), if any.
+    #[track_caller]
+    pub fn task_status(&self) -> Option<String> {
+        let out = ctr(&self.namespace, &["task", "ls"]).ok();
+        out.lines().skip(1).find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.first() == Some(&self.id.as_str())).then(|| f.last().unwrap_or(&"").to_string())
+        })
+    }
+}
+
+impl Drop for CtrContainer {
+    fn drop(&mut self) {
+        let _ = std::panic::catch_unwind(|| {
+            let ns = self.namespace.clone();
+            let _ = ctr(&ns, &["task", "kill", "-a", "-s", "SIGKILL", &self.id]);
+            for _ in 0..100 {
+                let out = ctr(&ns, &["task", "delete", "-f", &self.id]);
+                if out.success() || out.stderr.contains("not found") {
+                    break;
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+            let _ = ctr(&ns, &["containers", "rm", &self.id]);
+            let _ = ctr(&ns, &["snapshots", "rm", &self.id]);
+        });
+    }
+}
+
+// ------------------------------------------------------------ host checks
+
+/// Processes whose command line or working directory mentions `needle`
+/// (shims are started with `-id <id>` and run in their bundle dir).
+pub fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let me = std::process::id().to_string();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for e in rd.flatten() {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        if !pid.chars().all(|c| c.is_ascii_digit()) || pid == me {
+            continue;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        // crictl/ctr clients of concurrently running tests are not leftovers
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if exe.ends_with("/crictl") || exe.ends_with("/ctr") {
+            continue;
+        }
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd"))
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if cmdline.contains(needle) || cwd.contains(needle) {
+            found.push(format!("pid {pid} exe {exe} cwd {cwd}: {}", cmdline.trim()));
+        }
+    }
+    found
+}
+
+/// Lines of /proc/self/mountinfo that mention `needle`.
+pub fn mounts_mentioning(needle: &str) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(|l| l.to_string())
+        .collect()
+}
+
+/// A TCP connect to `addr` with retries until it succeeds (liveness-limited).
+#[track_caller]
+pub fn connect_with_retry(addr: &str) -> std::net::TcpStream {
+    let sa: std::net::SocketAddr = addr
+        .parse()
+        .unwrap_or_else(|e| panic!("bad address {addr}: {e}"));
+    let mut last_err = String::new();
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(&format!("a TCP connection to {addr}"), LIVENESS, || {
+            match std::net::TcpStream::connect_timeout(&sa, Duration::from_secs(5)) {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    last_err = e.to_string();
+                    None
+                }
+            }
+        })
+    }));
+    match res {
+        Ok(s) => s,
+        Err(_) => panic!("cannot connect to {addr}: {last_err}"),
+    }
+}
