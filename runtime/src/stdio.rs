@@ -14,7 +14,7 @@ use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use log::{debug, warn};
@@ -55,8 +55,10 @@ pub struct Prepared {
 
 /// A live process's stdio, owned by the shim.
 pub struct ProcessIo {
-    stdin_fifo: String,
-    stdin: Arc<Mutex<Option<File>>>,
+    /// The shim's own write end of the stdin FIFO: while it is open the copy
+    /// never sees a premature EOF; CloseIO drops it, and the copy then drains
+    /// what containerd wrote and closes the process's stdin.
+    stdin_keepalive: Mutex<Option<File>>,
     console: Option<File>,
     done: Vec<oneshot::Receiver<()>>,
 }
@@ -117,12 +119,7 @@ impl Prepared {
 
     /// Starts the copies. `master` is the pty master for a terminal process.
     pub fn start(self, master: Option<OwnedFd>) -> Result<ProcessIo> {
-        let mut io = ProcessIo {
-            stdin_fifo: self.config.stdin.clone(),
-            stdin: Arc::new(Mutex::new(None)),
-            console: None,
-            done: Vec::new(),
-        };
+        let mut io = ProcessIo::null();
         let cfg = self.config;
         if let Some(master) = master {
             let master = File::from(master);
@@ -133,14 +130,12 @@ impl Prepared {
                 io.done.push(copy_thread(reader, cfg.stdout.clone()));
             }
             if !cfg.stdin.is_empty() {
-                *lock(&io.stdin) = Some(writer);
-                stdin_thread(cfg.stdin.clone(), io.stdin.clone());
+                io.stdin_keepalive = Mutex::new(Some(stdin_thread(&cfg.stdin, writer)?));
             }
             return Ok(io);
         }
         if let Some(w) = self.stdin_writer {
-            *lock(&io.stdin) = Some(File::from(w));
-            stdin_thread(cfg.stdin.clone(), io.stdin.clone());
+            io.stdin_keepalive = Mutex::new(Some(stdin_thread(&cfg.stdin, File::from(w))?));
         }
         if let Some(r) = self.stdout_reader {
             io.done.push(copy_task(r, cfg.stdout.clone())?);
@@ -206,36 +201,43 @@ fn copy_thread(mut src: File, fifo: String) -> oneshot::Receiver<()> {
     rx
 }
 
-/// Copies the stdin FIFO into the process until containerd closes it.
-/// The open blocks until containerd opens its writer, hence a thread.
-fn stdin_thread(fifo: String, dst: Arc<Mutex<Option<File>>>) {
+/// Copies the stdin FIFO into the process until every writer (containerd
+/// and the returned keep-alive) has closed it; then the process sees EOF
+/// (on a terminal: the VEOF character, ^D, as a user would type it).
+fn stdin_thread(fifo: &str, mut dst: File) -> Result<File> {
+    // Open the read side without blocking, then our own write side, then
+    // make reads blocking: the FIFO reports EOF only once both are closed.
+    let src = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(fifo)
+        .io_context(|| format!("open stdin fifo {fifo}"))?;
+    let keepalive = OpenOptions::new()
+        .write(true)
+        .open(fifo)
+        .io_context(|| format!("open stdin fifo {fifo} for writing"))?;
+    let flags = nix::fcntl::fcntl(&src, nix::fcntl::FcntlArg::F_GETFL).io_context(|| "fcntl F_GETFL".into())?;
+    let mut flags = OFlag::from_bits_truncate(flags);
+    flags.remove(OFlag::O_NONBLOCK);
+    nix::fcntl::fcntl(&src, nix::fcntl::FcntlArg::F_SETFL(flags)).io_context(|| "fcntl F_SETFL".into())?;
+    let mut src = src;
     std::thread::spawn(move || {
-        let mut src = match OpenOptions::new().read(true).open(&fifo) {
-            Ok(f) => f,
-            Err(e) => {
-                warn!("open stdin fifo {fifo}: {e}");
-                return;
-            }
-        };
         let mut buf = [0u8; 32 * 1024];
         loop {
             match src.read(&mut buf) {
                 Ok(0) | Err(_) => break,
                 Ok(n) => {
-                    let mut guard = lock(&dst);
-                    let Some(w) = guard.as_mut() else { return };
-                    if w.write_all(&buf[..n]).is_err() {
-                        break;
+                    if dst.write_all(&buf[..n]).is_err() {
+                        return;
                     }
                 }
             }
         }
-        // containerd closed stdin: the process sees EOF (unless it is a pty).
-        let mut guard = lock(&dst);
-        if guard.as_ref().is_some_and(|f| !is_tty(f)) {
-            *guard = None;
+        if is_tty(&dst) {
+            let _ = dst.write_all(&[4]);
         }
     });
+    Ok(keepalive)
 }
 
 fn is_tty(f: &File) -> bool {
@@ -246,23 +248,16 @@ impl ProcessIo {
     /// A process with no stdio at all.
     pub fn null() -> Self {
         ProcessIo {
-            stdin_fifo: String::new(),
-            stdin: Arc::new(Mutex::new(None)),
+            stdin_keepalive: Mutex::new(None),
             console: None,
             done: Vec::new(),
         }
     }
 
-    /// CloseIO: the process sees EOF on stdin.
+    /// CloseIO: once containerd's writer is closed too, the process sees
+    /// EOF on stdin, after everything written before it.
     pub fn close_stdin(&self) {
-        let mut guard = lock(&self.stdin);
-        match guard.as_mut() {
-            // On a terminal, EOF is the VEOF character (^D), as a user would type it.
-            Some(f) if is_tty(f) => {
-                let _ = f.write_all(&[4]);
-            }
-            _ => *guard = None,
-        }
+        *lock(&self.stdin_keepalive) = None;
     }
 
     /// ResizePty.
@@ -295,18 +290,9 @@ impl ProcessIo {
         }
     }
 
-    /// After the process exited: releases stdin, and unblocks a stdin copy
-    /// still waiting for containerd to open the FIFO.
+    /// After the process exited: nothing more goes to its stdin.
     pub fn close(&mut self) {
-        *lock(&self.stdin) = None;
-        if !self.stdin_fifo.is_empty() {
-            // Opening the write side lets a reader blocked in open() return;
-            // it then reads EOF and ends.
-            let _ = OpenOptions::new()
-                .write(true)
-                .custom_flags(libc::O_NONBLOCK)
-                .open(&self.stdin_fifo);
-        }
+        *lock(&self.stdin_keepalive) = None;
     }
 }
 
