@@ -227,7 +227,7 @@ unmount_under "$TORPOR_RIG_ROOT"
 # rig's subnet.
 if command -v ip >/dev/null; then
 	for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
-		if ip -n "$ns" -4 -o addr show 2>/dev/null | grep -q " inet $TORPOR_RIG_SUBNET_PREFIX"; then
+		if ip -n "$ns" -4 -o addr show 2>/dev/null | grep " inet $TORPOR_RIG_SUBNET_PREFIX" >/dev/null; then
 			log "deleting leftover netns $ns"
 			ip netns delete "$ns" 2>/dev/null
 		fi
@@ -259,7 +259,7 @@ cleanup_iptables() {
 		done <<<"$rules"
 		for c in $chains; do
 			# only chains nothing references any more
-			if ! "$save" -t "$table" 2>/dev/null | grep -E '^-A ' | grep -qE -- "-j $c( |\$)"; then
+			if ! "$save" -t "$table" 2>/dev/null | grep -E '^-A ' | grep -E -- "-j $c( |\$)" >/dev/null; then
 				"$cmd" -t "$table" -F "$c" 2>/dev/null
 				"$cmd" -t "$table" -X "$c" 2>/dev/null
 			fi
@@ -296,7 +296,7 @@ rig_containerd_pid >/dev/null && left+=("containerd")
 grep -qF -e " $TORPOR_RIG_STATE/" -e " $TORPOR_RIG_STATE " /proc/self/mountinfo && left+=("mounts under $TORPOR_RIG_STATE")
 grep -qF -e " $TORPOR_RIG_ROOT/" /proc/self/mountinfo && left+=("mounts under $TORPOR_RIG_ROOT")
 ip link show "$TORPOR_RIG_BRIDGE" >/dev/null 2>&1 && left+=("bridge $TORPOR_RIG_BRIDGE")
-if command -v iptables-save >/dev/null && iptables-save 2>/dev/null | grep -qE "$TORPOR_RIG_SUBNET|$TORPOR_RIG_BRIDGE|name: \\\\?\"$TORPOR_RIG_CNI_NETWORK"; then
+if command -v iptables-save >/dev/null && iptables-save 2>/dev/null | grep -E "$TORPOR_RIG_SUBNET|$TORPOR_RIG_BRIDGE|name: \\\\?\"$TORPOR_RIG_CNI_NETWORK" >/dev/null; then
 	left+=("iptables rules")
 fi
 [ -n "$(rig_cgroup_dirs)" ] && left+=("cgroups: $(rig_cgroup_dirs | tr '\n' ' ')")

@@ -75,7 +75,7 @@ rig_containerd_pid() {
 	if [ -f "$TORPOR_RIG_PIDFILE" ]; then
 		pid="$(cat "$TORPOR_RIG_PIDFILE" 2>/dev/null || true)"
 		if [ -n "$pid" ] && [ -d "/proc/$pid" ] &&
-			tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "--config $TORPOR_RIG_CONFIG"; then
+			tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -F -- "--config $TORPOR_RIG_CONFIG" >/dev/null; then
 			echo "$pid"
 			return 0
 		fi
@@ -85,7 +85,7 @@ rig_containerd_pid() {
 	for p in /proc/[0-9]*; do
 		exe="$(readlink "$p/exe" 2>/dev/null || true)"
 		case "$exe" in */containerd) ;; *) continue ;; esac
-		if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -- "--config $TORPOR_RIG_CONFIG"; then
+		if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -F -- "--config $TORPOR_RIG_CONFIG" >/dev/null; then
 			echo "${p#/proc/}"
 			return 0
 		fi

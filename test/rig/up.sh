@@ -83,7 +83,7 @@ write_containerd_config() {
 	# containerd 2.0 spells the CNI binary directory `bin_dir`, 2.1+ `bin_dirs`
 	# (and warns about bin_dir). Ask the binary which one it knows.
 	local cni_bin_key
-	if "$TORPOR_CONTAINERD" config default 2>/dev/null | grep -q '^\s*bin_dirs\s*='; then
+	if "$TORPOR_CONTAINERD" config default 2>/dev/null | grep '^\s*bin_dirs\s*=' >/dev/null; then
 		cni_bin_key="bin_dirs = ['$TORPOR_RIG_CNI_BIN_DIR']"
 	else
 		cni_bin_key="bin_dir = '$TORPOR_RIG_CNI_BIN_DIR'"
@@ -191,8 +191,12 @@ import_images() {
 				die "import of $tar into namespace $ns failed"
 			fi
 		done
+		# Capture the list first: `ctr | grep -q` under pipefail fails at
+		# random when grep exits early and ctr gets SIGPIPE.
+		local images
+		images="$(rig_ctr -n "$ns" images ls -q 2>/dev/null)" || die "ctr images ls in namespace $ns failed"
 		for img in "$TORPOR_PAUSE_IMAGE" "$TORPOR_ACTOR_IMAGE"; do
-			rig_ctr -n "$ns" images ls -q 2>/dev/null | grep -qxF "$img" ||
+			grep -qxF "$img" <<<"$images" ||
 				die "image $img not present in namespace $ns after importing ${image_tars[*]}"
 		done
 	done
