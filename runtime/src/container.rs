@@ -12,6 +12,7 @@ use log::{info, warn};
 use oci_spec::runtime::{LinuxNamespaceType, Spec};
 use tokio::sync::{mpsc, Mutex};
 
+use crate::actor;
 use crate::cgroup;
 use crate::error::{Error, IoContext, Result};
 use crate::process::{ExitInfo, Process, Status};
@@ -44,10 +45,16 @@ pub struct Container {
     pub actor: ActorSpec,
     /// Whether the container has its own pid namespace (if not, its
     /// processes are killed when init exits, as runc-v2 does).
-    own_pid_ns: bool,
-    memory_cgroup: Option<PathBuf>,
+    pub(crate) own_pid_ns: bool,
+    pub(crate) memory_cgroup: Option<PathBuf>,
     /// A checkpoint image to restore at start, instead of `runc start`.
-    restore_from: Option<PathBuf>,
+    pub(crate) restore_from: Option<PathBuf>,
+    /// The CRI sandbox (pause) container: never part of the actor.
+    pub sandbox: bool,
+    /// Checkpointed by a suspend: no process, but RUNNING to containerd.
+    pub(crate) suspended: bool,
+    /// The stdio of the suspended process: keeps containerd's FIFOs open.
+    pub(crate) suspended_io: Option<stdio::ProcessIo>,
 }
 
 impl Container {
@@ -60,7 +67,7 @@ impl Container {
             .ok_or_else(|| Error::NotFound(format!("process {exec_id} of container {}", self.id)))
     }
 
-    fn process_mut(&mut self, exec_id: &str) -> Result<&mut Process> {
+    pub(crate) fn process_mut(&mut self, exec_id: &str) -> Result<&mut Process> {
         if exec_id.is_empty() {
             return Ok(&mut self.init);
         }
@@ -93,8 +100,8 @@ pub struct ProcessState {
 }
 
 #[derive(Default)]
-struct Inner {
-    containers: HashMap<String, Container>,
+pub(crate) struct Inner {
+    pub(crate) containers: HashMap<String, Container>,
     /// Exits reaped before their pid was registered (a process that died
     /// right after runc started it). Bounded: runc's own exits land here too.
     early_exits: VecDeque<(i32, i32)>,
@@ -102,12 +109,19 @@ struct Inner {
 
 const EARLY_EXITS: usize = 512;
 
+/// CRI annotations: which container is the sandbox, and which pod it is in.
+const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+
 /// All containers of this shim.
 #[derive(Clone)]
 pub struct Runtime {
-    inner: Arc<Mutex<Inner>>,
+    pub(crate) inner: Arc<Mutex<Inner>>,
+    /// The actor's record; its lock also serializes lifecycle operations.
+    pub(crate) actor: Arc<Mutex<Option<(actor::Store, actor::Record)>>>,
+    pub(crate) state_root: PathBuf,
     namespace: String,
-    events: mpsc::UnboundedSender<Event>,
+    pub(crate) events: mpsc::UnboundedSender<Event>,
 }
 
 impl Runtime {
@@ -116,6 +130,10 @@ impl Runtime {
     pub fn new(namespace: &str, events: mpsc::UnboundedSender<Event>) -> Self {
         let rt = Runtime {
             inner: Arc::default(),
+            actor: Arc::default(),
+            state_root: std::env::var_os("TORPOR_STATE_ROOT")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from(actor::STATE_ROOT)),
             namespace: namespace.to_string(),
             events,
         };
@@ -151,6 +169,10 @@ impl Runtime {
         let (drain, kill_all, runc) = {
             let mut inner = self.inner.lock().await;
             let Some(c) = inner.containers.get_mut(cid) else { return };
+            if c.suspended && exec_id.is_empty() {
+                // The suspend's checkpoint ended the process: not an exit.
+                return;
+            }
             let kill_all = exec_id.is_empty() && !c.own_pid_ns;
             let runc = c.runc.clone();
             let Ok(p) = c.process_mut(exec_id) else { return };
@@ -188,7 +210,7 @@ impl Runtime {
     }
 
     /// Registers a new pid; if it already exited, handles that exit now.
-    async fn claim_early_exit(&self, cid: &str, exec_id: &str, pid: i32) {
+    pub(crate) async fn claim_early_exit(&self, cid: &str, exec_id: &str, pid: i32) {
         let early = {
             let mut inner = self.inner.lock().await;
             let pos = inner.early_exits.iter().position(|(p, _)| *p == pid);
@@ -210,6 +232,12 @@ impl Runtime {
             .as_ref()
             .and_then(|l| l.namespaces().as_ref())
             .is_some_and(|ns| ns.iter().any(|n| n.typ() == LinuxNamespaceType::Pid && n.path().is_none()));
+        let annotations = spec.annotations().clone().unwrap_or_default();
+        let sandbox = annotations.get(CRI_CONTAINER_TYPE).is_some_and(|t| t == "sandbox");
+        if !sandbox {
+            let group = annotations.get(CRI_SANDBOX_ID).cloned().unwrap_or_else(|| req.id.clone());
+            self.actor_init(&group, actor.actor.clone()).await?;
+        }
         let mut inner = self.inner.lock().await;
         if inner.containers.contains_key(&req.id) {
             return Err(Error::AlreadyExists(format!("container {}", req.id)));
@@ -232,6 +260,9 @@ impl Runtime {
                     own_pid_ns,
                     memory_cgroup: None,
                     restore_from: req.checkpoint,
+                sandbox,
+                suspended: false,
+                suspended_io: None,
                 },
             );
             return Ok(0);
@@ -263,6 +294,9 @@ impl Runtime {
                 own_pid_ns,
                 memory_cgroup,
                 restore_from: None,
+                sandbox,
+                suspended: false,
+                suspended_io: None,
             },
         );
         drop(inner);
@@ -402,6 +436,9 @@ impl Runtime {
 
     /// Kill: a signal to init (`all`: every process) or to an exec.
     pub async fn kill(&self, id: &str, exec_id: &str, signal: u32, all: bool) -> Result<()> {
+        if exec_id.is_empty() && self.kill_suspended(id, signal).await? {
+            return Ok(());
+        }
         let inner = self.inner.lock().await;
         let c = container(&inner, id)?;
         let p = c.process(exec_id)?;
@@ -464,6 +501,8 @@ impl Runtime {
             at: std::time::SystemTime::now(),
         });
         c.init.io.close();
+        drop(inner);
+        self.actor_forget_if_empty().await;
         Ok((c.init.pid, exit))
     }
 
@@ -493,6 +532,9 @@ impl Runtime {
     pub async fn pids(&self, id: &str) -> Result<Vec<(i32, Option<String>)>> {
         let inner = self.inner.lock().await;
         let c = container(&inner, id)?;
+        if c.suspended {
+            return Ok(Vec::new());
+        }
         let pids = c.runc.ps(id).await?;
         Ok(pids
             .into_iter()
@@ -523,6 +565,10 @@ impl Runtime {
     pub async fn stats(&self, id: &str) -> Result<serde_json::Value> {
         let inner = self.inner.lock().await;
         let c = container(&inner, id)?;
+        if c.suspended {
+            // No process, no memory: all counters are zero.
+            return Ok(serde_json::json!({"type": "stats", "id": id, "data": {}}));
+        }
         c.runc.stats(id).await
     }
 
@@ -555,14 +601,14 @@ fn find_pid(inner: &Inner, pid: i32) -> Option<(String, String)> {
     None
 }
 
-fn container<'a>(inner: &'a Inner, id: &str) -> Result<&'a Container> {
+pub(crate) fn container<'a>(inner: &'a Inner, id: &str) -> Result<&'a Container> {
     inner
         .containers
         .get(id)
         .ok_or_else(|| Error::NotFound(format!("container {id}")))
 }
 
-fn container_mut<'a>(inner: &'a mut Inner, id: &str) -> Result<&'a mut Container> {
+pub(crate) fn container_mut<'a>(inner: &'a mut Inner, id: &str) -> Result<&'a mut Container> {
     inner
         .containers
         .get_mut(id)

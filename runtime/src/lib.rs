@@ -6,11 +6,14 @@
 //! - [`runc`]: the runc (and, through it, CRIU) command driver;
 //! - [`stdio`]: the plumbing between containerd's FIFOs and a process's stdio;
 //! - [`process`] and [`container`]: supervised processes and containers;
-//! - [`cgroup`]: OOM and resource statistics from the container's cgroup.
+//! - [`cgroup`]: OOM and resource statistics from the container's cgroup;
+//! - [`actor`] and [`lifecycle`]: the persisted actor state and suspend/resume.
 
+pub mod actor;
 pub mod cgroup;
 pub mod container;
 pub mod error;
+pub mod lifecycle;
 pub mod process;
 pub mod reaper;
 pub mod runc;

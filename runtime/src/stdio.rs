@@ -59,6 +59,9 @@ pub struct ProcessIo {
     /// never sees a premature EOF; CloseIO drops it, and the copy then drains
     /// what containerd wrote and closes the process's stdin.
     stdin_keepalive: Mutex<Option<File>>,
+    /// The shim's own handles on the stdout/stderr FIFOs: containerd sees EOF
+    /// only when the process really ended, not when a suspend stopped it.
+    out_keepalive: Vec<File>,
     console: Option<File>,
     done: Vec<oneshot::Receiver<()>>,
 }
@@ -121,6 +124,16 @@ impl Prepared {
     pub fn start(self, master: Option<OwnedFd>) -> Result<ProcessIo> {
         let mut io = ProcessIo::null();
         let cfg = self.config;
+        for fifo in [&cfg.stdout, &cfg.stderr] {
+            if !fifo.is_empty() {
+                let f = OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(fifo)
+                    .io_context(|| format!("open stdio fifo {fifo}"))?;
+                io.out_keepalive.push(f);
+            }
+        }
         if let Some(master) = master {
             let master = File::from(master);
             let reader = master.try_clone().io_context(|| "dup pty master".into())?;
@@ -249,6 +262,7 @@ impl ProcessIo {
     pub fn null() -> Self {
         ProcessIo {
             stdin_keepalive: Mutex::new(None),
+            out_keepalive: Vec::new(),
             console: None,
             done: Vec::new(),
         }
@@ -290,9 +304,11 @@ impl ProcessIo {
         }
     }
 
-    /// After the process exited: nothing more goes to its stdin.
+    /// After the process exited: nothing more goes to its stdin, and its
+    /// output FIFOs close once the copies end.
     pub fn close(&mut self) {
         *lock(&self.stdin_keepalive) = None;
+        self.out_keepalive.clear();
     }
 }
 

@@ -4,6 +4,7 @@
 //! in [`task`]), and cleans up after it (`delete`). One shim serves all
 //! containers of a pod, grouped by the CRI sandbox id.
 
+mod control;
 mod error;
 mod events;
 mod service;

@@ -112,6 +112,7 @@ impl Shim for Service {
 
     async fn wait(&mut self) {
         self.exit.wait().await;
+        crate::control::remove(&self.id);
     }
 
     async fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
@@ -119,6 +120,7 @@ impl Shim for Service {
         let (tx, rx) = mpsc::unbounded_channel();
         events.forward(rx);
         let runtime = Runtime::new(&self.namespace, tx);
+        crate::control::serve(runtime.clone(), self.id.clone());
         TaskService::new(runtime, events, self.exit.clone())
     }
 }

@@ -302,6 +302,8 @@ impl Task for TaskService {
         process["terminal"] = serde_json::Value::Bool(req.terminal);
         let json = serde_json::to_vec(&process)
             .map_err(|e| status(Code::INTERNAL, format!("encode exec process spec: {e}")))?;
+        // An exec into a suspended or frozen actor wakes it first.
+        self.runtime.ensure_running(&req.id).await.ttrpc()?;
         let stdio = StdioConfig {
             stdin: req.stdin.clone(),
             stdout: req.stdout.clone(),

@@ -1,0 +1,192 @@
+//! `torporctl`: the node operator's CLI for torpor actors.
+//!
+//! It talks to each shim's control socket under `/run/torpor/shims/`
+//! (root only). An actor is named by its actor id (`torpor.dev/actor`, by
+//! default `<namespace>/<pod>`), by its pod sandbox id, or by the id of one
+//! of its containers; unique prefixes of ids (at least 6 characters) work,
+//! as with crictl.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+
+const SOCKET_DIR: &str = "/run/torpor/shims";
+
+#[derive(Parser)]
+#[command(name = "torporctl", version, about = "Suspend, resume and inspect torpor actors on this node")]
+struct Cli {
+    /// Directory of the shims' control sockets.
+    #[arg(long, env = "TORPOR_SHIM_SOCKET_DIR", default_value = SOCKET_DIR)]
+    socket_dir: PathBuf,
+    /// Print JSON instead of a table.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show actors (all, or the one named).
+    Status { actor: Option<String> },
+    /// Checkpoint the actor's containers and free their memory.
+    Suspend { actor: String },
+    /// Restore a suspended actor (or thaw a frozen one).
+    Resume { actor: String },
+    /// Stop the actor in the cgroup freezer (memory stays resident).
+    Freeze { actor: String },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("torporctl: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli) -> Result<(), String> {
+    let (op, name) = match &cli.command {
+        Command::Status { actor } => ("status", actor.as_deref()),
+        Command::Suspend { actor } => ("suspend", Some(actor.as_str())),
+        Command::Resume { actor } => ("resume", Some(actor.as_str())),
+        Command::Freeze { actor } => ("freeze", Some(actor.as_str())),
+    };
+    if let Some(n) = name {
+        validate_name(n)?;
+    }
+    let shims = list_shims(&cli.socket_dir)?;
+    let mut actors = Vec::new();
+    for sock in &shims {
+        match request(sock, "status") {
+            Ok(v) if !v["actor"].is_null() => actors.push((sock.clone(), v)),
+            Ok(_) => {}
+            Err(e) => eprintln!("torporctl: warning: {}: {e}", sock.display()),
+        }
+    }
+    let selected: Vec<&(PathBuf, Value)> = match name {
+        None => actors.iter().collect(),
+        Some(n) => {
+            let m: Vec<_> = actors.iter().filter(|(_, v)| matches(v, n)).collect();
+            match m.len() {
+                0 => return Err(format!("no actor named {n:?} on this node (see `torporctl status`)")),
+                1 => m,
+                k => return Err(format!("{n:?} matches {k} actors: give more of the id")),
+            }
+        }
+    };
+    let mut results = Vec::new();
+    for (sock, status) in selected {
+        if op == "status" {
+            results.push(status.clone());
+            continue;
+        }
+        let v = request(sock, op)?;
+        if v["ok"] != json!(true) {
+            return Err(format!("{op} failed: {}", v["error"].as_str().unwrap_or("unknown error")));
+        }
+        results.push(v);
+    }
+    print(&results, cli.json);
+    Ok(())
+}
+
+/// Names are actor ids or container/sandbox ids: a restricted charset.
+fn validate_name(n: &str) -> Result<(), String> {
+    let ok = !n.is_empty()
+        && n.len() <= 253
+        && n.chars().all(|c| c.is_ascii_alphanumeric() || "-._/".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{n:?} is not an actor or container id (letters, digits, '-', '.', '_', '/')"))
+    }
+}
+
+fn matches(status: &Value, name: &str) -> bool {
+    let actor = &status["actor"];
+    if actor["actor"].as_str() == Some(name) {
+        return true;
+    }
+    let prefix = |id: &str| id == name || (name.len() >= 6 && id.starts_with(name));
+    status["shim"].as_str().is_some_and(prefix)
+        || actor["containers"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().filter_map(Value::as_str).any(prefix))
+}
+
+fn list_shims(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("read {}: {e} (torporctl must run as root)", dir.display())),
+    };
+    let mut v: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+fn request(sock: &Path, op: &str) -> Result<Value, String> {
+    let mut s = UnixStream::connect(sock).map_err(|e| format!("connect {}: {e}", sock.display()))?;
+    // A suspend of a large actor takes seconds; never wait forever.
+    let _ = s.set_read_timeout(Some(Duration::from_secs(600)));
+    writeln!(s, "{}", json!({ "op": op })).map_err(|e| format!("send to {}: {e}", sock.display()))?;
+    let mut line = String::new();
+    BufReader::new(&s)
+        .read_line(&mut line)
+        .map_err(|e| format!("read from {}: {e}", sock.display()))?;
+    serde_json::from_str(&line).map_err(|e| format!("bad reply from {}: {e}", sock.display()))
+}
+
+fn print(results: &[Value], as_json: bool) {
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(results).unwrap_or_default());
+        return;
+    }
+    println!("{:<32} {:<11} {:>4} {:>10} {:>10}  {:<14} ERROR", "ACTOR", "STATE", "GEN", "SUSPEND_MS", "RESUME_MS", "SHIM");
+    for r in results {
+        let a = &r["actor"];
+        let ms = |k: &str| a[k].as_u64().map(|v| v.to_string()).unwrap_or_else(|| "-".into());
+        let shim = r["shim"].as_str().unwrap_or("");
+        println!(
+            "{:<32} {:<11} {:>4} {:>10} {:>10}  {:<14} {}",
+            a["actor"].as_str().unwrap_or("?"),
+            a["state"].as_str().unwrap_or("?"),
+            a["generation"].as_u64().unwrap_or(0),
+            ms("last_suspend_ms"),
+            ms("last_resume_ms"),
+            &shim[..shim.len().min(13)],
+            a["last_error"].as_str().unwrap_or(""),
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_matching() {
+        assert!(validate_name("default/web-0").is_ok());
+        assert!(validate_name("").is_err());
+        assert!(validate_name("a;rm -rf").is_err());
+        let st = json!({"shim": "abcdef123456", "actor": {"actor": "default/web", "containers": ["0123456789"]}});
+        assert!(matches(&st, "default/web"));
+        assert!(matches(&st, "abcdef"));
+        assert!(matches(&st, "012345"));
+        assert!(!matches(&st, "abc"));
+        assert!(!matches(&st, "default/we"));
+    }
+}

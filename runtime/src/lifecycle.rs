@@ -1,0 +1,372 @@
+//! Suspend, resume and freeze of the actor: all app containers of the shim
+//! (the pod's, under CRI) as one unit.
+//!
+//! - **freeze**: every app container in the cgroup freezer (memory stays);
+//! - **suspend**: freeze all, checkpoint each with CRIU (the processes end,
+//!   their memory is freed), while containerd keeps seeing them RUNNING: no
+//!   exit is published and their stdio FIFOs stay open;
+//! - **resume**: `runc restore` of each into the same bundle, rootfs and pod
+//!   network namespace.
+//!
+//! Each transition is persisted before it is acted on. A suspend that fails
+//! part-way restores or thaws what it already touched: the actor is RUNNING
+//! again, and the reason is kept in its record.
+
+use std::time::Instant;
+
+use log::{info, warn};
+
+use crate::actor::{Lifecycle, Record, Store};
+use crate::container::{container_mut, Runtime};
+use crate::error::{Error, IoContext, Result};
+use crate::process::Status;
+use crate::runc::{self, CheckpointOpts};
+use crate::stdio;
+
+impl Runtime {
+    /// Sets up the actor record when the first app container is created.
+    pub(crate) async fn actor_init(&self, group: &str, actor_id: Option<String>) -> Result<()> {
+        let mut slot = self.actor.lock().await;
+        if slot.is_some() {
+            return Ok(());
+        }
+        let store = Store::new(&self.state_root, group)?;
+        let record = Record {
+            actor: actor_id.unwrap_or_else(|| group.to_string()),
+            state: Lifecycle::Running,
+            generation: 0,
+            containers: Vec::new(),
+            last_error: None,
+            last_suspend_ms: None,
+            last_resume_ms: None,
+        };
+        store.save(&record)?;
+        *slot = Some((store, record));
+        Ok(())
+    }
+
+    /// The actor's record, if the shim has app containers.
+    pub async fn actor_status(&self) -> Option<Record> {
+        let slot = self.actor.lock().await;
+        let (_, rec) = slot.as_ref()?;
+        let mut rec = rec.clone();
+        rec.containers = self.app_containers().await;
+        Some(rec)
+    }
+
+    async fn app_containers(&self) -> Vec<String> {
+        let inner = self.inner.lock().await;
+        let mut ids: Vec<String> = inner
+            .containers
+            .values()
+            .filter(|c| !c.sandbox && c.init.exit_info().is_none() && c.init.status != Status::Created)
+            .map(|c| c.id.clone())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// FROZEN: all app containers in the cgroup freezer.
+    pub async fn freeze(&self) -> Result<Record> {
+        let mut slot = self.actor.lock().await;
+        let (store, rec) = slot.as_mut().ok_or_else(no_actor)?;
+        if rec.state != Lifecycle::Running {
+            return Err(Error::FailedPrecondition(format!("actor {} is {}, not RUNNING", rec.actor, rec.state)));
+        }
+        let ids = self.app_containers().await;
+        rec.state = Lifecycle::Frozen;
+        rec.containers = ids.clone();
+        store.save(rec)?;
+        let mut inner = self.inner.lock().await;
+        for id in &ids {
+            let c = container_mut(&mut inner, id)?;
+            if c.init.status == Status::Running {
+                c.runc.pause(id).await?;
+                c.init.status = Status::Paused;
+            }
+        }
+        info!(actor = rec.actor.as_str(); "actor frozen");
+        Ok(rec.clone())
+    }
+
+    /// SUSPENDED: checkpoint every app container and free its memory.
+    pub async fn suspend(&self) -> Result<Record> {
+        let started = Instant::now();
+        let mut slot = self.actor.lock().await;
+        let (store, rec) = slot.as_mut().ok_or_else(no_actor)?;
+        if !matches!(rec.state, Lifecycle::Running | Lifecycle::Frozen) {
+            return Err(Error::FailedPrecondition(format!("actor {} is {}: only a RUNNING or FROZEN actor can be suspended", rec.actor, rec.state)));
+        }
+        let ids = self.app_containers().await;
+        if ids.is_empty() {
+            return Err(Error::FailedPrecondition(format!("actor {} has no running container", rec.actor)));
+        }
+        let was = rec.state;
+        rec.generation += 1;
+        rec.state = Lifecycle::Suspending;
+        rec.containers = ids.clone();
+        store.save(rec)?;
+        let generation = rec.generation;
+
+        let result = self.checkpoint_all(store, generation, &ids).await;
+        match result {
+            Ok(()) => {
+                rec.state = Lifecycle::Suspended;
+                rec.last_error = None;
+                rec.last_suspend_ms = Some(started.elapsed().as_millis() as u64);
+                store.save(rec)?;
+                // An older generation is superseded only once this one is complete.
+                remove_other_generations(store, generation);
+                info!(actor = rec.actor.as_str(), ms = rec.last_suspend_ms; "actor suspended");
+                Ok(rec.clone())
+            }
+            Err(e) => {
+                warn!(actor = rec.actor.as_str(); "suspend failed, actor keeps running: {e}");
+                rec.state = if was == Lifecycle::Frozen { Lifecycle::Frozen } else { Lifecycle::Running };
+                rec.last_error = Some(e.to_string());
+                rec.generation -= 1;
+                let _ = std::fs::remove_dir_all(store.generation_dir(generation));
+                store.save(rec)?;
+                Err(e)
+            }
+        }
+    }
+
+    /// Freeze all, dump each; on a failure, bring back what was touched.
+    async fn checkpoint_all(&self, store: &Store, generation: u64, ids: &[String]) -> Result<()> {
+        let mut inner = self.inner.lock().await;
+        for id in ids {
+            let c = container_mut(&mut inner, id)?;
+            if !c.execs.values().all(|p| p.exit_info().is_some() || p.status == Status::Created) {
+                return Err(Error::FailedPrecondition(format!("container {id} has exec sessions running")));
+            }
+        }
+        let mut frozen = Vec::new();
+        let mut dumped = Vec::new();
+        let mut failure = None;
+        for id in ids {
+            let c = container_mut(&mut inner, id)?;
+            if c.init.status == Status::Running {
+                if let Err(e) = c.runc.pause(id).await {
+                    failure = Some(e);
+                    break;
+                }
+            }
+            frozen.push(id.clone());
+        }
+        if failure.is_none() {
+            for id in ids {
+                let c = container_mut(&mut inner, id)?;
+                let image = store.image_dir(generation, id);
+                let work = store.generation_dir(generation).join(format!("{id}.work"));
+                let mkdirs = std::fs::create_dir_all(&image)
+                    .and_then(|_| std::fs::create_dir_all(&work))
+                    .io_context(|| format!("create {image:?}"));
+                if let Err(e) = mkdirs {
+                    failure = Some(e);
+                    break;
+                }
+                let opts = CheckpointOpts {
+                    exit: true,
+                    open_tcp: true,
+                    external_unix_sockets: true,
+                    file_locks: true,
+                    terminal: c.init.stdio.terminal,
+                    image_path: image,
+                    work_path: work,
+                    ..Default::default()
+                };
+                // From here the process ends as the dump completes: it is not an exit.
+                c.suspended = true;
+                match c.runc.checkpoint(id, &opts).await {
+                    Ok(()) => {
+                        c.suspended_io = Some(std::mem::replace(&mut c.init.io, stdio::ProcessIo::null()));
+                        // To containerd the container is still running.
+                        c.init.status = Status::Running;
+                        dumped.push(id.clone());
+                    }
+                    Err(e) => {
+                        c.suspended = false;
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        let Some(e) = failure else { return Ok(()) };
+        // Roll back: restore what was dumped, thaw what was only frozen.
+        drop(inner);
+        for id in &dumped {
+            if let Err(re) = self.restore_one(store, generation, id).await {
+                warn!(container = id.as_str(); "rollback restore after a failed suspend: {re}");
+            }
+        }
+        let mut inner = self.inner.lock().await;
+        for id in frozen.iter().filter(|id| !dumped.contains(id)) {
+            if let Ok(c) = container_mut(&mut inner, id) {
+                if let Err(re) = c.runc.resume(id).await {
+                    warn!(container = id.as_str(); "rollback thaw after a failed suspend: {re}");
+                }
+                c.init.status = Status::Running;
+            }
+        }
+        Err(e)
+    }
+
+    /// `runc restore` of one suspended container from generation `generation`.
+    async fn restore_one(&self, store: &Store, generation: u64, id: &str) -> Result<i32> {
+        let mut inner = self.inner.lock().await;
+        let c = container_mut(&mut inner, id)?;
+        let image = store.image_dir(generation, id);
+        let work = store.generation_dir(generation).join(format!("{id}.restore-work"));
+        std::fs::create_dir_all(&work).io_context(|| format!("create {work:?}"))?;
+        let pid_file = c.bundle.join("init.pid");
+        let (mut prepared, runc_stdio) = stdio::prepare(&c.init.stdio)?;
+        let socket = prepared.console_socket();
+        let console = prepared.accept_console();
+        c.runc
+            .restore(id, &c.bundle, &image, &work, &pid_file, socket.as_deref(), runc_stdio)
+            .await?;
+        let master = match console {
+            Some(h) => Some(h.await.map_err(|e| Error::InvalidArgument(format!("console: {e}")))??),
+            None => None,
+        };
+        c.init.io = prepared.start(master)?;
+        c.suspended_io = None;
+        c.init.pid = runc::read_pid(&pid_file)?;
+        c.init.status = Status::Running;
+        c.suspended = false;
+        c.memory_cgroup = crate::cgroup::memory_cgroup_of(c.init.pid);
+        let pid = c.init.pid;
+        drop(inner);
+        self.claim_early_exit(id, "", pid).await;
+        Ok(pid)
+    }
+
+    /// RUNNING again: restore a suspended actor, or thaw a frozen one.
+    pub async fn resume_actor(&self) -> Result<Record> {
+        let started = Instant::now();
+        let mut slot = self.actor.lock().await;
+        let (store, rec) = slot.as_mut().ok_or_else(no_actor)?;
+        match rec.state {
+            Lifecycle::Frozen => {
+                let mut inner = self.inner.lock().await;
+                for id in &rec.containers {
+                    if let Ok(c) = container_mut(&mut inner, id) {
+                        if c.init.status == Status::Paused {
+                            c.runc.resume(id).await?;
+                            c.init.status = Status::Running;
+                        }
+                    }
+                }
+                rec.state = Lifecycle::Running;
+                rec.last_resume_ms = Some(started.elapsed().as_millis() as u64);
+                store.save(rec)?;
+                return Ok(rec.clone());
+            }
+            Lifecycle::Suspended => {}
+            s => return Err(Error::FailedPrecondition(format!("actor {} is {s}, not SUSPENDED or FROZEN", rec.actor))),
+        }
+        rec.state = Lifecycle::Resuming;
+        store.save(rec)?;
+        for id in rec.containers.clone() {
+            let suspended = {
+                let inner = self.inner.lock().await;
+                inner.containers.get(&id).is_some_and(|c| c.suspended)
+            };
+            if !suspended {
+                continue;
+            }
+            if let Err(e) = self.restore_one(store, rec.generation, &id).await {
+                warn!(actor = rec.actor.as_str(), container = id.as_str(); "resume failed: {e}");
+                rec.state = Lifecycle::Suspended;
+                rec.last_error = Some(e.to_string());
+                store.save(rec)?;
+                return Err(e);
+            }
+        }
+        rec.state = Lifecycle::Running;
+        rec.last_error = None;
+        rec.last_resume_ms = Some(started.elapsed().as_millis() as u64);
+        store.save(rec)?;
+        let _ = std::fs::remove_dir_all(store.generation_dir(rec.generation));
+        info!(actor = rec.actor.as_str(), ms = rec.last_resume_ms; "actor resumed");
+        Ok(rec.clone())
+    }
+
+    /// Resumes the actor if `id` is one of its suspended or frozen containers
+    /// (before an exec, for example).
+    pub async fn ensure_running(&self, id: &str) -> Result<()> {
+        let state = {
+            let slot = self.actor.lock().await;
+            match slot.as_ref() {
+                Some((_, rec)) if rec.containers.iter().any(|c| c == id) => rec.state,
+                _ => return Ok(()),
+            }
+        };
+        if matches!(state, Lifecycle::Suspended | Lifecycle::Frozen) {
+            self.resume_actor().await?;
+        }
+        Ok(())
+    }
+
+    /// Kill of a suspended container: there is no process to signal, so the
+    /// exit is recorded (128 + signal) and published here.
+    pub(crate) async fn kill_suspended(&self, id: &str, signal: u32) -> Result<bool> {
+        let mut inner = self.inner.lock().await;
+        let Some(c) = inner.containers.get_mut(id) else { return Ok(false) };
+        if !c.suspended {
+            return Ok(false);
+        }
+        let is_stop = signal == libc::SIGKILL as u32 || signal == libc::SIGTERM as u32;
+        if !is_stop {
+            return Ok(true); // other signals wait for the resume-less stop
+        }
+        c.suspended = false;
+        let pid = c.init.pid;
+        let mut io = c.suspended_io.take().unwrap_or_else(stdio::ProcessIo::null);
+        io.close();
+        let exit = c.init.set_exited(128 + signal);
+        info!(container = id, signal; "suspended container stopped");
+        let _ = self.events.send(crate::container::Event::Exit {
+            container_id: id.to_string(),
+            exec_id: String::new(),
+            pid,
+            exit,
+        });
+        Ok(true)
+    }
+
+    /// Drops the actor's record and images once no app container is left.
+    pub(crate) async fn actor_forget_if_empty(&self) {
+        let empty = {
+            let inner = self.inner.lock().await;
+            !inner.containers.values().any(|c| !c.sandbox)
+        };
+        if !empty {
+            return;
+        }
+        let mut slot = self.actor.lock().await;
+        if let Some((store, _)) = slot.take() {
+            if let Err(e) = store.remove() {
+                warn!("remove actor state: {e}");
+            }
+        }
+    }
+}
+
+fn no_actor() -> Error {
+    Error::FailedPrecondition("this shim has no actor (no app container)".into())
+}
+
+fn remove_other_generations(store: &Store, keep: u64) {
+    let Ok(entries) = std::fs::read_dir(store.dir()) else { return };
+    let keep = format!("gen-{keep}");
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with("gen-") && name != keep {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
