@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The torpor demo: a stateful actor (an in-memory counter served over TCP)
-# runs as a pod with runtimeClassName torpor on a private containerd; it is
-# frozen and thawed (cgroup freezer: the FROZEN state of the actor
-# lifecycle) and its state is shown to survive, with the timings.
+# The torpor demo: a stateful actor (an in-memory counter served over TCP,
+# holding 256 MiB of memory) runs as a pod with runtimeClassName torpor on a
+# private containerd. It is suspended (checkpointed with CRIU: processes
+# gone, memory freed, the pod still Running to Kubernetes) and resumed, and
+# its state is shown to survive, with the timings.
 # Everything it starts is removed at the end, even on failure.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -36,7 +37,7 @@ cat >"$WORK/pod.json" <<JSON
 JSON
 cat >"$WORK/ctr.json" <<JSON
 {"metadata":{"name":"counter"},"image":{"image":"$TORPOR_ACTOR_IMAGE"},
- "command":["/actor","counter","--port","8080"],"log_path":"counter.log","linux":{}}
+ "command":["/actor","counter","--port","8080","--alloc-mib","256"],"log_path":"counter.log","linux":{}}
 JSON
 
 say "running the actor pod (runtimeClassName: torpor)"
@@ -45,20 +46,27 @@ POD=$(rig_crictl runp --runtime torpor "$WORK/pod.json")
 CID=$(rig_crictl create "$POD" "$WORK/ctr.json" "$WORK/pod.json")
 rig_crictl start "$CID" >/dev/null
 IP=$(rig_crictl inspectp -o go-template --template '{{.status.network.ip}}' "$POD")
-for _ in $(seq 100); do counter "$IP" get >/dev/null 2>&1 && break; sleep 0.1; done
+for _ in $(seq 300); do (counter "$IP" get) >/dev/null 2>&1 && break; sleep 0.1; done
 echo "pod $POD running at $IP in $(ms_since "$t") ms"
 
 say "the actor builds up state"
 for _ in 1 2 3; do echo "inc -> $(counter "$IP" inc)"; done
 
-say "freeze (all its processes stopped in the cgroup freezer)"
-t=$(date +%s%N); rig_ctr -n k8s.io task pause "$CID"; echo "frozen in $(ms_since "$t") ms"
-rig_ctr -n k8s.io task ls | grep "$CID" || true
+CTL="$REPO/target/release/torporctl"
+PID=$(rig_crictl inspect -o go-template --template '{{.info.pid}}' "$CID")
+rss() { awk '/VmRSS/ {printf "%d MiB", $2/1024}' "/proc/$1/status" 2>/dev/null || echo "no process"; }
+echo "actor process $PID uses $(rss "$PID")"
+
+say "suspend: checkpoint with CRIU, free the memory"
+t=$(date +%s%N); "$CTL" suspend "default/$NAME" >/dev/null; echo "suspended in $(ms_since "$t") ms"
+"$CTL" status "default/$NAME"
+echo "actor process $PID: $(rss "$PID")"
 echo "crictl still reports: $(rig_crictl inspect -o go-template --template '{{.status.state}}' "$CID")"
 
-say "thaw, and the state is still there"
-t=$(date +%s%N); rig_ctr -n k8s.io task resume "$CID"; echo "thawed in $(ms_since "$t") ms"
-echo "inc -> $(counter "$IP" inc)   (was 3 before the freeze)"
+say "resume: restore into the same pod, same IP"
+t=$(date +%s%N); "$CTL" resume "default/$NAME" >/dev/null; echo "resumed in $(ms_since "$t") ms"
+echo "inc -> $(counter "$IP" inc)   (was 3 before the suspend)"
+"$CTL" status "default/$NAME"
 
 say "container logs"
 rig_crictl logs "$CID"

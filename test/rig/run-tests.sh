@@ -67,7 +67,7 @@ if [ "${TORPOR_SKIP_SHIM_BUILD:-0}" = 1 ]; then
 	echo "rig/run-tests: TORPOR_SKIP_SHIM_BUILD=1, not building the shim" >&2
 else
 	echo "rig/run-tests: building the shim" >&2
-	cargo build --release -p torpor-shim || exit $?
+	cargo build --release -p torpor-shim -p torporctl || exit $?
 fi
 
 "$RIG_DIR/up.sh" || exit $?
