@@ -66,6 +66,10 @@ fn run(cli: &Cli) -> Result<(), String> {
     let shims = list_shims(&cli.socket_dir)?;
     let mut actors = Vec::new();
     for sock in &shims {
+        // A socket nobody listens on is left by a shim that was killed: skip it.
+        if UnixStream::connect(sock).is_err() {
+            continue;
+        }
         match request(sock, "status") {
             Ok(v) if !v["actor"].is_null() => actors.push((sock.clone(), v)),
             Ok(_) => {}

@@ -55,6 +55,8 @@ pub struct Container {
     pub(crate) suspended: bool,
     /// The stdio of the suspended process: keeps containerd's FIFOs open.
     pub(crate) suspended_io: Option<stdio::ProcessIo>,
+    /// The pod's network namespace (a path: CRI's sandbox netns), if joined.
+    pub(crate) netns: Option<PathBuf>,
 }
 
 impl Container {
@@ -120,6 +122,10 @@ pub struct Runtime {
     /// The actor's record; its lock also serializes lifecycle operations.
     pub(crate) actor: Arc<Mutex<Option<(actor::Store, actor::Record)>>>,
     pub(crate) state_root: PathBuf,
+    /// Listeners held for the suspended actor.
+    pub(crate) activation: Arc<Mutex<Option<crate::activation::Armed>>>,
+    /// Activation's wake-up calls.
+    pub(crate) wake: mpsc::UnboundedSender<()>,
     namespace: String,
     pub(crate) events: mpsc::UnboundedSender<Event>,
 }
@@ -128,7 +134,10 @@ impl Runtime {
     /// Creates the runtime and starts its exit monitor. `namespace` is the
     /// containerd namespace (runc state is kept per namespace).
     pub fn new(namespace: &str, events: mpsc::UnboundedSender<Event>) -> Self {
+        let (wake, mut wake_rx) = mpsc::unbounded_channel();
         let rt = Runtime {
+            activation: Arc::default(),
+            wake,
             inner: Arc::default(),
             actor: Arc::default(),
             state_root: std::env::var_os("TORPOR_STATE_ROOT")
@@ -137,6 +146,16 @@ impl Runtime {
             namespace: namespace.to_string(),
             events,
         };
+        let me = rt.clone();
+        tokio::spawn(async move {
+            while wake_rx.recv().await.is_some() {
+                match me.resume_actor().await {
+                    Ok(_) => info!("actor resumed by an inbound connection"),
+                    Err(Error::FailedPrecondition(_)) => {} // already resumed
+                    Err(e) => warn!("resume on an inbound connection failed: {e}"),
+                }
+            }
+        });
         let mut sub = reaper::subscribe();
         let me = rt.clone();
         tokio::spawn(async move {
@@ -232,6 +251,12 @@ impl Runtime {
             .as_ref()
             .and_then(|l| l.namespaces().as_ref())
             .is_some_and(|ns| ns.iter().any(|n| n.typ() == LinuxNamespaceType::Pid && n.path().is_none()));
+        let netns = spec
+            .linux()
+            .as_ref()
+            .and_then(|l| l.namespaces().as_ref())
+            .and_then(|ns| ns.iter().find(|n| n.typ() == LinuxNamespaceType::Network))
+            .and_then(|n| n.path().clone());
         let annotations = spec.annotations().clone().unwrap_or_default();
         let sandbox = annotations.get(CRI_CONTAINER_TYPE).is_some_and(|t| t == "sandbox");
         if !sandbox {
@@ -263,6 +288,7 @@ impl Runtime {
                 sandbox,
                 suspended: false,
                 suspended_io: None,
+                netns: netns.clone(),
                 },
             );
             return Ok(0);
@@ -297,6 +323,7 @@ impl Runtime {
                 sandbox,
                 suspended: false,
                 suspended_io: None,
+                netns: netns.clone(),
             },
         );
         drop(inner);

@@ -9,6 +9,7 @@
 //! - [`cgroup`]: OOM and resource statistics from the container's cgroup;
 //! - [`actor`] and [`lifecycle`]: the persisted actor state and suspend/resume.
 
+pub mod activation;
 pub mod actor;
 pub mod cgroup;
 pub mod container;

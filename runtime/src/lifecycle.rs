@@ -102,6 +102,7 @@ impl Runtime {
             return Err(Error::FailedPrecondition(format!("actor {} has no running container", rec.actor)));
         }
         let was = rec.state;
+        let (netns, ports) = self.activation_target(&ids).await;
         rec.generation += 1;
         rec.state = Lifecycle::Suspending;
         rec.containers = ids.clone();
@@ -117,6 +118,17 @@ impl Runtime {
                 store.save(rec)?;
                 // An older generation is superseded only once this one is complete.
                 remove_other_generations(store, generation);
+                if let Some(ns) = &netns {
+                    if let Err(e) = crate::activation::unlock_criu_network(ns) {
+                        warn!(actor = rec.actor.as_str(); "{e}");
+                    }
+                }
+                if let (Some(netns), false) = (netns, ports.is_empty()) {
+                    match crate::activation::Armed::arm(&netns, ports, self.wake.clone()) {
+                        Ok(armed) => *self.activation.lock().await = Some(armed),
+                        Err(e) => warn!(actor = rec.actor.as_str(); "no activation on inbound connections: {e}"),
+                    }
+                }
                 info!(actor = rec.actor.as_str(), ms = rec.last_suspend_ms; "actor suspended");
                 Ok(rec.clone())
             }
@@ -269,6 +281,26 @@ impl Runtime {
         }
         rec.state = Lifecycle::Resuming;
         store.save(rec)?;
+        let armed = self.activation.lock().await.take();
+        let handover = match armed {
+            Some(a) => Some(a.begin_handover().await),
+            None => None,
+        };
+        let result = self.restore_all(store, rec).await;
+        if let Some(h) = handover {
+            h.finish();
+        }
+        result?;
+        rec.state = Lifecycle::Running;
+        rec.last_error = None;
+        rec.last_resume_ms = Some(started.elapsed().as_millis() as u64);
+        store.save(rec)?;
+        let _ = std::fs::remove_dir_all(store.generation_dir(rec.generation));
+        info!(actor = rec.actor.as_str(), ms = rec.last_resume_ms; "actor resumed");
+        Ok(rec.clone())
+    }
+
+    async fn restore_all(&self, store: &Store, rec: &mut Record) -> Result<()> {
         for id in rec.containers.clone() {
             let suspended = {
                 let inner = self.inner.lock().await;
@@ -285,13 +317,26 @@ impl Runtime {
                 return Err(e);
             }
         }
-        rec.state = Lifecycle::Running;
-        rec.last_error = None;
-        rec.last_resume_ms = Some(started.elapsed().as_millis() as u64);
-        store.save(rec)?;
-        let _ = std::fs::remove_dir_all(store.generation_dir(rec.generation));
-        info!(actor = rec.actor.as_str(), ms = rec.last_resume_ms; "actor resumed");
-        Ok(rec.clone())
+        Ok(())
+    }
+
+    /// The pod network namespace and the TCP ports to hold while suspended:
+    /// `torpor.dev/activate-on`, or what the actor listens on now.
+    async fn activation_target(&self, ids: &[String]) -> (Option<std::path::PathBuf>, Vec<u16>) {
+        let inner = self.inner.lock().await;
+        let mut netns = None;
+        let mut ports = Vec::new();
+        for c in ids.iter().filter_map(|id| inner.containers.get(id)) {
+            netns = netns.or_else(|| c.netns.clone());
+            match &c.actor.activate_on {
+                Some(p) => ports.extend(p.iter().copied()),
+                None if c.init.pid > 0 => ports.extend(crate::activation::listening_ports(c.init.pid)),
+                None => {}
+            }
+        }
+        ports.sort_unstable();
+        ports.dedup();
+        (netns, ports)
     }
 
     /// Resumes the actor if `id` is one of its suspended or frozen containers
@@ -328,6 +373,9 @@ impl Runtime {
         io.close();
         let exit = c.init.set_exited(128 + signal);
         info!(container = id, signal; "suspended container stopped");
+        drop(inner);
+        // Nothing to wake any more: release the held ports.
+        self.activation.lock().await.take();
         let _ = self.events.send(crate::container::Event::Exit {
             container_id: id.to_string(),
             exec_id: String::new(),

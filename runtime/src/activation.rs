@@ -1,0 +1,316 @@
+//! Activation: while an actor is suspended, the shim holds its listening TCP
+//! ports in the pod's network namespace. The first real connection resumes
+//! the actor and is handed over to it; so is every connection that arrives
+//! during the resume. Kubelet-style probes do not wake the actor and do not
+//! fail: a bare TCP connect is accepted and closed, an HTTP GET with
+//! `User-Agent: kube-probe/…` is answered `200 ok`.
+//!
+//! Handover: the held connections are proxied to the restored process over
+//! the pod's loopback (the actor sees the shim as the peer). While the
+//! listeners are closed and the process is being restored, new SYNs to those
+//! ports are dropped (not refused) by an iptables rule in the pod's network
+//! namespace, so a client racing the resume retransmits and is served.
+
+use std::fs::File;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use log::{debug, info, warn};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::{Error, IoContext, Result};
+
+/// How long a new connection may stay silent before it counts as real
+/// traffic (a server-speaks-first client). A TCP probe closes sooner.
+const PROBE_WINDOW: Duration = Duration::from_millis(100);
+
+/// TCP ports in LISTEN state in the network namespace of `pid`.
+pub fn listening_ports(pid: i32) -> Vec<u16> {
+    let mut ports = Vec::new();
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else { continue };
+        for line in text.lines().skip(1) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            if f.len() > 3 && f[3] == "0A" {
+                if let Some(port) = f[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) {
+                    ports.push(port);
+                }
+            }
+        }
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    ports
+}
+
+/// Runs `f` on a thread that has entered the network namespace `netns`.
+fn in_netns<T: Send + 'static>(netns: &Path, f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> Result<T> {
+    let ns = File::open(netns).io_context(|| format!("open network namespace {netns:?}"))?;
+    let path = netns.to_path_buf();
+    std::thread::spawn(move || {
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .map_err(std::io::Error::from)?;
+        f()
+    })
+    .join()
+    .map_err(|_| Error::InvalidArgument(format!("thread in {path:?} panicked")))?
+    .io_context(|| format!("in network namespace {:?}", netns))
+}
+
+/// iptables in the pod's network namespace: drop (not refuse) new
+/// connections to `ports` while the actor is being restored.
+fn syn_drop(netns: &Path, ports: &[u16], insert: bool) -> Result<()> {
+    let list = ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
+    let op = if insert { "-I" } else { "-D" };
+    let ns = netns.to_path_buf();
+    let out = in_netns(netns, move || {
+        std::process::Command::new("iptables")
+            .args(["-w", op, "INPUT", "-p", "tcp", "--syn", "-m", "multiport", "--dports", &list, "-j", "DROP"])
+            .output()
+    })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "iptables {op} in {ns:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+/// Removes the network lock CRIU leaves in the pod's network namespace
+/// after a dump (its `CRIU` chain drops every packet until a restore): the
+/// pod must stay reachable while suspended, for probes and activation.
+pub fn unlock_criu_network(netns: &Path) -> Result<()> {
+    let out = in_netns(netns, || {
+        let mut errors = String::new();
+        for tool in ["iptables", "ip6tables"] {
+            for args in [
+                &["-w", "-D", "INPUT", "-j", "CRIU"][..],
+                &["-w", "-D", "OUTPUT", "-j", "CRIU"][..],
+                &["-w", "-F", "CRIU"][..],
+                &["-w", "-X", "CRIU"][..],
+            ] {
+                let o = std::process::Command::new(tool).args(args).output()?;
+                let err = String::from_utf8_lossy(&o.stderr);
+                // A chain or rule that is not there is fine (nothing locked).
+                if !o.status.success() && !err.contains("No chain") && !err.contains("does a matching rule exist") && !err.contains("Bad rule") {
+                    errors.push_str(&format!("{tool} {}: {}; ", args.join(" "), err.trim()));
+                }
+            }
+        }
+        Ok(errors)
+    })?;
+    if out.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!("unlock the network after the dump: {out}")))
+    }
+}
+
+/// A connection held for the actor, with the bytes already read from it.
+struct Held {
+    stream: TcpStream,
+    port: u16,
+    head: Vec<u8>,
+}
+
+/// Listeners armed for one suspended actor.
+pub struct Armed {
+    netns: PathBuf,
+    ports: Vec<u16>,
+    stop: Option<oneshot::Sender<oneshot::Sender<Vec<Held>>>>,
+}
+
+impl Armed {
+    /// Binds `ports` in `netns` and starts watching them. The first real
+    /// connection sends one message on `wake`.
+    pub fn arm(netns: &Path, ports: Vec<u16>, wake: mpsc::UnboundedSender<()>) -> Result<Armed> {
+        let bind_ports = ports.clone();
+        let std_listeners = in_netns(netns, move || {
+            bind_ports
+                .iter()
+                .map(|p| {
+                    let l = StdListener::bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), *p))?;
+                    l.set_nonblocking(true)?;
+                    Ok(l)
+                })
+                .collect::<std::io::Result<Vec<_>>>()
+        })?;
+        let listeners = std_listeners
+            .into_iter()
+            .map(TcpListener::from_std)
+            .collect::<std::io::Result<Vec<_>>>()
+            .io_context(|| "register activation listeners".into())?;
+        let (stop_tx, stop_rx) = oneshot::channel();
+        tokio::spawn(watch(listeners, wake, stop_rx));
+        info!(ports:? = ports; "activation armed");
+        Ok(Armed {
+            netns: netns.to_path_buf(),
+            ports,
+            stop: Some(stop_tx),
+        })
+    }
+
+    /// Before the restore: new SYNs are dropped, the listeners closed, and
+    /// every connection accepted so far is kept for the handover.
+    pub async fn begin_handover(mut self) -> Handover {
+        if let Err(e) = syn_drop(&self.netns, &self.ports, true) {
+            warn!("activation: cannot hold new connections during the resume: {e}");
+        }
+        let mut held = Vec::new();
+        if let Some(stop) = self.stop.take() {
+            let (tx, rx) = oneshot::channel();
+            if stop.send(tx).is_ok() {
+                held = rx.await.unwrap_or_default();
+            }
+        }
+        Handover {
+            netns: self.netns.clone(),
+            ports: self.ports.clone(),
+            held,
+        }
+    }
+}
+
+/// Connections waiting for the restored actor.
+pub struct Handover {
+    netns: PathBuf,
+    ports: Vec<u16>,
+    held: Vec<Held>,
+}
+
+impl Handover {
+    /// After the restore (or a failed one): new connections flow again, and
+    /// the held ones are proxied to the actor.
+    pub fn finish(self) {
+        if let Err(e) = syn_drop(&self.netns, &self.ports, false) {
+            warn!("activation: remove the SYN drop rule: {e}");
+        }
+        let n = self.held.len();
+        for h in self.held {
+            let netns = self.netns.clone();
+            tokio::spawn(async move {
+                if let Err(e) = proxy(&netns, h).await {
+                    debug!("activation proxy: {e}");
+                }
+            });
+        }
+        if n > 0 {
+            info!(connections = n; "activation: connections handed over");
+        }
+    }
+}
+
+async fn proxy(netns: &Path, mut h: Held) -> Result<()> {
+    let port = h.port;
+    let upstream = in_netns(netns, move || StdStream::connect((Ipv4Addr::LOCALHOST, port)))?;
+    upstream.set_nonblocking(true).io_context(|| "nonblocking".into())?;
+    let mut upstream = TcpStream::from_std(upstream).io_context(|| "register upstream".into())?;
+    upstream.write_all(&h.head).await.io_context(|| "forward first bytes".into())?;
+    tokio::io::copy_bidirectional(&mut h.stream, &mut upstream)
+        .await
+        .io_context(|| "proxy".into())?;
+    Ok(())
+}
+
+/// Accepts on all listeners until told to stop; classifies each connection.
+async fn watch(
+    listeners: Vec<TcpListener>,
+    wake: mpsc::UnboundedSender<()>,
+    mut stop: oneshot::Receiver<oneshot::Sender<Vec<Held>>>,
+) {
+    // One message per accepted connection: Some (hand over) or None (a probe).
+    let (held_tx, mut held_rx) = mpsc::unbounded_channel::<Option<Held>>();
+    let (acc_tx, mut acc_rx) = mpsc::unbounded_channel::<(TcpStream, u16)>();
+    let mut accept_tasks = Vec::new();
+    for l in listeners {
+        let tx = acc_tx.clone();
+        accept_tasks.push(tokio::spawn(async move {
+            let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
+            while let Ok((s, _)) = l.accept().await {
+                if tx.send((s, port)).is_err() {
+                    break;
+                }
+            }
+        }));
+    }
+    let mut pending = 0usize;
+    let mut held = Vec::new();
+    loop {
+        tokio::select! {
+            Some((s, port)) = acc_rx.recv() => {
+                pending += 1;
+                let (tx, wake) = (held_tx.clone(), wake.clone());
+                tokio::spawn(async move {
+                    let h = classify(s, port).await;
+                    if h.is_some() {
+                        let _ = wake.send(());
+                    }
+                    let _ = tx.send(h);
+                });
+            }
+            Some(h) = held_rx.recv() => {
+                pending -= 1;
+                held.extend(h);
+            }
+            reply = &mut stop => {
+                for t in &accept_tasks { t.abort(); }
+                // Wait for connections still being classified: they are real
+                // traffic too (or probes, answered meanwhile).
+                while pending > 0 {
+                    match held_rx.recv().await {
+                        Some(h) => { pending -= 1; held.extend(h); }
+                        None => break,
+                    }
+                }
+                // Connections the kernel completed but nobody accepted yet.
+                while let Ok((s, port)) = acc_rx.try_recv() { held.push(Held { stream: s, port, head: Vec::new() }); }
+                if let Ok(reply) = reply { let _ = reply.send(held); }
+                return;
+            }
+        }
+    }
+}
+
+/// `Some` for real traffic (to hand over), `None` for a probe (answered here).
+async fn classify(mut s: TcpStream, port: u16) -> Option<Held> {
+    let mut head = vec![0u8; 4096];
+    match tokio::time::timeout(PROBE_WINDOW, s.read(&mut head)).await {
+        Ok(Ok(0)) => None, // TCP connect probe: connected and closed
+        Ok(Ok(n)) => {
+            head.truncate(n);
+            if is_kube_probe(&head) {
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
+                    .await;
+                None
+            } else {
+                Some(Held { stream: s, port, head })
+            }
+        }
+        Ok(Err(_)) => None,
+        // Silent: a client waiting for the server to speak first.
+        Err(_) => Some(Held { stream: s, port, head: Vec::new() }),
+    }
+}
+
+fn is_kube_probe(head: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(head).to_ascii_lowercase();
+    text.starts_with("get ") && text.lines().any(|l| l.starts_with("user-agent: kube-probe/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recognises_kube_probes() {
+        assert!(is_kube_probe(b"GET /healthz HTTP/1.1\r\nHost: x\r\nUser-Agent: kube-probe/1.31\r\n\r\n"));
+        assert!(!is_kube_probe(b"GET /inc HTTP/1.1\r\nUser-Agent: curl/8\r\n\r\n"));
+        assert!(!is_kube_probe(b"inc\n"));
+    }
+}
