@@ -262,6 +262,7 @@ impl Runtime {
         if !sandbox {
             let group = annotations.get(CRI_SANDBOX_ID).cloned().unwrap_or_else(|| req.id.clone());
             self.actor_init(&group, actor.actor.clone()).await?;
+            crate::policy::add_request_mount(&req.bundle, &group)?;
         }
         let mut inner = self.inner.lock().await;
         if inner.containers.contains_key(&req.id) {

@@ -15,6 +15,7 @@ pub mod cgroup;
 pub mod container;
 pub mod error;
 pub mod lifecycle;
+pub mod policy;
 pub mod process;
 pub mod reaper;
 pub mod runc;

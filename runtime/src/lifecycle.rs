@@ -399,6 +399,9 @@ impl Runtime {
             if let Err(e) = store.remove() {
                 warn!("remove actor state: {e}");
             }
+            if let Some(key) = store.dir().file_name() {
+                let _ = std::fs::remove_dir_all(crate::policy::request_dir(&key.to_string_lossy()));
+            }
         }
     }
 }

@@ -121,6 +121,7 @@ impl Shim for Service {
         events.forward(rx);
         let runtime = Runtime::new(&self.namespace, tx);
         crate::control::serve(runtime.clone(), self.id.clone());
+        runtime.start_policy(self.id.clone());
         TaskService::new(runtime, events, self.exit.clone())
     }
 }
