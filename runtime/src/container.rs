@@ -244,6 +244,15 @@ impl Runtime {
 
     /// Create: validates the torpor annotations, then `runc create`.
     pub async fn create(&self, req: CreateRequest) -> Result<i32> {
+        let r = self.create_inner(req).await;
+        if r.is_err() {
+            // A failed create leaves no actor state behind.
+            self.actor_forget_if_empty().await;
+        }
+        r
+    }
+
+    async fn create_inner(&self, req: CreateRequest) -> Result<i32> {
         let spec = read_spec(&req.bundle)?;
         let actor = ActorSpec::from_annotations(&spec.annotations().clone().unwrap_or_default())?;
         let own_pid_ns = spec

@@ -406,6 +406,25 @@ impl Runtime {
     }
 }
 
+/// After a shim died: drops the actor state it left under `key`, unless the
+/// actor is suspended (then its snapshot is all that is left of it, and is
+/// kept for a later restore).
+pub fn forget_dead_shim(key: &str) {
+    let root = std::env::var_os("TORPOR_STATE_ROOT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| crate::actor::STATE_ROOT.into());
+    let Ok(store) = Store::new(&root, key) else { return };
+    match store.load() {
+        Ok(Some(rec)) if matches!(rec.state, Lifecycle::Suspended | Lifecycle::Suspending | Lifecycle::Resuming) => {
+            warn!(actor = rec.actor.as_str(); "shim died with the actor {}: its snapshot is kept in {:?}", rec.state, store.dir());
+        }
+        _ => {
+            let _ = store.remove();
+        }
+    }
+    let _ = std::fs::remove_dir_all(crate::policy::request_dir(key));
+}
+
 fn no_actor() -> Error {
     Error::FailedPrecondition("this shim has no actor (no app container)".into())
 }

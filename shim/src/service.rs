@@ -71,6 +71,8 @@ impl Shim for Service {
         if let Err(e) = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0) {
             warn!("cleanup: unmount {rootfs:?}: {e}");
         }
+        crate::control::remove(&self.id);
+        torpor_runtime::lifecycle::forget_dead_shim(&self.id);
         let pid = torpor_runtime::runc::read_pid(&bundle.join("init.pid")).unwrap_or(0);
         Ok(DeleteResponse {
             pid: pid as u32,

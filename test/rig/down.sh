@@ -187,6 +187,13 @@ if command -v runc >/dev/null; then
 	done < <(bundles)
 fi
 
+# torpor's per-shim state of the rig's bundles: control sockets, in-container
+# request dirs and actor records/snapshots (the rig keeps no actor beyond it)
+while read -r ns id; do
+	[ -n "$id" ] || continue
+	rm -rf "/run/torpor/shims/$id.sock" "/run/torpor/actors/${id:?}" "/var/lib/torpor/actors/${id:?}"
+done < <(bundles)
+
 # shim sockets: those seen above plus the well-known hash of every bundle
 # (sha256 of <containerd address>/<namespace>/<id>, see containerd pkg/shim).
 while read -r ns id; do
