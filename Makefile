@@ -18,12 +18,13 @@ build:
 ## install: the shim on PATH for the system containerd, plus the config drop-in
 install: build
 	install -D -m 0755 target/release/containerd-shim-torpor-v1 $(DESTDIR)$(PREFIX)/bin/containerd-shim-torpor-v1
+	install -D -m 0755 target/release/torporctl $(DESTDIR)$(PREFIX)/bin/torporctl
 	install -D -m 0644 deploy/containerd/torpor.toml $(DESTDIR)/etc/containerd/conf.d/torpor.toml
 	@echo "installed. Make sure /etc/containerd/config.toml has: imports = [\"/etc/containerd/conf.d/*.toml\"]"
 	@echo "then: systemctl restart containerd && kubectl apply -f RuntimeClass.yaml"
 
 uninstall:
-	rm -f $(DESTDIR)$(PREFIX)/bin/containerd-shim-torpor-v1 $(DESTDIR)/etc/containerd/conf.d/torpor.toml
+	rm -f $(DESTDIR)$(PREFIX)/bin/containerd-shim-torpor-v1 $(DESTDIR)$(PREFIX)/bin/torporctl $(DESTDIR)/etc/containerd/conf.d/torpor.toml
 
 ## demo: set up the machine, then run an actor under torpor on a private containerd
 demo: deps build
@@ -33,7 +34,7 @@ demo: deps build
 test: unit-test integration-test
 
 unit-test:
-	$(CARGO) test --release -p torpor-runtime -p torpor-shim
+	$(CARGO) test --release -p torpor-runtime -p torpor-shim -p torporctl
 
 integration-test:
 	test/rig/run-tests.sh
