@@ -13,6 +13,7 @@ pub mod activation;
 pub mod actor;
 pub mod cgroup;
 pub mod container;
+pub mod criu;
 pub mod error;
 pub mod lifecycle;
 pub mod policy;

@@ -246,6 +246,7 @@ pub struct CheckpointOpts {
 impl Runc {
     /// `runc checkpoint`. On failure the error quotes CRIU's log.
     pub async fn checkpoint(&self, id: &str, o: &CheckpointOpts) -> Result<()> {
+        crate::criu::check().await?;
         let image = o.image_path.to_string_lossy().into_owned();
         let work = o.work_path.to_string_lossy().into_owned();
         let mut args = vec!["checkpoint".to_string(), "--image-path".into(), image, "--work-path".into(), work];
@@ -290,6 +291,7 @@ impl Runc {
             work.to_string_lossy(),
             pid_file.to_string_lossy(),
         );
+        crate::criu::check().await?;
         let console = console_socket.map(|p| p.to_string_lossy().into_owned());
         let mut args = vec![
             "restore", "--detach", "--no-subreaper", "--tcp-established", "--bundle", &b, "--image-path", &i,
@@ -309,18 +311,40 @@ impl Runc {
     fn with_criu_log(&self, e: Error, work: &Path, log: &str) -> Error {
         let Error::Runc { command, message } = e else { return e };
         let src = work.join(log);
-        let Ok(text) = std::fs::read_to_string(&src) else {
+        // Only the end of the log matters, and a runaway CRIU can write
+        // gigabytes: read and keep at most the last LOG_TAIL bytes.
+        let Some(text) = read_tail(&src, LOG_TAIL) else {
             return Error::Runc { command, message };
         };
         let kept = self.log.with_file_name(format!("criu-{log}"));
         let _ = std::fs::write(&kept, &text);
-        let errors: Vec<&str> = text.lines().filter(|l| l.contains("Error") || l.contains("rror (")).collect();
+        let errors: Vec<&str> = text
+            .lines()
+            .filter(|l| (l.contains("Error") || l.contains("rror (")) && !l.contains("RLIMIT_NOFILE"))
+            .collect();
         let tail = &errors[errors.len().saturating_sub(8)..];
+        // runc names the log in the work directory, which may be temporary.
+        let message = message.replace(&src.to_string_lossy().into_owned(), &kept.to_string_lossy());
         Error::Runc {
             command,
             message: format!("{message}; CRIU log ({}):\n{}", kept.display(), tail.join("\n")),
         }
     }
+}
+
+/// At most this much of a CRIU log is read or kept.
+const LOG_TAIL: u64 = 1 << 20;
+
+fn read_tail(path: &Path, max: u64) -> Option<String> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().ok()?.len();
+    if len > max {
+        f.seek(SeekFrom::Start(len - max)).ok()?;
+    }
+    let mut buf = Vec::new();
+    f.take(max).read_to_end(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
 /// Reads a pid file written by runc.
