@@ -27,7 +27,7 @@ pub async fn check() -> Result<()> {
     cmd.arg("--version");
     let out = crate::reaper::output(cmd).await.map_err(|e| {
         Error::FailedPrecondition(format!(
-            "CRIU is not installed (running `criu --version`: {e}); torpor needs CRIU >= {}.{}",
+            "CRIU not found: running `criu --version` failed ({e}); torpor needs CRIU >= {}.{}",
             MIN_VERSION.0, MIN_VERSION.1
         ))
     })?;
