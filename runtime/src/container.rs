@@ -277,65 +277,40 @@ impl Runtime {
         if inner.containers.contains_key(&req.id) {
             return Err(Error::AlreadyExists(format!("container {}", req.id)));
         }
-        let runc = self.runc_for(&req.bundle);
-        let mut init = Process::new("", req.stdio.clone());
-        if let Some(image) = &req.checkpoint {
+        let mut c = Container {
+            id: req.id.clone(),
+            runc: self.runc_for(&req.bundle),
+            bundle: req.bundle,
+            init: Process::new("", req.stdio.clone()),
+            execs: HashMap::new(),
+            actor,
+            own_pid_ns,
+            memory_cgroup: None,
+            restore_from: None,
+            sandbox,
+            suspended: false,
+            suspended_io: None,
+            netns,
+        };
+        if let Some(image) = req.checkpoint {
             // As runc-v2: a container created from a checkpoint is restored at Start.
-            check_image(image)?;
+            check_image(&image)?;
             info!(container = req.id.as_str(), image:? = image; "container created from a checkpoint");
-            inner.containers.insert(
-                req.id.clone(),
-                Container {
-                    id: req.id.clone(),
-                    bundle: req.bundle,
-                    runc,
-                    init,
-                    execs: HashMap::new(),
-                    actor,
-                    own_pid_ns,
-                    memory_cgroup: None,
-                    restore_from: req.checkpoint,
-                sandbox,
-                suspended: false,
-                suspended_io: None,
-                netns: netns.clone(),
-                },
-            );
+            c.restore_from = Some(image);
+            inner.containers.insert(req.id, c);
             return Ok(0);
         }
-        let pid_file = req.bundle.join("init.pid");
-        let (mut prepared, runc_stdio) = stdio::prepare(&req.stdio)?;
-        let socket = prepared.console_socket();
-        let console = prepared.accept_console();
-        runc.create(&req.id, &req.bundle, &pid_file, socket.as_deref(), runc_stdio)
-            .await?;
-        let master = match console {
-            Some(h) => Some(h.await.map_err(|e| Error::InvalidArgument(format!("console: {e}")))??),
-            None => None,
-        };
-        init.io = prepared.start(master)?;
-        init.pid = runc::read_pid(&pid_file)?;
-        let pid = init.pid;
-        let memory_cgroup = cgroup::memory_cgroup_of(pid);
+        let pid_file = c.bundle.join("init.pid");
+        let (runc, bundle, id, pf) = (&c.runc, &c.bundle, &req.id, &pid_file);
+        c.init.io = stdio::launch(&req.stdio, |socket, stdio| async move {
+            runc.create(id, bundle, pf, socket.as_deref(), stdio).await
+        })
+        .await?;
+        c.init.pid = runc::read_pid(&pid_file)?;
+        let pid = c.init.pid;
+        c.memory_cgroup = cgroup::memory_cgroup_of(pid);
         info!(container = req.id.as_str(), pid; "container created");
-        inner.containers.insert(
-            req.id.clone(),
-            Container {
-                id: req.id.clone(),
-                bundle: req.bundle,
-                runc,
-                init,
-                execs: HashMap::new(),
-                actor,
-                own_pid_ns,
-                memory_cgroup,
-                restore_from: None,
-                sandbox,
-                suspended: false,
-                suspended_io: None,
-                netns: netns.clone(),
-            },
-        );
+        inner.containers.insert(req.id.clone(), c);
         drop(inner);
         self.claim_early_exit(&req.id, "", pid).await;
         Ok(pid)
@@ -372,16 +347,11 @@ impl Runtime {
             .clone()
             .ok_or_else(|| Error::InvalidArgument(format!("exec {exec_id} has no process spec")))?;
         let pid_file = bundle.join(format!("{exec_id}.pid"));
-        let (mut prepared, runc_stdio) = stdio::prepare(&p.stdio)?;
-        let socket = prepared.console_socket();
-        let console = prepared.accept_console();
-        runc.exec(id, &spec_file, &pid_file, socket.as_deref(), runc_stdio)
-            .await?;
-        let master = match console {
-            Some(h) => Some(h.await.map_err(|e| Error::InvalidArgument(format!("console: {e}")))??),
-            None => None,
-        };
-        p.io = prepared.start(master)?;
+        let (runc, spec, pf) = (&runc, &spec_file, &pid_file);
+        p.io = stdio::launch(&p.stdio, |socket, stdio| async move {
+            runc.exec(id, spec, pf, socket.as_deref(), stdio).await
+        })
+        .await?;
         p.pid = runc::read_pid(&pid_file)?;
         let _ = std::fs::remove_file(&pid_file);
         p.status = Status::Running;
@@ -393,28 +363,33 @@ impl Runtime {
 
     /// Start of a container created from a checkpoint: `runc restore`.
     async fn restore(&self, id: &str, image: &Path) -> Result<i32> {
+        let work = {
+            let inner = self.inner.lock().await;
+            container(&inner, id)?.bundle.join("criu-work")
+        };
+        self.restore_container(id, image, &work).await
+    }
+
+    /// `runc restore` of container `id` from `image` (a checkpoint, or a
+    /// suspended actor's image), into its bundle; the process is RUNNING after.
+    pub(crate) async fn restore_container(&self, id: &str, image: &Path, work: &Path) -> Result<i32> {
         let mut inner = self.inner.lock().await;
         let c = container_mut(&mut inner, id)?;
+        std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
         let pid_file = c.bundle.join("init.pid");
-        let work = c.bundle.join("criu-work");
-        std::fs::create_dir_all(&work).io_context(|| format!("create {work:?}"))?;
-        let (mut prepared, runc_stdio) = stdio::prepare(&c.init.stdio)?;
-        let socket = prepared.console_socket();
-        let console = prepared.accept_console();
-        c.runc
-            .restore(id, &c.bundle, image, &work, &pid_file, socket.as_deref(), runc_stdio)
-            .await?;
-        let master = match console {
-            Some(h) => Some(h.await.map_err(|e| Error::InvalidArgument(format!("console: {e}")))??),
-            None => None,
-        };
-        c.init.io = prepared.start(master)?;
+        let (runc, bundle, pf) = (&c.runc, &c.bundle, &pid_file);
+        c.init.io = stdio::launch(&c.init.stdio, |socket, stdio| async move {
+            runc.restore(id, bundle, image, work, pf, socket.as_deref(), stdio).await
+        })
+        .await?;
         c.init.pid = runc::read_pid(&pid_file)?;
         c.init.status = Status::Running;
         c.restore_from = None;
+        c.suspended = false;
+        c.suspended_io = None;
         c.memory_cgroup = cgroup::memory_cgroup_of(c.init.pid);
         let pid = c.init.pid;
-        info!(container = id, pid; "container restored from a checkpoint");
+        info!(container = id, pid; "container restored");
         drop(inner);
         self.claim_early_exit(id, "", pid).await;
         Ok(pid)

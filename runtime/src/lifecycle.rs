@@ -20,7 +20,7 @@ use crate::actor::{Lifecycle, Record, Store};
 use crate::container::{container_mut, Runtime};
 use crate::error::{Error, IoContext, Result};
 use crate::process::Status;
-use crate::runc::{self, CheckpointOpts};
+use crate::runc::CheckpointOpts;
 use crate::stdio;
 
 impl Runtime {
@@ -227,32 +227,9 @@ impl Runtime {
 
     /// `runc restore` of one suspended container from generation `generation`.
     async fn restore_one(&self, store: &Store, generation: u64, id: &str) -> Result<i32> {
-        let mut inner = self.inner.lock().await;
-        let c = container_mut(&mut inner, id)?;
         let image = store.image_dir(generation, id);
         let work = store.generation_dir(generation).join(format!("{id}.restore-work"));
-        std::fs::create_dir_all(&work).io_context(|| format!("create {work:?}"))?;
-        let pid_file = c.bundle.join("init.pid");
-        let (mut prepared, runc_stdio) = stdio::prepare(&c.init.stdio)?;
-        let socket = prepared.console_socket();
-        let console = prepared.accept_console();
-        c.runc
-            .restore(id, &c.bundle, &image, &work, &pid_file, socket.as_deref(), runc_stdio)
-            .await?;
-        let master = match console {
-            Some(h) => Some(h.await.map_err(|e| Error::InvalidArgument(format!("console: {e}")))??),
-            None => None,
-        };
-        c.init.io = prepared.start(master)?;
-        c.suspended_io = None;
-        c.init.pid = runc::read_pid(&pid_file)?;
-        c.init.status = Status::Running;
-        c.suspended = false;
-        c.memory_cgroup = crate::cgroup::memory_cgroup_of(c.init.pid);
-        let pid = c.init.pid;
-        drop(inner);
-        self.claim_early_exit(id, "", pid).await;
-        Ok(pid)
+        self.restore_container(id, &image, &work).await
     }
 
     /// RUNNING again: restore a suspended actor, or thaw a frozen one.

@@ -275,6 +275,7 @@ impl Runc {
     }
 
     /// `runc restore --detach` of `image` into the bundle's container.
+    #[allow(clippy::too_many_arguments)] // runc restore's own flags, one each
     pub async fn restore(
         &self,
         id: &str,

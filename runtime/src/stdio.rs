@@ -44,6 +44,25 @@ impl StdioConfig {
     }
 }
 
+/// Sets up stdio for a process, runs the runc command that starts it
+/// (`run` gets the console socket, if any, and the stdio to hand to runc),
+/// then wires the process's IO to containerd's FIFOs.
+pub async fn launch<F, Fut>(config: &StdioConfig, run: F) -> Result<ProcessIo>
+where
+    F: FnOnce(Option<PathBuf>, ProcessStdio) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let (mut prepared, runc_stdio) = prepare(config)?;
+    let socket = prepared.console_socket();
+    let console = prepared.accept_console();
+    run(socket, runc_stdio).await?;
+    let master = match console {
+        Some(h) => Some(h.await.map_err(|e| Error::InvalidArgument(format!("console: {e}")))??),
+        None => None,
+    };
+    prepared.start(master)
+}
+
 /// Stdio being set up: what runc is handed, and what the shim keeps.
 pub struct Prepared {
     config: StdioConfig,
@@ -71,7 +90,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 }
 
 /// Sets up pipes (or the console socket) for a process.
-pub fn prepare(config: &StdioConfig) -> Result<(Prepared, ProcessStdio)> {
+fn prepare(config: &StdioConfig) -> Result<(Prepared, ProcessStdio)> {
     let mut p = Prepared {
         config: config.clone(),
         stdin_writer: None,
@@ -110,18 +129,18 @@ pub fn prepare(config: &StdioConfig) -> Result<(Prepared, ProcessStdio)> {
 
 impl Prepared {
     /// The console socket to pass to runc, for a terminal process.
-    pub fn console_socket(&self) -> Option<PathBuf> {
+    fn console_socket(&self) -> Option<PathBuf> {
         self.console.as_ref().map(|c| c.path.clone())
     }
 
     /// Starts accepting the pty master; await the result after runc returned.
-    pub fn accept_console(&mut self) -> Option<tokio::task::JoinHandle<Result<OwnedFd>>> {
+    fn accept_console(&mut self) -> Option<tokio::task::JoinHandle<Result<OwnedFd>>> {
         let console = self.console.take()?;
         Some(tokio::task::spawn_blocking(move || console.receive()))
     }
 
     /// Starts the copies. `master` is the pty master for a terminal process.
-    pub fn start(self, master: Option<OwnedFd>) -> Result<ProcessIo> {
+    fn start(self, master: Option<OwnedFd>) -> Result<ProcessIo> {
         let mut io = ProcessIo::null();
         let cfg = self.config;
         for fifo in [&cfg.stdout, &cfg.stderr] {
