@@ -60,22 +60,30 @@ fn in_netns<T: Send + 'static>(netns: &Path, f: impl FnOnce() -> std::io::Result
     .io_context(|| format!("in network namespace {:?}", netns))
 }
 
-/// iptables in the pod's network namespace: drop (not refuse) new
-/// connections to `ports` while the actor is being restored.
-fn syn_drop(netns: &Path, ports: &[u16], insert: bool) -> Result<()> {
+/// Runs `iptables ARGS` (or ip6tables) in the network namespace `netns`,
+/// through nsenter and the reaper (the shim reaps all its children).
+async fn iptables_in(netns: &Path, tool: &str, args: &[&str]) -> Result<std::process::Output> {
+    let mut cmd = std::process::Command::new("nsenter");
+    cmd.arg(format!("--net={}", netns.display())).arg(tool).arg("-w").args(args);
+    crate::reaper::output(cmd).await
+}
+
+/// Drop (not refuse) new connections to `ports` while the actor is being
+/// restored.
+async fn syn_drop(netns: &Path, ports: &[u16], insert: bool) -> Result<()> {
     let list = ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
     let op = if insert { "-I" } else { "-D" };
-    let ns = netns.to_path_buf();
-    let out = in_netns(netns, move || {
-        std::process::Command::new("iptables")
-            .args(["-w", op, "INPUT", "-p", "tcp", "--syn", "-m", "multiport", "--dports", &list, "-j", "DROP"])
-            .output()
-    })?;
+    let out = iptables_in(
+        netns,
+        "iptables",
+        &[op, "INPUT", "-p", "tcp", "--syn", "-m", "multiport", "--dports", &list, "-j", "DROP"],
+    )
+    .await?;
     if out.status.success() {
         Ok(())
     } else {
         Err(Error::InvalidArgument(format!(
-            "iptables {op} in {ns:?}: {}",
+            "iptables {op} in {netns:?}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         )))
     }
@@ -84,30 +92,31 @@ fn syn_drop(netns: &Path, ports: &[u16], insert: bool) -> Result<()> {
 /// Removes the network lock CRIU leaves in the pod's network namespace
 /// after a dump (its `CRIU` chain drops every packet until a restore): the
 /// pod must stay reachable while suspended, for probes and activation.
-pub fn unlock_criu_network(netns: &Path) -> Result<()> {
-    let out = in_netns(netns, || {
-        let mut errors = String::new();
-        for tool in ["iptables", "ip6tables"] {
-            for args in [
-                &["-w", "-D", "INPUT", "-j", "CRIU"][..],
-                &["-w", "-D", "OUTPUT", "-j", "CRIU"][..],
-                &["-w", "-F", "CRIU"][..],
-                &["-w", "-X", "CRIU"][..],
-            ] {
-                let o = std::process::Command::new(tool).args(args).output()?;
-                let err = String::from_utf8_lossy(&o.stderr);
-                // A chain or rule that is not there is fine (nothing locked).
-                if !o.status.success() && !err.contains("No chain") && !err.contains("does a matching rule exist") && !err.contains("Bad rule") {
-                    errors.push_str(&format!("{tool} {}: {}; ", args.join(" "), err.trim()));
-                }
+pub async fn unlock_criu_network(netns: &Path) -> Result<()> {
+    let mut errors = String::new();
+    for tool in ["iptables", "ip6tables"] {
+        for args in [
+            &["-D", "INPUT", "-j", "CRIU"][..],
+            &["-D", "OUTPUT", "-j", "CRIU"][..],
+            &["-F", "CRIU"][..],
+            &["-X", "CRIU"][..],
+        ] {
+            let o = iptables_in(netns, tool, args).await?;
+            let err = String::from_utf8_lossy(&o.stderr);
+            // A chain or rule that is not there is fine (nothing locked).
+            if !o.status.success()
+                && !err.contains("No chain")
+                && !err.contains("does a matching rule exist")
+                && !err.contains("Bad rule")
+            {
+                errors.push_str(&format!("{tool} {}: {}; ", args.join(" "), err.trim()));
             }
         }
-        Ok(errors)
-    })?;
-    if out.is_empty() {
+    }
+    if errors.is_empty() {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!("unlock the network after the dump: {out}")))
+        Err(Error::InvalidArgument(format!("unlock the network after the dump: {errors}")))
     }
 }
 
@@ -158,7 +167,7 @@ impl Armed {
     /// Before the restore: new SYNs are dropped, the listeners closed, and
     /// every connection accepted so far is kept for the handover.
     pub async fn begin_handover(mut self) -> Handover {
-        if let Err(e) = syn_drop(&self.netns, &self.ports, true) {
+        if let Err(e) = syn_drop(&self.netns, &self.ports, true).await {
             warn!("activation: cannot hold new connections during the resume: {e}");
         }
         let mut held = Vec::new();
@@ -186,8 +195,8 @@ pub struct Handover {
 impl Handover {
     /// After the restore (or a failed one): new connections flow again, and
     /// the held ones are proxied to the actor.
-    pub fn finish(self) {
-        if let Err(e) = syn_drop(&self.netns, &self.ports, false) {
+    pub async fn finish(self) {
+        if let Err(e) = syn_drop(&self.netns, &self.ports, false).await {
             warn!("activation: remove the SYN drop rule: {e}");
         }
         let n = self.held.len();

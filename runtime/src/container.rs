@@ -545,7 +545,9 @@ impl Runtime {
         let inner = self.inner.lock().await;
         let c = container(&inner, id)?;
         if c.suspended {
-            return Ok(Vec::new());
+            // The checkpointed init stands for the container: containerd
+            // treats a shim without pids as leaked when it restarts.
+            return Ok(vec![(c.init.pid, None)]);
         }
         let pids = c.runc.ps(id).await?;
         Ok(pids

@@ -119,7 +119,7 @@ impl Runtime {
                 // An older generation is superseded only once this one is complete.
                 remove_other_generations(store, generation);
                 if let Some(ns) = &netns {
-                    if let Err(e) = crate::activation::unlock_criu_network(ns) {
+                    if let Err(e) = crate::activation::unlock_criu_network(ns).await {
                         warn!(actor = rec.actor.as_str(); "{e}");
                     }
                 }
@@ -265,7 +265,7 @@ impl Runtime {
         };
         let result = self.restore_all(store, rec).await;
         if let Some(h) = handover {
-            h.finish();
+            h.finish().await;
         }
         result?;
         rec.state = Lifecycle::Running;

@@ -72,6 +72,9 @@ async fn handle(stream: UnixStream, rt: &Runtime, id: &str) -> std::io::Result<(
     let (r, mut w) = stream.into_split();
     let mut line = String::new();
     BufReader::new(r).read_line(&mut line).await?;
+    if line.trim().is_empty() {
+        return Ok(()); // a liveness probe (torporctl connects, then closes)
+    }
     let reply = answer(&line, rt, id).await;
     let mut out = serde_json::to_vec(&reply).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
     out.push(b'\n');
