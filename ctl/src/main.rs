@@ -144,8 +144,10 @@ fn list_shims(dir: &Path) -> Result<Vec<PathBuf>, String> {
 
 fn request(sock: &Path, op: &str) -> Result<Value, String> {
     let mut s = UnixStream::connect(sock).map_err(|e| format!("connect {}: {e}", sock.display()))?;
-    // A suspend of a large actor takes seconds; never wait forever.
-    let _ = s.set_read_timeout(Some(Duration::from_secs(600)));
+    // A suspend of a large actor takes seconds; a status answers at once
+    // unless that shim is busy or hung, which must not stall the others.
+    let limit = if op == "status" { 10 } else { 600 };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(limit)));
     writeln!(s, "{}", json!({ "op": op })).map_err(|e| format!("send to {}: {e}", sock.display()))?;
     let mut line = String::new();
     BufReader::new(&s)

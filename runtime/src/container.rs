@@ -107,6 +107,8 @@ pub(crate) struct Inner {
     /// Exits reaped before their pid was registered (a process that died
     /// right after runc started it). Bounded: runc's own exits land here too.
     early_exits: VecDeque<(i32, i32)>,
+    /// Pids of processes a suspend checkpointed: their exit is not an exit.
+    pub(crate) retired_pids: std::collections::HashSet<i32>,
 }
 
 const EARLY_EXITS: usize = 512;
@@ -172,6 +174,9 @@ impl Runtime {
 
     async fn on_exit(&self, pid: i32, status: i32) {
         let mut inner = self.inner.lock().await;
+        if inner.retired_pids.remove(&pid) {
+            return;
+        }
         let Some((cid, exec_id)) = find_pid(&inner, pid) else {
             if inner.early_exits.len() >= EARLY_EXITS {
                 inner.early_exits.pop_front();
@@ -192,6 +197,9 @@ impl Runtime {
                 // The suspend's checkpoint ended the process: not an exit.
                 return;
             }
+            if c.process(exec_id).map(|p| p.pid).ok() != Some(pid) {
+                return; // an earlier incarnation (restored since)
+            }
             let kill_all = exec_id.is_empty() && !c.own_pid_ns;
             let runc = c.runc.clone();
             let Ok(p) = c.process_mut(exec_id) else { return };
@@ -210,7 +218,7 @@ impl Runtime {
         let oom = exec_id.is_empty()
             && c.memory_cgroup.as_deref().map(cgroup::oom_kills).unwrap_or(0) > 0;
         let Ok(p) = c.process_mut(exec_id) else { return };
-        if p.exit_info().is_some() {
+        if p.exit_info().is_some() || p.pid != pid {
             return;
         }
         let exit = p.set_exited(status as u32);
@@ -271,7 +279,7 @@ impl Runtime {
         if !sandbox {
             let group = annotations.get(CRI_SANDBOX_ID).cloned().unwrap_or_else(|| req.id.clone());
             self.actor_init(&group, actor.actor.clone()).await?;
-            crate::policy::add_request_mount(&req.bundle, &group)?;
+            crate::policy::adapt_spec(&req.bundle, &group)?;
         }
         let mut inner = self.inner.lock().await;
         if inner.containers.contains_key(&req.id) {

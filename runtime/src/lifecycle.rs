@@ -109,7 +109,7 @@ impl Runtime {
         store.save(rec)?;
         let generation = rec.generation;
 
-        let result = self.checkpoint_all(store, generation, &ids).await;
+        let result = self.checkpoint_all(store, generation, &ids, was == Lifecycle::Frozen).await;
         match result {
             Ok(()) => {
                 rec.state = Lifecycle::Suspended;
@@ -144,8 +144,9 @@ impl Runtime {
         }
     }
 
-    /// Freeze all, dump each; on a failure, bring back what was touched.
-    async fn checkpoint_all(&self, store: &Store, generation: u64, ids: &[String]) -> Result<()> {
+    /// Freeze all, dump each; on a failure, bring back what was touched, to
+    /// the state it had (`was_frozen`: paused).
+    async fn checkpoint_all(&self, store: &Store, generation: u64, ids: &[String], was_frozen: bool) -> Result<()> {
         let mut inner = self.inner.lock().await;
         for id in ids {
             let c = container_mut(&mut inner, id)?;
@@ -163,8 +164,9 @@ impl Runtime {
                     failure = Some(e);
                     break;
                 }
+                // Only what this suspend paused is thawed by a rollback.
+                frozen.push(id.clone());
             }
-            frozen.push(id.clone());
         }
         if failure.is_none() {
             for id in ids {
@@ -192,7 +194,10 @@ impl Runtime {
                 c.suspended = true;
                 match c.runc.checkpoint(id, &opts).await {
                     Ok(()) => {
+                        let old = c.init.pid;
                         c.suspended_io = Some(std::mem::replace(&mut c.init.io, stdio::ProcessIo::null()));
+                        inner.retired_pids.insert(old);
+                        let c = container_mut(&mut inner, id)?;
                         // To containerd the container is still running.
                         c.init.status = Status::Running;
                         dumped.push(id.clone());
@@ -214,6 +219,16 @@ impl Runtime {
             }
         }
         let mut inner = self.inner.lock().await;
+        if was_frozen {
+            // A frozen actor goes back to frozen: re-pause what was restored.
+            for id in &dumped {
+                if let Ok(c) = container_mut(&mut inner, id) {
+                    if c.init.status == Status::Running && c.runc.pause(id).await.is_ok() {
+                        c.init.status = Status::Paused;
+                    }
+                }
+            }
+        }
         for id in frozen.iter().filter(|id| !dumped.contains(id)) {
             if let Ok(c) = container_mut(&mut inner, id) {
                 if let Err(re) = c.runc.resume(id).await {

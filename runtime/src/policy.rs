@@ -34,10 +34,21 @@ pub fn request_dir(group: &str) -> PathBuf {
     Path::new(REQUEST_ROOT).join(group)
 }
 
-/// Adds the request directory bind mount to a bundle's `config.json`.
-pub fn add_request_mount(bundle: &Path, group: &str) -> Result<()> {
+/// CRIU options for the dumps of app containers (runc reads the file named
+/// by the `org.criu.config` annotation): a connection still in the listen
+/// backlog must not make a suspend fail; the client sees it reset, as if the
+/// server had restarted.
+const CRIU_CONFIG: &str = "skip-in-flight\n";
+
+/// Adapts an app container's `config.json`: the request directory bind
+/// mount, and torpor's CRIU configuration.
+pub fn adapt_spec(bundle: &Path, group: &str) -> Result<()> {
     let dir = request_dir(group);
     std::fs::create_dir_all(&dir).io_context(|| format!("create {dir:?}"))?;
+    let criu_conf = Path::new(REQUEST_ROOT).with_file_name("criu.conf");
+    if std::fs::read_to_string(&criu_conf).ok().as_deref() != Some(CRIU_CONFIG) {
+        std::fs::write(&criu_conf, CRIU_CONFIG).io_context(|| format!("write {criu_conf:?}"))?;
+    }
     let path = bundle.join("config.json");
     let text = std::fs::read(&path).io_context(|| format!("read {path:?}"))?;
     let mut spec: Value = serde_json::from_slice(&text).map_err(|source| Error::Json {
@@ -47,15 +58,20 @@ pub fn add_request_mount(bundle: &Path, group: &str) -> Result<()> {
     let Some(mounts) = spec.get_mut("mounts").and_then(Value::as_array_mut) else {
         return Err(Error::InvalidArgument(format!("{path:?} has no mounts list")));
     };
-    if mounts.iter().any(|m| m["destination"] == REQUEST_MOUNT) {
-        return Ok(());
+    if !mounts.iter().any(|m| m["destination"] == REQUEST_MOUNT) {
+        mounts.push(json!({
+            "destination": REQUEST_MOUNT,
+            "type": "bind",
+            "source": dir,
+            "options": ["rbind", "rw", "nosuid", "nodev", "noexec"],
+        }));
     }
-    mounts.push(json!({
-        "destination": REQUEST_MOUNT,
-        "type": "bind",
-        "source": dir,
-        "options": ["rbind", "rw", "nosuid", "nodev", "noexec"],
-    }));
+    if let Some(obj) = spec.as_object_mut() {
+        let ann = obj.entry("annotations").or_insert_with(|| json!({}));
+        if let Some(ann) = ann.as_object_mut() {
+            ann.entry("org.criu.config").or_insert_with(|| json!(criu_conf));
+        }
+    }
     let tmp = bundle.join(".config.json.tmp");
     let out = serde_json::to_vec(&spec).map_err(|source| Error::Json {
         context: "encode config.json".into(),
@@ -198,13 +214,14 @@ mod tests {
         let b = tempfile::tempdir().unwrap();
         std::fs::write(b.path().join("config.json"), r#"{"ociVersion":"1.2.0","mounts":[{"destination":"/proc","type":"proc","source":"proc"}],"x":1}"#).unwrap();
         let group = format!("unit-test-{}", std::process::id());
-        add_request_mount(b.path(), &group).unwrap();
-        add_request_mount(b.path(), &group).unwrap();
+        adapt_spec(b.path(), &group).unwrap();
+        adapt_spec(b.path(), &group).unwrap();
         let v: Value = serde_json::from_slice(&std::fs::read(b.path().join("config.json")).unwrap()).unwrap();
         let mounts = v["mounts"].as_array().unwrap();
         assert_eq!(mounts.len(), 2);
         assert_eq!(mounts[1]["destination"], REQUEST_MOUNT);
         assert_eq!(v["x"], 1);
+        assert_eq!(v["annotations"]["org.criu.config"], "/run/torpor/criu.conf");
         let _ = std::fs::remove_dir_all(request_dir(&group));
     }
 }
