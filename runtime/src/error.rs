@@ -1,7 +1,5 @@
 //! The runtime's error type. The shim maps each variant onto a ttrpc code.
 
-use std::path::PathBuf;
-
 /// Errors of the torpor runtime.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -48,9 +46,6 @@ pub enum Error {
         #[source]
         source: serde_json::Error,
     },
-    /// A file that should exist does not.
-    #[error("missing file {0}")]
-    MissingFile(PathBuf),
 }
 
 /// Result alias of the runtime.

@@ -38,12 +38,6 @@ pub struct StdioConfig {
     pub terminal: bool,
 }
 
-impl StdioConfig {
-    pub fn is_null(&self) -> bool {
-        self.stdin.is_empty() && self.stdout.is_empty() && self.stderr.is_empty()
-    }
-}
-
 /// Sets up stdio for a process, runs the runc command that starts it
 /// (`run` gets the console socket, if any, and the stdio to hand to runc),
 /// then wires the process's IO to containerd's FIFOs.

@@ -7,7 +7,7 @@ use torpor_runtime::Error;
 pub fn to_ttrpc(e: Error) -> ttrpc::Error {
     let code = match &e {
         Error::InvalidAnnotation { .. } | Error::InvalidArgument(_) => Code::INVALID_ARGUMENT,
-        Error::NotFound(_) | Error::MissingFile(_) => Code::NOT_FOUND,
+        Error::NotFound(_) => Code::NOT_FOUND,
         Error::AlreadyExists(_) => Code::ALREADY_EXISTS,
         Error::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
         Error::Io { .. } | Error::Sys { .. } | Error::Runc { .. } | Error::Json { .. } => Code::UNKNOWN,
