@@ -247,29 +247,7 @@ impl Runc {
     /// `runc checkpoint`. On failure the error quotes CRIU's log.
     pub async fn checkpoint(&self, id: &str, o: &CheckpointOpts) -> Result<()> {
         crate::criu::check().await?;
-        let image = o.image_path.to_string_lossy().into_owned();
-        let work = o.work_path.to_string_lossy().into_owned();
-        let mut args = vec!["checkpoint".to_string(), "--image-path".into(), image, "--work-path".into(), work];
-        if !o.exit {
-            args.push("--leave-running".into());
-        }
-        for (on, flag) in [
-            (o.open_tcp, "--tcp-established"),
-            (o.external_unix_sockets, "--ext-unix-sk"),
-            (o.terminal, "--shell-job"),
-            (o.file_locks, "--file-locks"),
-        ] {
-            if on {
-                args.push(flag.into());
-            }
-        }
-        for ns in &o.empty_namespaces {
-            args.extend(["--empty-ns".into(), ns.clone()]);
-        }
-        if !o.cgroups_mode.is_empty() {
-            args.extend(["--manage-cgroups-mode".into(), o.cgroups_mode.clone()]);
-        }
-        args.push(id.into());
+        let args = checkpoint_args(id, o);
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         self.run(&refs).await.map(|_| ()).map_err(|e| self.with_criu_log(e, &o.work_path, "dump.log"))
     }
@@ -333,6 +311,38 @@ impl Runc {
     }
 }
 
+/// `runc checkpoint` arguments for containerd's CheckpointOptions.
+fn checkpoint_args(id: &str, o: &CheckpointOpts) -> Vec<String> {
+    let mut args = vec![
+        "checkpoint".to_string(),
+        "--image-path".into(),
+        o.image_path.to_string_lossy().into_owned(),
+        "--work-path".into(),
+        o.work_path.to_string_lossy().into_owned(),
+    ];
+    if !o.exit {
+        args.push("--leave-running".into());
+    }
+    for (on, flag) in [
+        (o.open_tcp, "--tcp-established"),
+        (o.external_unix_sockets, "--ext-unix-sk"),
+        (o.terminal, "--shell-job"),
+        (o.file_locks, "--file-locks"),
+    ] {
+        if on {
+            args.push(flag.into());
+        }
+    }
+    for ns in &o.empty_namespaces {
+        args.extend(["--empty-ns".into(), ns.clone()]);
+    }
+    if !o.cgroups_mode.is_empty() {
+        args.extend(["--manage-cgroups-mode".into(), o.cgroups_mode.clone()]);
+    }
+    args.push(id.into());
+    args
+}
+
 /// At most this much of a CRIU log is read or kept.
 const LOG_TAIL: u64 = 1 << 20;
 
@@ -368,5 +378,52 @@ pub fn is_not_running(e: &Error) -> bool {
                 || m.contains("does not exist")
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoint_options_map_onto_runc_flags() {
+        let o = CheckpointOpts {
+            image_path: "/img".into(),
+            work_path: "/work".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            checkpoint_args("c1", &o),
+            ["checkpoint", "--image-path", "/img", "--work-path", "/work", "--leave-running", "c1"]
+        );
+        let o = CheckpointOpts {
+            exit: true,
+            open_tcp: true,
+            external_unix_sockets: true,
+            terminal: true,
+            file_locks: true,
+            empty_namespaces: vec!["network".into()],
+            cgroups_mode: "soft".into(),
+            image_path: "/img".into(),
+            work_path: "/work".into(),
+        };
+        let a = checkpoint_args("c1", &o);
+        for flag in ["--tcp-established", "--ext-unix-sk", "--shell-job", "--file-locks"] {
+            assert!(a.iter().any(|x| x == flag), "{flag} missing in {a:?}");
+        }
+        assert!(!a.iter().any(|x| x == "--leave-running"));
+        assert!(a.windows(2).any(|w| w == ["--empty-ns", "network"]));
+        assert!(a.windows(2).any(|w| w == ["--manage-cgroups-mode", "soft"]));
+        assert_eq!(a.last().map(String::as_str), Some("c1"));
+    }
+
+    #[test]
+    fn reads_only_the_tail_of_a_log() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("log");
+        std::fs::write(&p, "a".repeat(100) + "END").unwrap();
+        assert_eq!(read_tail(&p, 3).as_deref(), Some("END"));
+        assert_eq!(read_tail(&p, 1000).map(|s| s.len()), Some(103));
+        assert_eq!(read_tail(&d.path().join("none"), 3), None);
     }
 }
