@@ -196,9 +196,7 @@ impl Handover {
     /// After the restore (or a failed one): new connections flow again, and
     /// the held ones are proxied to the actor.
     pub async fn finish(self) {
-        if let Err(e) = syn_drop(&self.netns, &self.ports, false).await {
-            warn!("activation: remove the SYN drop rule: {e}");
-        }
+        // Serve the held connections first; new ones wait for the rule to go.
         let n = self.held.len();
         for h in self.held {
             let netns = self.netns.clone();
@@ -207,6 +205,9 @@ impl Handover {
                     debug!("activation proxy: {e}");
                 }
             });
+        }
+        if let Err(e) = syn_drop(&self.netns, &self.ports, false).await {
+            warn!("activation: remove the SYN drop rule: {e}");
         }
         if n > 0 {
             info!(connections = n; "activation: connections handed over");

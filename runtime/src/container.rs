@@ -128,6 +128,8 @@ pub struct Runtime {
     pub(crate) activation: Arc<Mutex<Option<crate::activation::Armed>>>,
     /// Activation's wake-up calls.
     pub(crate) wake: mpsc::UnboundedSender<()>,
+    /// Lazy-pages daemons still serving a restored actor's memory.
+    pub(crate) lazy: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
     namespace: String,
     pub(crate) events: mpsc::UnboundedSender<Event>,
 }
@@ -140,6 +142,7 @@ impl Runtime {
         let rt = Runtime {
             activation: Arc::default(),
             wake,
+            lazy: Arc::default(),
             inner: Arc::default(),
             actor: Arc::default(),
             state_root: std::env::var_os("TORPOR_STATE_ROOT")
@@ -375,19 +378,26 @@ impl Runtime {
             let inner = self.inner.lock().await;
             container(&inner, id)?.bundle.join("criu-work")
         };
-        self.restore_container(id, image, &work).await
+        let from = runc::RestoreFrom {
+            image: image.to_path_buf(),
+            work,
+            lazy: false,
+        };
+        self.restore_container(id, &from).await
     }
 
     /// `runc restore` of container `id` from `image` (a checkpoint, or a
     /// suspended actor's image), into its bundle; the process is RUNNING after.
-    pub(crate) async fn restore_container(&self, id: &str, image: &Path, work: &Path) -> Result<i32> {
+    pub(crate) async fn restore_container(&self, id: &str, from: &runc::RestoreFrom) -> Result<i32> {
+        let started = std::time::Instant::now();
         let mut inner = self.inner.lock().await;
         let c = container_mut(&mut inner, id)?;
+        let work = &from.work;
         std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
         let pid_file = c.bundle.join("init.pid");
         let (runc, bundle, pf) = (&c.runc, &c.bundle, &pid_file);
         c.init.io = stdio::launch(&c.init.stdio, |socket, stdio| async move {
-            runc.restore(id, bundle, image, work, pf, socket.as_deref(), stdio).await
+            runc.restore(id, bundle, from, pf, socket.as_deref(), stdio).await
         })
         .await?;
         c.init.pid = runc::read_pid(&pid_file)?;
@@ -397,7 +407,7 @@ impl Runtime {
         c.suspended_io = None;
         c.memory_cgroup = cgroup::memory_cgroup_of(c.init.pid);
         let pid = c.init.pid;
-        info!(container = id, pid; "container restored");
+        info!(container = id, pid, lazy = from.lazy, ms = started.elapsed().as_millis() as u64; "container restored");
         drop(inner);
         self.claim_early_exit(id, "", pid).await;
         Ok(pid)

@@ -20,7 +20,7 @@ use crate::actor::{Lifecycle, Record, Store};
 use crate::container::{container_mut, Runtime};
 use crate::error::{Error, IoContext, Result};
 use crate::process::Status;
-use crate::runc::CheckpointOpts;
+use crate::runc::{CheckpointOpts, RestoreFrom};
 use crate::stdio;
 
 impl Runtime {
@@ -102,6 +102,7 @@ impl Runtime {
             return Err(Error::FailedPrecondition(format!("actor {} has no running container", rec.actor)));
         }
         let was = rec.state;
+        self.wait_lazy_daemons().await;
         let (netns, ports) = self.activation_target(&ids).await;
         rec.generation += 1;
         rec.state = Lifecycle::Suspending;
@@ -240,11 +241,43 @@ impl Runtime {
         Err(e)
     }
 
-    /// `runc restore` of one suspended container from generation `generation`.
+    /// `runc restore` of one suspended container from generation `generation`:
+    /// with lazy pages (memory served on demand over userfaultfd by a `criu
+    /// lazy-pages` daemon, the rest prefetched in the background), falling
+    /// back to a full restore when that cannot be used.
     async fn restore_one(&self, store: &Store, generation: u64, id: &str) -> Result<i32> {
         let image = store.image_dir(generation, id);
-        let work = store.generation_dir(generation).join(format!("{id}.restore-work"));
-        self.restore_container(id, &image, &work).await
+        let gen_dir = store.generation_dir(generation);
+        if lazy_pages_enabled() {
+            let work = gen_dir.join(format!("{id}.lazy-work"));
+            match LazyDaemon::start(&image, &work).await {
+                Ok(daemon) => {
+                    let from = RestoreFrom { image: image.clone(), work, lazy: true };
+                    match self.restore_container(id, &from).await {
+                        Ok(pid) => {
+                            self.lazy.lock().await.push(daemon.finish());
+                            return Ok(pid);
+                        }
+                        Err(e) => {
+                            warn!(container = id; "lazy-pages restore failed, restoring in full: {e}");
+                            daemon.kill();
+                        }
+                    }
+                }
+                Err(e) => warn!(container = id; "no lazy pages ({e}): restoring in full"),
+            }
+        }
+        let work = gen_dir.join(format!("{id}.restore-work"));
+        self.restore_container(id, &RestoreFrom { image, work, lazy: false }).await
+    }
+
+    /// Waits until every lazy-pages daemon has served all its pages (a
+    /// process with pages still missing cannot be dumped again).
+    async fn wait_lazy_daemons(&self) {
+        let pending: Vec<_> = std::mem::take(&mut *self.lazy.lock().await);
+        for h in pending {
+            let _ = h.await;
+        }
     }
 
     /// RUNNING again: restore a suspended actor, or thaw a frozen one.
@@ -287,7 +320,15 @@ impl Runtime {
         rec.last_error = None;
         rec.last_resume_ms = Some(started.elapsed().as_millis() as u64);
         store.save(rec)?;
-        let _ = std::fs::remove_dir_all(store.generation_dir(rec.generation));
+        // The images go once the lazy-pages daemons are done with them.
+        let gen_dir = store.generation_dir(rec.generation);
+        let pending: Vec<_> = std::mem::take(&mut *self.lazy.lock().await);
+        self.lazy.lock().await.push(tokio::spawn(async move {
+            for h in pending {
+                let _ = h.await;
+            }
+            let _ = std::fs::remove_dir_all(gen_dir);
+        }));
         info!(actor = rec.actor.as_str(), ms = rec.last_resume_ms; "actor resumed");
         Ok(rec.clone())
     }
@@ -415,6 +456,68 @@ pub fn forget_dead_shim(key: &str) {
         }
     }
     let _ = std::fs::remove_dir_all(crate::policy::request_dir(key));
+}
+
+/// Lazy-pages restore is on unless `TORPOR_LAZY_PAGES=0`.
+fn lazy_pages_enabled() -> bool {
+    std::env::var("TORPOR_LAZY_PAGES").map(|v| v != "0").unwrap_or(true)
+}
+
+/// A `criu lazy-pages` daemon serving one container's memory.
+struct LazyDaemon {
+    pid: i32,
+    exit: crate::reaper::Subscription,
+}
+
+impl LazyDaemon {
+    /// Starts the daemon and waits until it listens in `work`.
+    async fn start(image: &std::path::Path, work: &std::path::Path) -> Result<LazyDaemon> {
+        std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
+        let exit = crate::reaper::subscribe();
+        let mut cmd = std::process::Command::new("criu");
+        cmd.arg("lazy-pages")
+            .arg("--images-dir")
+            .arg(image)
+            .arg("--work-dir")
+            .arg(work)
+            .args(["--log-file", "lazy-pages.log"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let child = cmd.spawn().io_context(|| "spawn criu lazy-pages".into())?;
+        let pid = child.id() as i32;
+        drop(child); // reaped by the reaper
+        let socket = work.join("lazy-pages.socket");
+        let mut daemon = LazyDaemon { pid, exit };
+        for _ in 0..400 {
+            if socket.exists() {
+                return Ok(daemon);
+            }
+            if let Ok(Some(e)) = tokio::time::timeout(std::time::Duration::from_millis(5), daemon.exit.next()).await {
+                if e.pid == pid {
+                    return Err(Error::InvalidArgument(format!(
+                        "criu lazy-pages exited with {} (see {:?})",
+                        e.status,
+                        work.join("lazy-pages.log")
+                    )));
+                }
+            }
+        }
+        daemon.kill();
+        Err(Error::InvalidArgument("criu lazy-pages did not start listening".into()))
+    }
+
+    /// A task that ends when the daemon has served every page and exited.
+    fn finish(mut self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let pid = self.pid;
+            let _ = self.exit.wait_for(pid).await;
+        })
+    }
+
+    fn kill(&self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), nix::sys::signal::Signal::SIGKILL);
+    }
 }
 
 fn no_actor() -> Error {

@@ -253,21 +253,19 @@ impl Runc {
     }
 
     /// `runc restore --detach` of `image` into the bundle's container.
-    #[allow(clippy::too_many_arguments)] // runc restore's own flags, one each
     pub async fn restore(
         &self,
         id: &str,
         bundle: &Path,
-        image: &Path,
-        work: &Path,
+        from: &RestoreFrom,
         pid_file: &Path,
         console_socket: Option<&Path>,
         stdio: ProcessStdio,
     ) -> Result<()> {
         let (b, i, w, p) = (
             bundle.to_string_lossy(),
-            image.to_string_lossy(),
-            work.to_string_lossy(),
+            from.image.to_string_lossy(),
+            from.work.to_string_lossy(),
             pid_file.to_string_lossy(),
         );
         crate::criu::check().await?;
@@ -276,13 +274,16 @@ impl Runc {
             "restore", "--detach", "--no-subreaper", "--tcp-established", "--bundle", &b, "--image-path", &i,
             "--work-path", &w, "--pid-file", &p,
         ];
+        if from.lazy {
+            args.push("--lazy-pages");
+        }
         if let Some(c) = &console {
             args.extend(["--console-socket", c, "--shell-job"]);
         }
         args.push(id);
         self.run_with_stdio(&args, stdio)
             .await
-            .map_err(|e| self.with_criu_log(e, work, "restore.log"))
+            .map_err(|e| self.with_criu_log(e, &from.work, "restore.log"))
     }
 
     /// Adds the error lines of CRIU's log to a runc error and keeps the full
@@ -356,6 +357,18 @@ fn read_tail(path: &Path, max: u64) -> Option<String> {
     let mut buf = Vec::new();
     f.take(max).read_to_end(&mut buf).ok()?;
     Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+/// What `runc restore` restores from.
+#[derive(Debug, Clone)]
+pub struct RestoreFrom {
+    /// CRIU image directory.
+    pub image: PathBuf,
+    /// CRIU work directory (logs; the lazy-pages socket).
+    pub work: PathBuf,
+    /// Memory is served on demand by a `criu lazy-pages` daemon already
+    /// listening in `work` (userfaultfd), instead of being copied first.
+    pub lazy: bool,
 }
 
 /// Reads a pid file written by runc.
