@@ -51,6 +51,7 @@ command -v python3 >/dev/null || { log "python3 is required"; exit 1; }
 export PYTHONDONTWRITEBYTECODE=1
 SCRIPTS="${TORPOR_BENCH_ONLY:-pod_start shim_rss}"
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS checkpoint_restore" # checkpoint_<size>_ms, restore_<size>_ms
+[ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS suspend_resume" # resume_256mib_ms, resume_1gib_ms, suspend_1gib_ms
 SCRIPT_TIMEOUT="${TORPOR_BENCH_SCRIPT_TIMEOUT:-420}"
 started=$SECONDS
 rig_started=0
