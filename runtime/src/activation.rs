@@ -76,7 +76,8 @@ async fn syn_drop(netns: &Path, ports: &[u16], insert: bool) -> Result<()> {
     let out = iptables_in(
         netns,
         "iptables",
-        &[op, "INPUT", "-p", "tcp", "--syn", "-m", "multiport", "--dports", &list, "-j", "DROP"],
+        // Not on loopback: the shim's own proxy connects to the actor that way.
+        &[op, "INPUT", "!", "-i", "lo", "-p", "tcp", "--syn", "-m", "multiport", "--dports", &list, "-j", "DROP"],
     )
     .await?;
     if out.status.success() {

@@ -187,6 +187,10 @@ if command -v runc >/dev/null; then
 	done < <(bundles)
 fi
 
+# `ctr c restore` (containerd 2.4's client) leaves a full copy of each
+# checkpoint it restored in /tmp/ctrd-checkpoint*: gigabytes per restore.
+rm -rf /tmp/ctrd-checkpoint*
+
 # torpor's per-shim state of the rig's bundles: control sockets, in-container
 # request dirs and actor records/snapshots (the rig keeps no actor beyond it)
 while read -r ns id; do

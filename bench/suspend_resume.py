@@ -1,0 +1,832 @@
+#!/usr/bin/env python3
+"""resume_<size>_ms and suspend_1gib_ms: how long an inbound request to a
+suspended actor waits for its answer, and how long a suspend takes until the
+actor's memory is freed; torpor vs runc-v2 driven by containerd's standard
+checkpoint/restore (`ctr`), same containerd, runc and CRIU.
+
+The actor is `/actor counter --port 8080 --alloc-mib N` (N MiB of live,
+distinct, non-zero memory); N = 256 and 1024.
+
+torpor (a CRI pod, `crictl runp --runtime torpor`, the actor created and
+started in it with `crictl create/start`), one run:
+
+1. SUSPEND, TIMED, once the actor has settled (no `criu lazy-pages` daemon
+   of the previous resume still prefetching its memory, which the shim would
+   wait for first; untimed): `torporctl --json suspend <pod sandbox id>` (the
+   shim freezes the container and dumps it with CRIU, the process ends), from
+   the start of the torporctl process until it has returned AND no process of
+   the actor is left (the pod's network namespace holds no `/actor counter`
+   process; polled right after the return, normally already true). The
+   shim's own `last_suspend_ms` from the reply is kept as a phase.
+2. RESUME, TIMED (the trigger): connect to POD_IP:8080 (the shim holds the
+   port while the actor is suspended), send `inc\\n`, until the first byte of
+   the answer arrives. In between the shim classifies the connection as real
+   traffic, restores the actor with CRIU (`runc restore`; by default with
+   lazy pages: memory served on demand by a `criu lazy-pages` daemon that
+   prefetches the rest in the background) and proxies the held connection to
+   it. The answer must be the previous counter value + 1, or the run fails.
+   Afterwards (untimed) `torporctl --json status` gives the shim's
+   `last_resume_ms` (restore incl. the handover), kept as a phase, and the
+   time from the answer until the lazy-pages daemon is gone (polled every
+   5 ms) is kept as `torpor_lazy_prefetch_after_answer_p50_ms`.
+
+torporctl is pointed (`--socket-dir`) at a private directory holding only a
+link to this pod's shim control socket, so that shims of other rigs on the
+machine (whose status torporctl would otherwise query first) do not enter
+the measurement.
+
+runc-v2 (the baseline; the same procedure checkpoint_restore.py uses): the
+actor runs as a `ctr run -d --runtime io.containerd.runc.v2 --with-ns
+network:<netns>` container joining the network namespace of a runc pod
+(`crictl runp --runtime runc`), so it answers at the pod IP. One run:
+
+1. SUSPEND, TIMED: `ctr c checkpoint --rw --task <id> <ref>` (pause, CRIU
+   dump with --leave-running, the image into containerd's content store,
+   resume) followed by `ctr t delete -f <id>` (SIGKILL, wait for the exit,
+   delete the task), until no process of the actor is left. Untimed:
+   `ctr c rm <id>` (so the restore can recreate the container under its id).
+2. RESUME, TIMED (the trigger arrives at t0; nothing holds the port while the
+   actor is down, so the restore has to come first): `ctr c restore --rw
+   --live <id> <ref>` (container from the checkpoint image, CRIU restore),
+   then connect to POD_IP:8080 (retried every 1 ms while refused), send
+   `inc\\n`, until the first byte of the answer. The counter is checked as
+   for torpor. Untimed: `ctr images rm --sync <ref>`, and the copy of the
+   CRIU image containerd unpacked for the restore and leaves behind
+   (<tmpdir>/ctrd-checkpoint*, see remove_restore_dirs).
+
+A failed run: the request gets no answer (TCP connect not completed within
+3 s, or no answer within 15 s) or a wrong counter. It is counted, kept in
+`<runtime>_failures` and left out of the percentiles; for torpor the packet
+filter rules then found in the pod's netns are recorded and removed, the
+actor is resumed with `torporctl resume` and its counter re-read, and the
+measurement goes on until 30 runs have succeeded (at most 30 may fail). A
+resume entry with failed runs carries them in `error` and misses its goal.
+
+Runtimes alternate run by run (torpor first on even runs); each runtime gets
+one unmeasured suspend+resume first (at the first size). After the last run
+of a size the actor's memory CRC (`sum`) is compared with the fresh actor's.
+The check that no actor process is left (a scan of /proc, ~1 ms) is inside
+the suspend time of both runtimes. Values:
+p50 (p99 = linear-interpolated 99th percentile, with 30 runs between the two
+largest samples); all samples are kept. suspend_1gib_ms comes from the
+suspends of the 1 GiB resume runs.
+
+Goals (absolute, not relative to the baseline; report.py's "goal met" column
+only knows ratios, so the verdict is in `goal_met` and `torpor_note`):
+resume p99 <= 100 ms at 256 MiB and <= 150 ms at 1 GiB; suspend of 1 GiB
+<= 1 s (p99).
+
+    bench/suspend_resume.py [--runs N] [--sizes 256,1024]
+
+Environment: TORPOR_BENCH_SR_RUNS (default 30), TORPOR_BENCH_SR_SIZES_MIB
+(default "256,1024"), TORPOR_BENCH_SR_BUDGET_S (stop measuring a size early
+after this many seconds in total, default: TORPOR_BENCH_SCRIPT_TIMEOUT - 60),
+TORPOR_TORPORCTL (torporctl binary; default target/release/torporctl, built
+with cargo unless TORPOR_BENCH_SKIP_BUILD=1), TORPOR_CTR.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import sys
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
+from bench import BASELINE, TORPOR, BenchPod, log  # noqa: E402
+
+CTR = os.environ.get("TORPOR_CTR") or shutil.which("ctr") or "/usr/local/bin/ctr"
+TORPORCTL = os.environ.get("TORPOR_TORPORCTL") or os.path.join(bench.REPO_ROOT, "target", "release", "torporctl")
+SHIM_SOCKET_DIR = os.environ.get("TORPOR_SHIM_SOCKET_DIR", "/run/torpor/shims")
+NAMESPACE = "default"
+BASELINE_RUNTIME_TYPE = os.environ.get("TORPOR_BENCH_BASELINE_RUNTIME_TYPE", "io.containerd.runc.v2")
+PORT = 8080
+ID_PREFIX = "bench-sr-"
+IMAGE_PREFIX = "localhost/torpor-bench/suspend-resume/"
+MIN_RUNS = 30
+# liveness limits, not measurements
+CALL_TIMEOUT_S = float(os.environ.get("TORPOR_BENCH_SR_CALL_TIMEOUT", "300"))
+READY_TIMEOUT_S = 180.0
+GONE_TIMEOUT_S = 30.0
+# A request not answered within this time is a failed run (the goals are
+# 100-150 ms; the slowest answers seen on a loaded 2-core machine are ~4 s).
+TRIGGER_TIMEOUT_S = float(os.environ.get("TORPOR_BENCH_SR_TRIGGER_TIMEOUT", "15"))
+# The TCP handshake itself: the shim (torpor) or the restored process
+# (runc-v2) holds the listening socket, so the kernel completes it at once; a
+# connect that takes longer is not going to complete (SYN-ACKs dropped).
+CONNECT_TIMEOUT_S = float(os.environ.get("TORPOR_BENCH_SR_CONNECT_TIMEOUT", "3"))
+GOALS = {  # name -> (p99 bound in ms, text)
+    "resume_256mib_ms": (100.0, "p99 <= 100 ms (absolute)"),
+    "resume_1gib_ms": (150.0, "p99 <= 150 ms (absolute)"),
+    "suspend_1gib_ms": (1000.0, "p99 <= 1 s (absolute)"),
+}
+
+
+def size_name(mib: int) -> str:
+    return f"{mib // 1024}gib" if mib % 1024 == 0 else f"{mib}mib"
+
+
+def now_ns() -> int:
+    return time.perf_counter_ns()
+
+
+def ms(t0: int, t1: int) -> float:
+    return (t1 - t0) / 1e6
+
+
+class RunError(RuntimeError):
+    """The measurement cannot go on for this runtime and size."""
+
+
+class RunFailed(RuntimeError):
+    """One run failed (no answer to the request, or a wrong counter); the
+    actor was brought back and the measurement goes on. Counted and reported.
+    `partial`: the timings of the run's suspend, which did complete."""
+
+    def __init__(self, msg, partial=None):
+        super().__init__(msg)
+        self.partial = partial
+
+
+# ------------------------------------------------------------ tools / actor
+
+def ctr(*args, timeout=CALL_TIMEOUT_S, check=True) -> str:
+    return bench.run([CTR, "--address", bench.RIG_ADDRESS, "-n", NAMESPACE, *args],
+                     timeout=timeout, check=check)
+
+
+def ensure_torporctl() -> None:
+    if os.environ.get("TORPOR_BENCH_SKIP_BUILD", "0") != "1" and not os.environ.get("TORPOR_TORPORCTL"):
+        try:
+            bench.run(["cargo", "build", "--release", "-p", "torporctl"], timeout=900)
+        except (bench.CommandError, OSError) as e:
+            log(f"suspend_resume: WARNING: cargo build -p torporctl: {e}")
+    if not os.access(TORPORCTL, os.X_OK):
+        raise RuntimeError(f"{TORPORCTL} missing (cargo build --release -p torporctl)")
+
+
+def torporctl(socket_dir: str, *args, timeout=CALL_TIMEOUT_S):
+    out = bench.run([TORPORCTL, "--socket-dir", socket_dir, "--json", *args], timeout=timeout)
+    return json.loads(out)
+
+
+def netns_inode(path: str) -> int:
+    return os.stat(path).st_ino
+
+
+def actor_pids(netns_ino: int, mib: int) -> list:
+    """Host pids of `/actor counter ... --alloc-mib <mib>` processes in the
+    network namespace with inode `netns_ino`."""
+    want = [b"/actor", b"counter", b"--port", str(PORT).encode(), b"--alloc-mib", str(mib).encode()]
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if argv[:len(want)] != want:
+                continue
+            if os.stat(f"/proc/{d}/ns/net").st_ino != netns_ino:
+                continue
+        except OSError:
+            continue
+        pids.append(int(d))
+    return pids
+
+
+def wait_gone(netns_ino: int, mib: int, timeout=GONE_TIMEOUT_S) -> int:
+    """Polls until no actor process is left; returns how many polls found one."""
+    deadline = time.monotonic() + timeout
+    polls = 0
+    while actor_pids(netns_ino, mib):
+        polls += 1
+        if time.monotonic() > deadline:
+            raise RunError(f"the actor's process is still there {timeout:.0f}s after the suspend returned")
+        time.sleep(0.001)
+    return polls
+
+
+def actor_call(ip: str, cmds, timeout=30.0) -> list:
+    """Line protocol of `/actor counter`: one reply line per command."""
+    with socket.create_connection((ip, PORT), timeout=timeout) as s:
+        s.settimeout(timeout)
+        f = s.makefile("rw", newline="\n")
+        replies = []
+        for c in cmds:
+            f.write(c + "\n")
+            f.flush()
+            line = f.readline()
+            if not line:
+                raise RunError(f"actor at {ip}:{PORT} closed the connection on {c!r}")
+            replies.append(line.strip())
+        return replies
+
+
+def wait_actor(ip: str, timeout=READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            actor_call(ip, ["get"], timeout=5)
+            return
+        except OSError as e:
+            last = e
+            time.sleep(0.02)
+    raise RunError(f"actor at {ip}:{PORT} not answering after {timeout:.0f}s: {last}")
+
+
+def inc_first_byte(ip: str, t0: int, retry_refused: bool) -> tuple:
+    """The trigger: connect, send `inc`, first byte of the answer. Returns
+    (t_connected_ns, t_first_byte_ns, reply). With retry_refused a refused
+    connect is retried every 1 ms (nobody holds the port yet)."""
+    deadline = time.monotonic() + TRIGGER_TIMEOUT_S
+    while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            try:
+                s.connect((ip, PORT))
+            except socket.timeout:
+                raise RunError(f"TCP connect not completed within {CONNECT_TIMEOUT_S:.0f} s") from None
+            s.settimeout(max(deadline - time.monotonic(), 0.001))
+            break
+        except ConnectionRefusedError:
+            s.close()
+            if not retry_refused or time.monotonic() > deadline:
+                raise
+            time.sleep(0.001)
+        except BaseException:
+            s.close()
+            raise
+    with s:
+        t_conn = now_ns()
+        s.sendall(b"inc\n")
+        first = s.recv(1)
+        t1 = now_ns()
+        if not first:
+            raise RunError(f"{ip}:{PORT} closed the connection without an answer to inc "
+                           f"({ms(t0, t1):.0f} ms after the trigger)")
+        buf = first
+        while not buf.endswith(b"\n"):
+            more = s.recv(64)
+            if not more:
+                break
+            buf += more
+    return t_conn, t1, buf.decode(errors="replace").strip()
+
+
+def check_counter(reply: str, expect: int) -> None:
+    if reply != str(expect):
+        raise RunFailed(f"inc answered {reply!r}, expected {expect}")
+
+
+# -------------------------------------------------------------------- actors
+
+class TorporActor:
+    """A CRI pod of runtime torpor with the actor as its app container."""
+
+    key = TORPOR
+
+    def __init__(self, mib: int):
+        self.mib = mib
+        self.pod = BenchPod(TORPOR, prefix="sr")
+        self.ctl_dir = None
+        try:
+            self.pod.run()
+            self.cid = self.pod.start_container(
+                "actor", ["counter", "--port", str(PORT), "--alloc-mib", str(mib)])
+            info = bench.crictl_json("inspectp", "-o", "json", self.pod.id)
+            self.ip = info["status"]["network"]["ip"]
+            nss = info["info"]["runtimeSpec"]["linux"]["namespaces"]
+            self.netns = next(n["path"] for n in nss if n["type"] == "network")
+            self.netns_ino = netns_inode(self.netns)
+            wait_actor(self.ip)
+            self.counter = int(actor_call(self.ip, ["get"])[0])
+            self.crc = actor_call(self.ip, ["sum"])[0]
+            # torporctl against this pod's shim only (see the module docstring).
+            st = torporctl(SHIM_SOCKET_DIR, "status", self.pod.id)
+            shim = self.shim = st[0]["shim"]
+            self.ctl_dir = os.path.join(self.pod.dir, "ctl")
+            os.makedirs(self.ctl_dir, mode=0o700, exist_ok=True)
+            # (a short name: a socket path is limited to 107 bytes)
+            os.symlink(os.path.join(SHIM_SOCKET_DIR, f"{shim}.sock"), os.path.join(self.ctl_dir, "shim.sock"))
+            pids = actor_pids(self.netns_ino, mib)
+            if len(pids) != 1:
+                raise RunError(f"expected one actor process in the pod, found {pids}")
+            self.rss_mib = (bench.proc_status_kib(pids[0], "VmRSS") or 0) / 1024
+        except BaseException:
+            self.remove()
+            raise
+
+    def status(self) -> dict:
+        return torporctl(self.ctl_dir, "status", self.pod.id)[0]["actor"]
+
+    def lazy_daemons(self) -> list:
+        """pids of `criu lazy-pages` daemons serving this shim's actor (after
+        a resume with lazy pages they prefetch the rest of the memory in the
+        background; the shim waits for them before the next dump)."""
+        pids = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"lazy-pages" in argv[:3] and any(self.shim.encode() in a for a in argv):
+                pids.append(int(d))
+        return pids
+
+    def wait_settled(self, timeout=120.0) -> None:
+        """Until the last resume's lazy-pages daemons are gone."""
+        deadline = time.monotonic() + timeout
+        while self.lazy_daemons():
+            if time.monotonic() > deadline:
+                raise RunError(f"criu lazy-pages still running {timeout:.0f}s after the resume")
+            time.sleep(0.005)
+
+    def run(self) -> dict:
+        """One suspend + resume; returns the timings."""
+        if len(actor_pids(self.netns_ino, self.mib)) != 1:
+            raise RunError("the actor is not running before the suspend")
+        # Untimed: the actor fully resumed (memory prefetched) before the
+        # suspend, so that a suspend right after a resume does not include
+        # the shim waiting for the background prefetch.
+        self.wait_settled()
+        # SUSPEND
+        t0 = now_ns()
+        reply = torporctl(self.ctl_dir, "suspend", self.pod.id)
+        t_ret = now_ns()
+        polls = wait_gone(self.netns_ino, self.mib)
+        t_gone = now_ns()
+        rec = reply[0]["actor"]
+        if str(rec.get("state")).lower() != "suspended":
+            raise RunError(f"after torporctl suspend the actor is {rec.get('state')!r}")
+        out = {
+            "suspend": ms(t0, t_gone),
+            "suspend_phases": {"shim (last_suspend_ms)": float(rec.get("last_suspend_ms") or 0),
+                               "torporctl return": ms(t0, t_ret),
+                               "after return until the process is gone": ms(t_ret, t_gone)},
+            "suspend_gone_polls": polls,
+            "resume": None,
+        }
+        # RESUME: the trigger
+        t1 = now_ns()
+        try:
+            _, t_first, got = inc_first_byte(self.ip, t1, retry_refused=False)
+            check_counter(got, self.counter + 1)
+        except (OSError, RunError, RunFailed) as e:
+            raise RunFailed(f"request to the suspended actor: {e or type(e).__name__} "
+                            f"({ms(t1, now_ns()):.0f} ms after the trigger); {self.recover()}",
+                            partial=out) from None
+        self.counter += 1
+        # untimed: how long the background prefetch of lazy pages goes on after the answer
+        lazy = bool(self.lazy_daemons())
+        if lazy:
+            self.wait_settled()
+        t_settled = now_ns()
+        st = self.status()
+        if str(st.get("state")).lower() != "running":
+            raise RunError(f"after the request the actor is {st.get('state')!r}: {st.get('last_error')}")
+        return {
+            **out,
+            "lazy": lazy,
+            "prefetch_after_answer": ms(t_first, t_settled) if lazy else None,
+            "resume": ms(t1, t_first),
+            "resume_phases": {"shim restore incl. handover (last_resume_ms)": float(st.get("last_resume_ms") or 0),
+                              "rest: wake, proxy, reply (end-to-end - last_resume_ms)":
+                                  ms(t1, t_first) - float(st.get("last_resume_ms") or 0)},
+        }
+
+    def recover(self) -> str:
+        """After a failed request: resume explicitly, re-read the counter.
+        Returns what was found (for the error message)."""
+        try:
+            st = self.status()
+        except (bench.CommandError, ValueError, KeyError, IndexError) as e:
+            raise RunError(f"torporctl status after a failed request: {e}") from None
+        found = f"actor then {st.get('state')}, last_error {st.get('last_error')!r}"
+        rules = self.netns_rules()
+        if rules:
+            # Left by the suspend/resume (e.g. CRIU's network lock not lifted):
+            # shown in the failure, then removed so that the next run starts clean.
+            found += f"; packet filter rules in the pod's netns: {' | '.join(rules)} (removed)"
+            self.clear_rules()
+        if str(st.get("state")).lower() == "suspended":
+            try:
+                torporctl(self.ctl_dir, "resume", self.pod.id)
+            except bench.CommandError as e:
+                raise RunError(f"{found}; torporctl resume: {e}") from None
+            found += ", resumed with torporctl"
+        try:
+            got = int(actor_call(self.ip, ["get"], timeout=TRIGGER_TIMEOUT_S)[0])
+        except (OSError, ValueError, RunError) as e:
+            raise RunError(f"{found}; the actor does not answer: {e}") from None
+        if got not in (self.counter, self.counter + 1):
+            raise RunError(f"{found}; counter {got}, expected {self.counter} or {self.counter + 1}")
+        self.counter = got
+        return f"{found}; counter {got} afterwards"
+
+    def netns_rules(self) -> list:
+        """iptables/ip6tables rules (-S) in the pod's netns, other than the policies."""
+        rules = []
+        for tool in ("iptables", "ip6tables"):
+            try:
+                out = bench.run(["nsenter", f"--net={self.netns}", tool, "-w", "-S"], timeout=30)
+            except (bench.CommandError, OSError):
+                continue
+            rules += [f"{tool} {r}" for r in out.splitlines() if r and not r.startswith("-P ")]
+        return rules
+
+    def clear_rules(self) -> None:
+        for tool in ("iptables", "ip6tables"):
+            for args in (["-F"], ["-X"]):
+                bench.run(["nsenter", f"--net={self.netns}", tool, "-w", *args], timeout=30, check=False)
+
+    def check_memory(self) -> None:
+        got = actor_call(self.ip, ["sum"])[0]
+        if got != self.crc:
+            raise RunError(f"memory CRC after the last resume {got}, fresh actor {self.crc}")
+
+    def remove(self) -> None:
+        self.pod.remove()
+
+
+class BaselineActor:
+    """The actor as a `ctr run` container of runc-v2 in a runc pod's netns."""
+
+    key = BASELINE
+
+    def __init__(self, mib: int):
+        self.mib = mib
+        self.pod = BenchPod(BASELINE, prefix="sr")
+        self.cid = f"{ID_PREFIX}{size_name(mib)}-{uuid.uuid4().hex[:8]}"
+        self.refs = []
+        try:
+            self.pod.run()
+            info = bench.crictl_json("inspectp", "-o", "json", self.pod.id)
+            self.ip = info["status"]["network"]["ip"]
+            nss = info["info"]["runtimeSpec"]["linux"]["namespaces"]
+            netns = next(n["path"] for n in nss if n["type"] == "network")
+            self.netns_ino = netns_inode(netns)
+            ctr("run", "-d", "--runtime", BASELINE_RUNTIME_TYPE, "--with-ns", f"network:{netns}",
+                "--cgroup", f"{bench.CGROUP_ROOT}/pod-{self.pod.name}/{self.cid}",
+                bench.ACTOR_IMAGE, self.cid,
+                "/actor", "counter", "--port", str(PORT), "--alloc-mib", str(mib))
+            wait_actor(self.ip)
+            self.counter = int(actor_call(self.ip, ["get"])[0])
+            self.crc = actor_call(self.ip, ["sum"])[0]
+            pids = actor_pids(self.netns_ino, mib)
+            if len(pids) != 1:
+                raise RunError(f"expected one actor process in the pod, found {pids}")
+            self.rss_mib = (bench.proc_status_kib(pids[0], "VmRSS") or 0) / 1024
+        except BaseException:
+            self.remove()
+            raise
+
+    def run(self) -> dict:
+        if len(actor_pids(self.netns_ino, self.mib)) != 1:
+            raise RunError("the actor is not running before the suspend")
+        ref = f"{IMAGE_PREFIX}{self.cid}:{uuid.uuid4().hex[:8]}"
+        self.refs.append(ref)
+        try:
+            # SUSPEND: checkpoint, then kill + delete the task
+            t0 = now_ns()
+            ctr("containers", "checkpoint", "--rw", "--task", self.cid, ref)
+            t_ckpt = now_ns()
+            ctr("tasks", "delete", "-f", self.cid)
+            t_del = now_ns()
+            polls = wait_gone(self.netns_ino, self.mib)
+            t_gone = now_ns()
+            ctr("containers", "rm", self.cid)  # untimed: so that the restore can use the id
+            # RESUME: the trigger arrives, the restore has to come first
+            t1 = now_ns()
+            ctr("containers", "restore", "--rw", "--live", self.cid, ref)
+            t_rest = now_ns()
+            _, t_first, got = inc_first_byte(self.ip, t1, retry_refused=True)
+            try:
+                check_counter(got, self.counter + 1)
+            except RunFailed as e:
+                self.counter = int(actor_call(self.ip, ["get"])[0])
+                raise RunFailed(f"{e}; counter {self.counter} afterwards") from None
+            self.counter += 1
+        finally:
+            ctr("images", "rm", "--sync", ref, check=False, timeout=120)
+            self.refs.remove(ref)
+            remove_restore_dirs(self.cid)
+        return {
+            "suspend": ms(t0, t_gone),
+            "suspend_phases": {"ctr c checkpoint --rw --task": ms(t0, t_ckpt),
+                               "ctr t delete -f": ms(t_ckpt, t_del),
+                               "after return until the process is gone": ms(t_del, t_gone)},
+            "suspend_gone_polls": polls,
+            "resume": ms(t1, t_first),
+            "resume_phases": {"ctr c restore --rw --live": ms(t1, t_rest),
+                              "connect + inc + first byte": ms(t_rest, t_first)},
+        }
+
+    def check_memory(self) -> None:
+        got = actor_call(self.ip, ["sum"])[0]
+        if got != self.crc:
+            raise RunError(f"memory CRC after the last restore {got}, fresh actor {self.crc}")
+
+    def remove(self) -> None:
+        remove_container(self.cid)
+        for ref in list(self.refs):
+            ctr("images", "rm", "--sync", ref, check=False, timeout=120)
+        remove_restore_dirs(self.cid)
+        self.pod.remove()
+
+
+def containerd_tmpdir() -> str:
+    """Where the rig's containerd makes temporary dirs ($XDG_RUNTIME_DIR, $TMPDIR, /tmp)."""
+    try:
+        with open(os.path.join(bench.RIG_STATE, "containerd.pid")) as f:
+            pid = int(f.read().strip())
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        for k in (b"XDG_RUNTIME_DIR", b"TMPDIR"):
+            if env.get(k):
+                return env[k].decode()
+    except (OSError, ValueError):
+        pass
+    return "/tmp"
+
+
+def remove_restore_dirs(marker: str) -> int:
+    """containerd (2.4) unpacks a checkpoint image for a restore (task create
+    from a checkpoint) into <tmpdir>/ctrd-checkpoint<random> and never removes
+    it: a full copy of the CRIU image per restore. Removes those of this
+    bench's containers (their CRIU cgroup image names the container id,
+    `marker`). Returns how many."""
+    base = containerd_tmpdir()
+    n = 0
+    try:
+        names = [d for d in os.listdir(base) if d.startswith("ctrd-checkpoint")]
+    except OSError:
+        return 0
+    for d in names:
+        path = os.path.join(base, d)
+        try:
+            with open(os.path.join(path, "cgroup.img"), "rb") as f:
+                if marker.encode() not in f.read():
+                    continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        n += 1
+    return n
+
+
+def task_status(cid: str):
+    out = ctr("task", "ls", check=False)
+    for line in out.splitlines()[1:]:
+        f = line.split()
+        if f and f[0] == cid:
+            return f[-1]
+    return None
+
+
+def remove_container(cid: str) -> None:
+    """Kill, delete and remove a container of the bench (best effort)."""
+    if task_status(cid) is not None:
+        ctr("tasks", "delete", "-f", cid, check=False, timeout=60)
+    ctr("containers", "rm", cid, check=False, timeout=60)
+
+
+def cleanup_leftovers() -> None:
+    """Containers and checkpoint images of an interrupted earlier run."""
+    for cid in ctr("containers", "ls", "-q", check=False).split():
+        if cid.startswith(ID_PREFIX):
+            remove_container(cid)
+    for ref in ctr("images", "ls", "-q", check=False).split():
+        if ref.startswith(IMAGE_PREFIX):
+            ctr("images", "rm", "--sync", ref, check=False, timeout=120)
+    n = remove_restore_dirs(ID_PREFIX)
+    if n:
+        log(f"suspend_resume: removed {n} restore dir(s) containerd left behind")
+
+
+# ------------------------------------------------------------------ measure
+
+def pct(vals, p):
+    return bench.rnd(bench.percentile(vals, p), 1) if vals else None
+
+
+def phases_p50(runs, field):
+    if not runs:
+        return None
+    keys = runs[0][field].keys()
+    return {k: bench.rnd(bench.percentile([r[field][k] for r in runs], 50), 1) for k in keys}
+
+
+def measure(runs: int, sizes, budget_s: float) -> list:
+    started = time.monotonic()
+    results = {(k, mib): [] for k in (TORPOR, BASELINE) for mib in sizes}
+    failed = {(k, mib): [] for k in (TORPOR, BASELINE) for mib in sizes}  # RunFailed messages
+    errors = {}
+    notes = {}
+
+    def resumed(k):
+        return sum(1 for r in results[k] if r["resume"] is not None)
+
+    def one(key, a, label):
+        """One run; True if it counted. A RunFailed is recorded and tolerated
+        up to `runs` times; anything else ends this runtime+size."""
+        try:
+            results[(key, a.mib)].append(a.run())
+            return
+        except RunFailed as e:
+            if e.partial:
+                results[(key, a.mib)].append(e.partial)
+            failed[(key, a.mib)].append(f"{label}: {e}")
+            log(f"suspend_resume {key}: {size_name(a.mib)} {label} FAILED: {e}")
+            if len(failed[(key, a.mib)]) > runs:
+                errors[(key, a.mib)] = f"{size_name(a.mib)}: more than {runs} failed runs"
+        except Exception as e:  # noqa: BLE001 - reported in results.json
+            errors[(key, a.mib)] = f"{size_name(a.mib)} {label} failed: {e}"
+            log(f"suspend_resume {key}: {errors[(key, a.mib)]}")
+
+    for si, mib in enumerate(sizes):
+        actors = {}
+        t_size = time.monotonic()
+        try:
+            for key, cls in ((TORPOR, TorporActor), (BASELINE, BaselineActor)):
+                try:
+                    actors[key] = cls(mib)
+                    notes[(key, mib)] = f"actor VmRSS {actors[key].rss_mib:.0f} MiB"
+                except Exception as e:  # noqa: BLE001 - reported in results.json
+                    errors[(key, mib)] = f"{size_name(mib)}: setting up the actor: {e}"
+                    log(f"suspend_resume {key}: {errors[(key, mib)]}")
+            # warm-up (first size only: shim, CRIU, runc, ctr and the image in the
+            # page cache): one unmeasured suspend + resume each
+            for key, a in (actors.items() if si == 0 else ()):
+                one(key, a, "warm-up run")
+                results[(key, mib)].clear()
+            # this size's share of the time left, by its expected cost (a round
+            # at 1 GiB takes ~3.5 times as long as one at 256 MiB)
+            weight = (mib + 128) / sum(m + 128 for m in sizes[si:])
+            size_deadline = t_size + (started + budget_s - t_size) * weight
+            t_loop = time.monotonic()
+            i = 0
+            while True:
+                todo = [k for k in (TORPOR, BASELINE)
+                        if k in actors and (k, mib) not in errors and resumed((k, mib)) < runs]
+                if not todo:
+                    break
+                if i >= 1 and time.monotonic() + (time.monotonic() - t_loop) / i > size_deadline:
+                    log(f"suspend_resume: {size_name(mib)}: stopping after {i} rounds (time budget)")
+                    for key in todo:
+                        notes[(key, mib)] = notes.get((key, mib), "") + \
+                            f"; stopped after {resumed((key, mib))} of {runs} runs (time budget)"
+                    break
+                for key in (todo if i % 2 == 0 else todo[::-1]):
+                    one(key, actors[key], f"run {i + 1}")
+                i += 1
+            for key, a in actors.items():
+                if (key, mib) in errors:
+                    continue
+                try:
+                    a.check_memory()
+                except Exception as e:  # noqa: BLE001
+                    errors[(key, mib)] = f"{size_name(mib)}: {e}"
+            log(f"suspend_resume: {size_name(mib)} done in {time.monotonic() - t_size:.0f}s: "
+                + ", ".join(f"{k} {resumed((k, mib))} runs ({len(failed[(k, mib)])} failed)"
+                            for k in (TORPOR, BASELINE)))
+        finally:
+            for a in actors.values():
+                try:
+                    a.remove()
+                except Exception as e:  # noqa: BLE001
+                    log(f"suspend_resume: removing the {a.key} actor: {e}")
+
+    entries = []
+    specs = [(f"resume_{size_name(m)}_ms", m, "resume") for m in sizes]
+    if 1024 in sizes:
+        specs.append(("suspend_1gib_ms", 1024, "suspend"))
+    for name, mib, what in specs:
+        extra = {}
+        vals = {}
+        for key in (TORPOR, BASELINE):
+            rs = [r for r in results[(key, mib)] if r[what] is not None]
+            v = [r[what] for r in rs]
+            ok = (key, mib) not in errors and len(v) > 0
+            vals[key] = v if ok else []
+            extra[f"{key}_p99"] = pct(v, 99) if ok else None
+            extra[f"{key}_n"] = len(v) if ok else None
+            extra[f"{key}_min"] = bench.rnd(min(v), 1) if ok else None
+            extra[f"{key}_max"] = bench.rnd(max(v), 1) if ok else None
+            extra[f"{key}_samples_ms"] = [bench.rnd(x, 1) for x in v] or None
+            extra[f"{key}_phases_p50_ms"] = phases_p50(rs, f"{what}_phases") if ok else None
+            extra[f"{key}_phases_p99_ms"] = (
+                {k: bench.rnd(bench.percentile([r[f"{what}_phases"][k] for r in rs], 99), 1)
+                 for k in rs[0][f"{what}_phases"]} if ok else None)
+            if what == "suspend" and ok:
+                extra[f"{key}_runs_process_outlived_return"] = sum(1 for r in rs if r["suspend_gone_polls"])
+            if what == "resume" and ok and key == TORPOR:
+                lz = [r["prefetch_after_answer"] for r in rs if r.get("lazy")]
+                extra["torpor_runs_lazy_pages_seen"] = len(lz)
+                extra["torpor_lazy_prefetch_after_answer_p50_ms"] = pct(lz, 50)
+            extra[f"{key}_failed_runs"] = len(failed[(key, mib)])
+            if failed[(key, mib)]:
+                extra[f"{key}_failures"] = failed[(key, mib)]
+        fails = {k: failed[(k, mib)] for k in (TORPOR, BASELINE)}
+
+        def failure_text(k):
+            f = fails[k]
+            if not f:
+                return None
+            n = len([r for r in results[(k, mib)] if r["resume"] is not None]) + len(f)
+            return (f"{len(f)} of {n} runs failed (the request to the suspended actor got no answer: TCP "
+                    f"connect not done within {CONNECT_TIMEOUT_S:.0f} s or no reply within "
+                    f"{TRIGGER_TIMEOUT_S:.0f} s; or a wrong counter); first: {f[0]}")
+
+        bound, goal_text = GOALS.get(name, (None, None))
+        tp99 = extra.get("torpor_p99")
+        met = None if tp99 is None or bound is None else tp99 <= bound
+        if met and what == "resume" and fails[TORPOR]:
+            met = False  # a request that was never answered misses any latency goal
+        note = notes.get((TORPOR, mib), "")
+        if met is not None:
+            verdict = (f"goal {goal_text}: {'met' if met else 'NOT met'} (p99 {tp99:.0f} ms"
+                       + ("" if tp99 <= bound else f", {tp99 - bound:.0f} ms over")
+                       + (f"; {len(fails[TORPOR])} failed runs" if what == "resume" and fails[TORPOR] else "")
+                       + ")")
+            note = f"{verdict}; {note}" if note else verdict
+        if what == "suspend" and fails[TORPOR]:
+            note += (f"; includes the suspends of {len(fails[TORPOR])} runs whose request then failed "
+                     f"(see resume_{size_name(mib)}_ms)")
+        extra["torpor_note"] = note or None
+        extra["baseline_note"] = notes.get((BASELINE, mib)) or None
+        extra["goal_p99_max_ms"] = bound
+        extra["goal_met"] = met
+        n = extra.get("torpor_n") or extra.get("baseline_n") or runs
+        if what == "resume":
+            stat = (f"p50 of {n} runs (p99 in the details): from the trigger (connect to POD_IP:8080 of the "
+                    f"suspended actor and send `inc`) to the first byte of the answer, which must be the "
+                    f"previous counter + 1 (a run without it fails, is counted and left out of the "
+                    f"percentiles); actor `/actor counter --alloc-mib {mib}`. "
+                    f"torpor: suspended by `torporctl suspend`, the shim holds the port, wakes on the "
+                    f"request, restores (CRIU, lazy pages unless TORPOR_LAZY_PAGES=0) and proxies the "
+                    f"connection. runc-v2: checkpointed by "
+                    f"`ctr c checkpoint --rw --task` + `ctr t delete -f`; the time is "
+                    f"`ctr c restore --rw --live` + connect + `inc` + first byte")
+        else:
+            stat = (f"p50 of {n} runs (p99 in the details): from the trigger until the memory is freed "
+                    f"(command returned and no actor process left); actor `/actor counter --alloc-mib "
+                    f"{mib}`. torpor: `torporctl suspend` (freeze, CRIU dump, process ends; pod stays "
+                    f"Running). runc-v2: `ctr c checkpoint --rw --task` (CRIU dump with leave-running, "
+                    f"image into the content store) + `ctr t delete -f` (SIGKILL, wait, delete)")
+        err_t = errors.get((TORPOR, mib))
+        if what == "resume" and failure_text(TORPOR):
+            err_t = f"{err_t}; {failure_text(TORPOR)}" if err_t else failure_text(TORPOR)
+        err_b = errors.get((BASELINE, mib))
+        if what == "resume" and failure_text(BASELINE):
+            err_b = f"{err_b}; {failure_text(BASELINE)}" if err_b else failure_text(BASELINE)
+        entries.append(bench.entry(
+            name, "ms",
+            torpor=None if (TORPOR, mib) in errors or not vals[TORPOR] else pct(vals[TORPOR], 50),
+            baseline=None if (BASELINE, mib) in errors or not vals[BASELINE] else pct(vals[BASELINE], 50),
+            lower_is_better=True, goal=goal_text,
+            error=err_t, baseline_error=err_b,
+            statistic=stat, **extra))
+    return entries
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=int(os.environ.get("TORPOR_BENCH_SR_RUNS", str(MIN_RUNS))))
+    ap.add_argument("--sizes", default=os.environ.get("TORPOR_BENCH_SR_SIZES_MIB", "256,1024"),
+                    help="actor memory sizes in MiB, comma-separated")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    budget = float(os.environ.get("TORPOR_BENCH_SR_BUDGET_S")
+                   or float(os.environ.get("TORPOR_BENCH_SCRIPT_TIMEOUT", "420")) - 60)
+    if args.runs < MIN_RUNS:
+        log(f"suspend_resume: WARNING: {args.runs} runs per size is below the required {MIN_RUNS}")
+    with bench.bench_session():
+        try:
+            ensure_torporctl()
+        except RuntimeError as e:
+            log(f"suspend_resume: {e}")
+        cleanup_leftovers()
+        try:
+            entries = measure(args.runs, sizes, budget)
+        finally:
+            cleanup_leftovers()
+    bench.merge_results(entries)
+    for e in entries:
+        log(f"{e['name']}: torpor={e['torpor']} (p99 {e.get('torpor_p99')}) "
+            f"baseline={e['baseline']} (p99 {e.get('baseline_p99')}) {e['unit']}"
+            + (f"  [torpor error: {e['error']}]" if e.get("error") else "")
+            + (f"  [baseline error: {e['baseline_error']}]" if e.get("baseline_error") else ""))
+
+
+if __name__ == "__main__":
+    main()
