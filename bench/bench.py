@@ -569,3 +569,42 @@ def _main(argv) -> int:
 
 if __name__ == "__main__":
     sys.exit(_main(sys.argv))
+
+
+# ----------------------------------------------------------- the test actor
+
+#: Port of `/actor counter` in the benchmarks' actors.
+ACTOR_PORT = 8080
+
+
+def actor_call(ip: str, cmds, timeout: float = 30.0, port: int = ACTOR_PORT, error=RuntimeError) -> list:
+    """Line protocol of `/actor counter`: one reply line per command."""
+    import socket
+
+    with socket.create_connection((ip, port), timeout=timeout) as s:
+        s.settimeout(timeout)
+        f = s.makefile("rw", newline="\n")
+        replies = []
+        for c in cmds:
+            f.write(c + "\n")
+            f.flush()
+            line = f.readline()
+            if not line:
+                raise error(f"actor at {ip}:{port} closed the connection on {c!r}")
+            replies.append(line.strip())
+        return replies
+
+
+def wait_actor(ip: str, timeout: float = 180.0, port: int = ACTOR_PORT, error=RuntimeError) -> None:
+    """Waits until the actor at ip answers `get`."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            actor_call(ip, ["get"], timeout=5, port=port, error=error)
+            return
+        except OSError as e:
+            last = e
+            time.sleep(0.02)
+    raise error(f"actor at {ip}:{port} not answering after {timeout:.0f}s: {last}")
+

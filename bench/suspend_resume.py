@@ -212,31 +212,11 @@ def wait_gone(netns_ino: int, mib: int, timeout=GONE_TIMEOUT_S) -> int:
 
 def actor_call(ip: str, cmds, timeout=30.0) -> list:
     """Line protocol of `/actor counter`: one reply line per command."""
-    with socket.create_connection((ip, PORT), timeout=timeout) as s:
-        s.settimeout(timeout)
-        f = s.makefile("rw", newline="\n")
-        replies = []
-        for c in cmds:
-            f.write(c + "\n")
-            f.flush()
-            line = f.readline()
-            if not line:
-                raise RunError(f"actor at {ip}:{PORT} closed the connection on {c!r}")
-            replies.append(line.strip())
-        return replies
+    return bench.actor_call(ip, cmds, timeout=timeout, port=PORT, error=RunError)
 
 
 def wait_actor(ip: str, timeout=READY_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    last = None
-    while time.monotonic() < deadline:
-        try:
-            actor_call(ip, ["get"], timeout=5)
-            return
-        except OSError as e:
-            last = e
-            time.sleep(0.02)
-    raise RunError(f"actor at {ip}:{PORT} not answering after {timeout:.0f}s: {last}")
+    bench.wait_actor(ip, timeout=timeout, port=PORT, error=RunError)
 
 
 def inc_first_byte(ip: str, t0: int, retry_refused: bool) -> tuple:
