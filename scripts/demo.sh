@@ -3,7 +3,8 @@
 # holding 256 MiB of memory) runs as a pod with runtimeClassName torpor on a
 # private containerd. It is suspended (checkpointed with CRIU: processes
 # gone, memory freed, the pod still Running to Kubernetes) and resumed, and
-# its state is shown to survive, with the timings.
+# woken again by an inbound request; its state is shown to survive, with
+# the timings.
 # Everything it starts is removed at the end, even on failure.
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -63,10 +64,15 @@ t=$(date +%s%N); "$CTL" suspend "default/$NAME" >/dev/null; echo "suspended in $
 echo "actor process $PID: $(rss "$PID")"
 echo "crictl still reports: $(rig_crictl inspect -o go-template --template '{{.status.state}}' "$CID")"
 
-say "resume: restore into the same pod, same IP"
-t=$(date +%s%N); "$CTL" resume "default/$NAME" >/dev/null; echo "resumed in $(ms_since "$t") ms"
-echo "inc -> $(counter "$IP" inc)   (was 3 before the suspend)"
+say "an inbound request wakes it: restored into the same pod, same IP"
+t=$(date +%s%N); r=$(counter "$IP" inc); echo "inc -> $r   (was 3 before the suspend), answered in $(ms_since "$t") ms"
 "$CTL" status "default/$NAME"
+
+say "kubelet probes do not wake it"
+"$CTL" suspend "default/$NAME" >/dev/null
+echo "probe: $(curl -s -m 5 -H 'User-Agent: kube-probe/1.31' "http://$IP:8080/healthz")"
+"$CTL" status "default/$NAME" | tail -1
+"$CTL" resume "default/$NAME" >/dev/null
 
 say "container logs"
 rig_crictl logs "$CID"
