@@ -608,3 +608,24 @@ def wait_actor(ip: str, timeout: float = 180.0, port: int = ACTOR_PORT, error=Ru
             time.sleep(0.02)
     raise error(f"actor at {ip}:{port} not answering after {timeout:.0f}s: {last}")
 
+
+# ------------------------------------------------------------------- ctr
+
+#: ctr, as the rig's scripts find it.
+CTR = os.environ.get("TORPOR_CTR") or shutil.which("ctr") or "/usr/local/bin/ctr"
+
+
+def ctr(namespace: str, *args, timeout=CALL_TIMEOUT_S, check=True) -> str:
+    """ctr against the rig's containerd, in `namespace`."""
+    return run([CTR, "--address", RIG_ADDRESS, "-n", namespace, *args], timeout=timeout, check=check)
+
+
+def task_status(namespace: str, cid: str):
+    """Status of task `cid` as `ctr task ls` shows it, or None."""
+    out = ctr(namespace, "task", "ls", check=False)
+    for line in out.splitlines()[1:]:
+        f = line.split()
+        if f and f[0] == cid:
+            return f[-1]
+    return None
+

@@ -40,7 +40,6 @@ Environment: TORPOR_BENCH_CKPT_RUNS (default 10), TORPOR_BENCH_CKPT_SIZES_MIB
 
 import argparse
 import os
-import shutil
 import sys
 import time
 import uuid
@@ -49,7 +48,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
 from bench import BASELINE, TORPOR, BenchPod, Stopwatch, log  # noqa: E402
 
-CTR = os.environ.get("TORPOR_CTR") or shutil.which("ctr") or "/usr/local/bin/ctr"
 NAMESPACE = "default"
 RUNTIME_TYPES = {
     TORPOR: os.environ.get("TORPOR_BENCH_TORPOR_RUNTIME_TYPE", "io.containerd.torpor.v1"),
@@ -71,17 +69,11 @@ def size_name(mib: int) -> str:
 # ---------------------------------------------------------------- ctr / actor
 
 def ctr(*args, timeout=CTR_TIMEOUT_S, check=True) -> str:
-    return bench.run([CTR, "--address", bench.RIG_ADDRESS, "-n", NAMESPACE, *args],
-                     timeout=timeout, check=check)
+    return bench.ctr(NAMESPACE, *args, timeout=timeout, check=check)
 
 
 def task_status(cid: str):
-    out = ctr("task", "ls", check=False)
-    for line in out.splitlines()[1:]:
-        f = line.split()
-        if f and f[0] == cid:
-            return f[-1]
-    return None
+    return bench.task_status(NAMESPACE, cid)
 
 
 def remove_container(cid: str) -> None:

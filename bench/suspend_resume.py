@@ -98,7 +98,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
 from bench import BASELINE, TORPOR, BenchPod, log  # noqa: E402
 
-CTR = os.environ.get("TORPOR_CTR") or shutil.which("ctr") or "/usr/local/bin/ctr"
 TORPORCTL = os.environ.get("TORPOR_TORPORCTL") or os.path.join(bench.REPO_ROOT, "target", "release", "torporctl")
 SHIM_SOCKET_DIR = os.environ.get("TORPOR_SHIM_SOCKET_DIR", "/run/torpor/shims")
 NAMESPACE = "default"
@@ -154,8 +153,7 @@ class RunFailed(RuntimeError):
 # ------------------------------------------------------------ tools / actor
 
 def ctr(*args, timeout=CALL_TIMEOUT_S, check=True) -> str:
-    return bench.run([CTR, "--address", bench.RIG_ADDRESS, "-n", NAMESPACE, *args],
-                     timeout=timeout, check=check)
+    return bench.ctr(NAMESPACE, *args, timeout=timeout, check=check)
 
 
 def ensure_torporctl() -> None:
@@ -565,12 +563,7 @@ def remove_restore_dirs(marker: str) -> int:
 
 
 def task_status(cid: str):
-    out = ctr("task", "ls", check=False)
-    for line in out.splitlines()[1:]:
-        f = line.split()
-        if f and f[0] == cid:
-            return f[-1]
-    return None
+    return bench.task_status(NAMESPACE, cid)
 
 
 def remove_container(cid: str) -> None:
