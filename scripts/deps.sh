@@ -17,7 +17,8 @@
 #      the system's packages alone. Only deb-src entries of the newer suites
 #      are added, and a pin keeps any binary package of theirs at priority 100.
 #   3. containerd 2.x (containerd, ctr, containerd-shim-runc-v2), crictl, the
-#      CNI plugins and checkpointctl, built from their Go modules with the
+#      CNI plugins, checkpointctl and versitygw (the S3 server of the object
+#      tier's tests), built from their Go modules with the
 #      machine's Go (CGO_ENABLED=0).
 #   4. The local test images (test/images/build.sh).
 #   5. A check of every tool and version; fails naming what is wrong.
@@ -394,12 +395,17 @@ install_go_tools() {
 		"-s -w -X main.name=checkpointctl -X main.version=${CHECKPOINTCTL_VERSION#v}" "" \
 		"checkpointctl" github.com/checkpoint-restore/checkpointctl
 
+	build_go_tool versitygw "$VERSITYGW_VERSION" \
+		"-s -w -X main.Version=$VERSITYGW_VERSION -X main.Build=go-module" "" \
+		"versitygw" github.com/versity/versitygw/cmd/versitygw
+
 	local b
 	for b in containerd ctr containerd-shim-runc-v2; do
 		install_bin "$d/containerd-$CONTAINERD_VERSION/bin/$b" "/usr/local/bin/$b"
 	done
 	install_bin "$d/crictl-$CRICTL_VERSION/bin/crictl" /usr/local/bin/crictl
 	install_bin "$d/checkpointctl-$CHECKPOINTCTL_VERSION/bin/checkpointctl" /usr/local/bin/checkpointctl
+	install_bin "$d/versitygw-$VERSITYGW_VERSION/bin/versitygw" /usr/local/bin/versitygw
 	for p in $CNI_PLUGINS; do
 		install_bin "$d/cni-plugins-$CNI_PLUGINS_VERSION/bin/$p" "/opt/cni/bin/$p"
 	done
@@ -455,6 +461,7 @@ check_all() {
 	check_tool containerd-shim-runc-v2 "$CONTAINERD_VERSION" containerd-shim-runc-v2 -v
 	check_tool crictl "$CRICTL_VERSION" crictl --version
 	check_tool checkpointctl "$CHECKPOINTCTL_VERSION" checkpointctl --version
+	check_tool versitygw "$VERSITYGW_VERSION" versitygw --version
 	local p
 	for p in $CNI_PLUGINS; do
 		if [[ -x /opt/cni/bin/$p ]]; then

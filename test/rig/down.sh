@@ -136,6 +136,9 @@ if pid="$(rig_containerd_pid)"; then
 fi
 rm -f "$TORPOR_RIG_PIDFILE"
 
+# the S3 server (its data under $TORPOR_RIG_S3_DIR stays until --purge)
+"$TORPOR_RIG_DIR/s3.sh" stop || log "could not stop the S3 server"
+
 # --------------------------------------- 3. leftover shims and their containers
 shim_sockets=()
 for pid in $(rig_shim_pids); do
@@ -304,6 +307,7 @@ fi
 left=()
 [ -n "$(rig_shim_pids)" ] && left+=("shim processes: $(rig_shim_pids | tr '\n' ' ')")
 rig_containerd_pid >/dev/null && left+=("containerd")
+"$TORPOR_RIG_DIR/s3.sh" status 2>/dev/null && left+=("S3 server (versitygw)")
 grep -qF -e " $TORPOR_RIG_STATE/" -e " $TORPOR_RIG_STATE " /proc/self/mountinfo && left+=("mounts under $TORPOR_RIG_STATE")
 grep -qF -e " $TORPOR_RIG_ROOT/" /proc/self/mountinfo && left+=("mounts under $TORPOR_RIG_ROOT")
 ip link show "$TORPOR_RIG_BRIDGE" >/dev/null 2>&1 && left+=("bridge $TORPOR_RIG_BRIDGE")

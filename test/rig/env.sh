@@ -106,3 +106,19 @@ rig_lock() {
 		return 1
 	fi
 }
+
+# S3-compatible server of the object tier (versitygw, posix backend), started
+# by up.sh, stopped by down.sh; test/rig/s3.sh start|stop|status controls it
+# (tests stop and restart it). The port follows the subnet's second octet so
+# that side-by-side rigs do not collide (10.240.0.0/16 -> 19240).
+_rig_octet="${TORPOR_RIG_SUBNET#*.}"
+export TORPOR_RIG_S3_PORT="${TORPOR_RIG_S3_PORT:-$((19000 + ${_rig_octet%%.*}))}"
+unset _rig_octet
+export TORPOR_RIG_S3_ENDPOINT="http://127.0.0.1:$TORPOR_RIG_S3_PORT"
+export TORPOR_RIG_S3_BUCKET="${TORPOR_RIG_S3_BUCKET:-torpor}"
+export TORPOR_RIG_S3_REGION="us-east-1"
+export TORPOR_RIG_S3_ACCESS_KEY="torpor-rig"
+export TORPOR_RIG_S3_SECRET_KEY="torpor-rig-secret-key"
+export TORPOR_RIG_S3_DIR="$TORPOR_RIG_ROOT/s3"
+export TORPOR_RIG_S3_PIDFILE="$TORPOR_RIG_STATE/s3.pid"
+export TORPOR_RIG_S3_LOG="$TORPOR_RIG_STATE/s3.log"

@@ -240,5 +240,6 @@ else
 	log "containerd up (pid $pid)"
 fi
 
+"$TORPOR_RIG_DIR/s3.sh" start || die "the rig's S3 server did not start (see $TORPOR_RIG_S3_LOG)"
 import_images
 log "ready: CONTAINERD_ADDRESS=$TORPOR_RIG_ADDRESS CONTAINER_RUNTIME_ENDPOINT=unix://$TORPOR_RIG_ADDRESS"
