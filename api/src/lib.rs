@@ -1,0 +1,39 @@
+//! torpor's node-local APIs.
+//!
+//! [`store`]: the snapshot store API that `torpor-snapshotter` serves on
+//! `/run/torpor/store.sock` (ttrpc over a root-only unix socket), used by the
+//! shim and by `torporctl` (see `proto/torpor/store/v1/store.proto`).
+
+/// Default path of the store API socket.
+pub const STORE_SOCKET: &str = "/run/torpor/store.sock";
+
+/// Environment variable that overrides [`STORE_SOCKET`] for the shim and
+/// torporctl (the test rig runs a private daemon per rig).
+pub const STORE_SOCKET_ENV: &str = "TORPOR_STORE_SOCKET";
+
+/// The store API socket to use: `$TORPOR_STORE_SOCKET` or [`STORE_SOCKET`].
+pub fn store_socket() -> std::path::PathBuf {
+    std::env::var_os(STORE_SOCKET_ENV)
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from(STORE_SOCKET))
+}
+
+/// torpor.store.v1: messages and the ttrpc client/server of the Store service.
+pub mod store {
+    /// Generated code (the ttrpc module refers to the messages as `super::store`).
+    #[allow(warnings, clippy::all, missing_docs)]
+    mod generated {
+        pub mod store {
+            include!(concat!(env!("OUT_DIR"), "/store/store.rs"));
+        }
+        pub mod store_ttrpc {
+            include!(concat!(env!("OUT_DIR"), "/store/store_ttrpc.rs"));
+        }
+    }
+    pub use generated::store::*;
+    pub use generated::store_ttrpc::{create_store, Store, StoreClient};
+}
+
+pub use protobuf;
+pub use ttrpc;
