@@ -15,6 +15,8 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 
+mod snapshots;
+
 const SOCKET_DIR: &str = "/run/torpor/shims";
 
 #[derive(Parser)]
@@ -23,6 +25,9 @@ struct Cli {
     /// Directory of the shims' control sockets.
     #[arg(long, env = "TORPOR_SHIM_SOCKET_DIR", default_value = SOCKET_DIR)]
     socket_dir: PathBuf,
+    /// The snapshot store's API socket (torpor-snapshotter).
+    #[arg(long, env = "TORPOR_STORE_SOCKET", default_value = torpor_api::STORE_SOCKET)]
+    store_socket: PathBuf,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -40,6 +45,9 @@ enum Command {
     Resume { actor: String },
     /// Stop the actor in the cgroup freezer (memory stays resident).
     Freeze { actor: String },
+    /// The node's snapshot store: list, inspect, upload, evict, remove, gc.
+    #[command(subcommand)]
+    Snapshots(snapshots::Cmd),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +63,7 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli) -> Result<(), String> {
     let (op, name) = match &cli.command {
+        Command::Snapshots(cmd) => return snapshots::run(&cli.store_socket, cmd, cli.json),
         Command::Status { actor } => ("status", actor.as_deref()),
         Command::Suspend { actor } => ("suspend", Some(actor.as_str())),
         Command::Resume { actor } => ("resume", Some(actor.as_str())),

@@ -1,0 +1,306 @@
+//! `torporctl snapshots ...`: the node's snapshot store, through the store
+//! API of torpor-snapshotter (ttrpc on `/run/torpor/store.sock`).
+
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use clap::Subcommand;
+use serde_json::{json, Value};
+use torpor_api::store as api;
+use torpor_api::ttrpc;
+
+/// Every call but the long transfers answers quickly; a hung daemon must not
+/// hang the CLI.
+const QUICK: Duration = Duration::from_secs(30);
+/// Upload of a large snapshot over a slow link.
+const TRANSFER: Duration = Duration::from_secs(3600);
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// List snapshots (all, or one actor's), newest last.
+    Ls { actor: Option<String> },
+    /// Show one snapshot: tiers, sizes, labels and its manifest (ACTOR[@GENERATION], default newest).
+    Inspect { snapshot: String },
+    /// Upload a snapshot to the object tier now (ACTOR[@GENERATION]), showing progress.
+    Upload { snapshot: String },
+    /// Drop the local copy of a snapshot that is durable in the object tier.
+    Evict { snapshot: String },
+    /// Delete a snapshot from both tiers (ACTOR@GENERATION: the generation is required).
+    Rm { snapshot: String },
+    /// Remove superseded snapshots and unreferenced chunks.
+    Gc {
+        /// Snapshots to keep per actor (default: the daemon's policy).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+        keep: Option<u32>,
+        /// Only show what would be removed.
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// The store's budget, usage, pending uploads, transfers and recent errors.
+    Status,
+}
+
+/// ACTOR or ACTOR@GENERATION.
+#[derive(Debug, PartialEq)]
+pub struct SnapshotRef {
+    pub actor: String,
+    pub generation: Option<u64>,
+}
+
+pub fn parse_ref(s: &str) -> Result<SnapshotRef, String> {
+    let (actor, generation) = match s.rsplit_once('@') {
+        Some((a, g)) => {
+            let g: u64 = g
+                .parse()
+                .map_err(|_| format!("{s:?}: the generation after '@' must be a number (ACTOR[@GENERATION])"))?;
+            (a, Some(g))
+        }
+        None => (s, None),
+    };
+    crate::validate_name(actor)?;
+    Ok(SnapshotRef { actor: actor.to_string(), generation })
+}
+
+pub fn run(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("start the async runtime: {e}"))?;
+    rt.block_on(run_async(socket, cmd, as_json))
+}
+
+async fn run_async(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String> {
+    // Check the arguments before connecting.
+    let target = match cmd {
+        Cmd::Inspect { snapshot } | Cmd::Upload { snapshot } | Cmd::Evict { snapshot } | Cmd::Rm { snapshot } => {
+            Some(parse_ref(snapshot)?)
+        }
+        Cmd::Ls { actor: Some(a) } => {
+            crate::validate_name(a)?;
+            None
+        }
+        _ => None,
+    };
+    if let (Cmd::Rm { snapshot }, Some(SnapshotRef { generation: None, .. })) = (cmd, &target) {
+        return Err(format!("rm needs the generation: {snapshot}@<generation> (see `torporctl snapshots ls`)"));
+    }
+    let client = connect(socket).await?;
+    match cmd {
+        Cmd::Ls { actor } => {
+            let mut req = api::ListRequest::new();
+            req.actor = actor.clone().unwrap_or_default();
+            let resp = client.list(ctx(QUICK), &req).await.map_err(|e| rpc_err("list", e))?;
+            print_list(&resp.snapshots, as_json);
+        }
+        Cmd::Inspect { .. } => {
+            let id = resolve(&client, target.as_ref()).await?;
+            let resp = client.inspect(ctx(QUICK), &id).await.map_err(|e| rpc_err("inspect", e))?;
+            let manifest: Value = serde_json::from_str(&resp.manifest_json)
+                .map_err(|e| format!("the daemon returned a manifest that is not JSON: {e}"))?;
+            let out = json!({ "snapshot": info_json(&resp.info), "manifest": manifest });
+            println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        }
+        Cmd::Upload { .. } => {
+            let id = resolve(&client, target.as_ref()).await?;
+            let info = with_progress(&client, &id, client.upload(ctx(TRANSFER), &id)).await?;
+            print_list(std::slice::from_ref(&info), as_json);
+        }
+        Cmd::Evict { .. } => {
+            let id = resolve(&client, target.as_ref()).await?;
+            client.evict(ctx(QUICK), &id).await.map_err(|e| rpc_err("evict", e))?;
+            println!("evicted the local copy of {}", name(&id));
+        }
+        Cmd::Rm { .. } => {
+            let id = resolve(&client, target.as_ref()).await?;
+            client.remove(ctx(TRANSFER), &id).await.map_err(|e| rpc_err("remove", e))?;
+            println!("removed {}", name(&id));
+        }
+        Cmd::Gc { keep, dry_run } => {
+            let mut req = api::GcRequest::new();
+            req.keep = keep.unwrap_or(0);
+            req.dry_run = *dry_run;
+            let resp = client.gc(ctx(TRANSFER), &req).await.map_err(|e| rpc_err("gc", e))?;
+            if as_json {
+                let removed: Vec<String> = resp.removed.iter().map(name).collect();
+                let out = json!({"removed": removed, "chunks_removed": resp.chunks_removed, "bytes_freed": resp.bytes_freed, "dry_run": dry_run});
+                println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+            } else {
+                let verb = if *dry_run { "would remove" } else { "removed" };
+                for id in &resp.removed {
+                    println!("{verb} {}", name(id));
+                }
+                println!("{verb} {} snapshot(s), {} chunk(s), {}", resp.removed.len(), resp.chunks_removed, mib(resp.bytes_freed));
+            }
+        }
+        Cmd::Status => {
+            let st = client.status(ctx(QUICK), &api::Empty::new()).await.map_err(|e| rpc_err("status", e))?;
+            let transfers: Vec<Value> = st
+                .transfers
+                .iter()
+                .map(|t| json!({"kind": t.kind, "snapshot": t.id.as_ref().map(name), "done_bytes": t.done_bytes, "total_bytes": t.total_bytes}))
+                .collect();
+            let out = json!({
+                "remote_url": st.remote_url,
+                "local_budget_bytes": st.local_budget_bytes,
+                "local_bytes": st.local_bytes,
+                "pending_uploads": st.pending_uploads,
+                "transfers": transfers,
+                "errors": st.errors,
+            });
+            if as_json {
+                println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+            } else {
+                println!("object tier:     {}", st.remote_url);
+                println!("local tier:      {} of {} budget", mib(st.local_bytes), mib(st.local_budget_bytes));
+                println!("pending uploads: {}", st.pending_uploads);
+                for t in &st.transfers {
+                    let id = t.id.as_ref().map(name).unwrap_or_default();
+                    println!("{:<8} {id}: {} / {}", t.kind, mib(t.done_bytes), mib(t.total_bytes));
+                }
+                for e in &st.errors {
+                    println!("error: {e}");
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn connect(socket: &Path) -> Result<api::StoreClient, String> {
+    if !socket.exists() {
+        return Err(format!(
+            "{} does not exist: is torpor-snapshotter running? (systemctl status torpor-snapshotter)",
+            socket.display()
+        ));
+    }
+    let c = ttrpc::asynchronous::Client::connect(&format!("unix://{}", socket.display()))
+        .await
+        .map_err(|e| format!("connect to the snapshot store at {}: {e} (torporctl must run as root)", socket.display()))?;
+    Ok(api::StoreClient::new(c))
+}
+
+fn ctx(timeout: Duration) -> ttrpc::context::Context {
+    ttrpc::context::with_timeout(timeout.as_nanos() as i64)
+}
+
+fn rpc_err(op: &str, e: ttrpc::Error) -> String {
+    match e {
+        ttrpc::Error::RpcStatus(s) => format!("{op}: {}", s.message),
+        e => format!("{op}: {e}"),
+    }
+}
+
+/// The snapshot a reference names; without a generation, the actor's newest.
+async fn resolve(client: &api::StoreClient, r: Option<&SnapshotRef>) -> Result<api::SnapshotId, String> {
+    let r = r.ok_or("no snapshot given")?;
+    let mut id = api::SnapshotId::new();
+    id.actor = r.actor.clone();
+    match r.generation {
+        Some(g) => id.generation = g,
+        None => {
+            let mut req = api::LatestRequest::new();
+            req.actor = r.actor.clone();
+            let resp = client.latest(ctx(QUICK), &req).await.map_err(|e| rpc_err("latest", e))?;
+            let info = resp.info.into_option().ok_or_else(|| format!("actor {:?} has no snapshot", r.actor))?;
+            id.generation = info.id.generation;
+        }
+    }
+    Ok(id)
+}
+
+/// Runs a transfer call while polling the daemon's status for its progress
+/// (shown on a terminal only).
+async fn with_progress(
+    client: &api::StoreClient,
+    id: &api::SnapshotId,
+    call: impl std::future::Future<Output = ttrpc::Result<api::SnapshotInfo>>,
+) -> Result<api::SnapshotInfo, String> {
+    let tty = std::io::stderr().is_terminal();
+    tokio::pin!(call);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let mut shown = false;
+    loop {
+        tokio::select! {
+            r = &mut call => {
+                if shown {
+                    eprintln!();
+                }
+                return r.map_err(|e| rpc_err("upload", e));
+            }
+            _ = tick.tick(), if tty => {
+                if let Ok(st) = client.status(ctx(QUICK), &api::Empty::new()).await {
+                    let t = st.transfers.iter().find(|t| t.id.as_ref().is_some_and(|t| t.actor == id.actor && t.generation == id.generation));
+                    if let Some(t) = t {
+                        let pct = if t.total_bytes > 0 { t.done_bytes * 100 / t.total_bytes } else { 0 };
+                        eprint!("\r{} {}: {} / {} ({pct}%)   ", t.kind, name(id), mib(t.done_bytes), mib(t.total_bytes));
+                        let _ = std::io::stderr().flush();
+                        shown = true;
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn name(id: &api::SnapshotId) -> String {
+    format!("{}@{}", id.actor, id.generation)
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1024.0 * 1024.0))
+}
+
+fn info_json(i: &api::SnapshotInfo) -> Value {
+    let labels: HashMap<&String, &String> = i.labels.iter().collect();
+    json!({
+        "snapshot": i.id.as_ref().map(name),
+        "state": i.state,
+        "bytes": i.bytes,
+        "local": i.local,
+        "remote": i.remote,
+        "durable": i.durable,
+        "created_unix_ms": i.created_unix_ms,
+        "last_used_unix_ms": i.last_used_unix_ms,
+        "keep_local_until_unix_ms": i.keep_local_until_unix_ms,
+        "manifest_digest": i.manifest_digest,
+        "labels": labels,
+    })
+}
+
+fn print_list(list: &[api::SnapshotInfo], as_json: bool) {
+    if as_json {
+        let v: Vec<Value> = list.iter().map(info_json).collect();
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return;
+    }
+    println!("{:<40} {:<10} {:>12} {:<5} {:<6} {:<7}", "SNAPSHOT", "STATE", "SIZE", "LOCAL", "REMOTE", "DURABLE");
+    let yn = |b: bool| if b { "yes" } else { "no" };
+    for i in list {
+        println!(
+            "{:<40} {:<10} {:>12} {:<5} {:<6} {:<7}",
+            i.id.as_ref().map(name).unwrap_or_default(),
+            i.state,
+            mib(i.bytes),
+            yn(i.local),
+            yn(i.remote),
+            yn(i.durable)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_refs() {
+        assert_eq!(parse_ref("default/web").unwrap(), SnapshotRef { actor: "default/web".into(), generation: None });
+        assert_eq!(parse_ref("default/web@7").unwrap(), SnapshotRef { actor: "default/web".into(), generation: Some(7) });
+        assert!(parse_ref("default/web@").unwrap_err().contains("must be a number"));
+        assert!(parse_ref("default/web@x1").is_err());
+        assert!(parse_ref("@3").is_err());
+        assert!(parse_ref("a b").is_err());
+    }
+}
