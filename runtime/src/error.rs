@@ -39,6 +39,12 @@ pub enum Error {
     /// runc (or CRIU underneath it) failed; `message` is the last error runc logged.
     #[error("runc {command} failed: {message}")]
     Runc { command: String, message: String },
+    /// A snapshot failed verification (digest mismatch, truncated manifest...).
+    #[error("{0}")]
+    Corrupt(String),
+    /// The node's snapshot store (torpor-snapshotter) is unreachable or failed.
+    #[error("{0}")]
+    Store(String),
     /// A JSON document could not be read or written.
     #[error("{context}: {source}")]
     Json {

@@ -7,7 +7,8 @@
 //! - [`stdio`]: the plumbing between containerd's FIFOs and a process's stdio;
 //! - [`process`] and [`container`]: supervised processes and containers;
 //! - [`cgroup`]: OOM and resource statistics from the container's cgroup;
-//! - [`actor`] and [`lifecycle`]: the persisted actor state and suspend/resume.
+//! - [`actor`] and [`lifecycle`]: the persisted actor state and suspend/resume;
+//! - [`snapshots`]: the client of the node's snapshot store (torpor-snapshotter).
 
 pub mod activation;
 pub mod actor;
@@ -20,6 +21,7 @@ pub mod policy;
 pub mod process;
 pub mod reaper;
 pub mod runc;
+pub mod snapshots;
 pub mod spec;
 pub mod stdio;
 

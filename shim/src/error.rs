@@ -10,6 +10,8 @@ pub fn to_ttrpc(e: Error) -> ttrpc::Error {
         Error::NotFound(_) => Code::NOT_FOUND,
         Error::AlreadyExists(_) => Code::ALREADY_EXISTS,
         Error::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
+        Error::Store(_) => Code::UNAVAILABLE,
+        Error::Corrupt(_) => Code::DATA_LOSS,
         Error::Io { .. } | Error::Sys { .. } | Error::Runc { .. } | Error::Json { .. } => Code::UNKNOWN,
     };
     ttrpc::Error::RpcStatus(ttrpc::get_status(code, e.to_string()))
