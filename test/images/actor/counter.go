@@ -78,6 +78,32 @@ func fill(b []byte) {
 	}
 }
 
+// touched counts the calls of touch: each rewrites the next 1% of the ballast.
+var touched int
+
+// touch rewrites 1% of the ballast (one contiguous run of pages, the next one
+// on every call) with new data, as an actor that changed a little of its
+// state between two suspends. Returns the number of bytes rewritten.
+func touch() int {
+	pages := len(ballast) / pageSize
+	n := pages / 100
+	if n == 0 {
+		return 0
+	}
+	start := (touched * n) % (pages - n + 1)
+	touched++
+	for p := start; p < start+n; p++ {
+		x := uint64(p+touched*pages)*0xD1B54A32D192ED03 | 1
+		for i := p * pageSize; i < (p+1)*pageSize; i += 8 {
+			x ^= x << 13
+			x ^= x >> 7
+			x ^= x << 17
+			binary.LittleEndian.PutUint64(ballast[i:], x)
+		}
+	}
+	return n * pageSize
+}
+
 // checksum is the CRC-32C of the ballast, as 8 hex digits ("00000000" when
 // nothing was allocated). It is the same before a checkpoint and after a
 // restore if the memory came back intact.
@@ -86,8 +112,8 @@ func checksum() string {
 }
 
 // serve speaks two protocols on one port, told apart by the first line:
-//   - line protocol: "inc" -> "N", "get" -> "N", "sum" -> "crc32c", any
-//     number of commands per connection;
+//   - line protocol: "inc" -> "N", "get" -> "N", "sum" -> "crc32c",
+//     "touch" -> bytes rewritten, any number of commands per connection;
 //   - HTTP/1.x: GET /inc, /get, /sum, /healthz; one request per connection.
 func (c *counter) serve(conn net.Conn) {
 	defer conn.Close()
@@ -109,6 +135,8 @@ func (c *counter) serve(conn net.Conn) {
 			fmt.Fprintf(conn, "%d\n", c.get())
 		case "sum":
 			fmt.Fprintf(conn, "%s\n", checksum())
+		case "touch":
+			fmt.Fprintf(conn, "%d\n", touch())
 		case "":
 		default:
 			fmt.Fprintf(conn, "ERR unknown command %q\n", line)
