@@ -143,6 +143,20 @@ async fn resuspend_after_one_percent_change_uploads_little() {
     assert!(fraction <= 0.10, "re-suspend uploaded {fraction:.3} of a full snapshot");
     assert!(store.status().deduplicated_chunks > 0);
 
+    // Checkout of the local copy verifies every byte against the manifest.
+    let started = std::time::Instant::now();
+    let co = store.checkout(&g2.id, None).await.unwrap();
+    let verify_s = started.elapsed().as_secs_f64();
+    assert_eq!(co.verified_bytes, g2.logical_bytes);
+    store.release(&co.lease).await.unwrap();
+    // And a fetch from the object tier.
+    store.evict(&g2.id).await.unwrap();
+    let started = std::time::Instant::now();
+    let co = store.checkout(&g2.id, None).await.unwrap();
+    let fetch_s = started.elapsed().as_secs_f64();
+    store.release(&co.lease).await.unwrap();
+    eprintln!("64 MiB: local checkout verification {:.0} MiB/s, fetch from a local-directory object tier {:.0} MiB/s", 64.0 / verify_s, 64.0 / fetch_s);
+
     // Both generations restore exactly from the object tier.
     store.evict(&g1.id).await.unwrap();
     store.evict(&g2.id).await.unwrap();

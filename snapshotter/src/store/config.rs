@@ -89,6 +89,11 @@ pub struct StoreConfig {
     /// Options for the object store client (e.g. `endpoint`, `region`,
     /// `allow_http`, `access_key_id`, `secret_access_key`), as object_store names them.
     pub remote_options: Vec<(String, String)>,
+    /// Retries of one request inside the object store client (transient HTTP
+    /// errors), and how long they may take in all; a request that still fails
+    /// fails the upload/fetch attempt (uploads are then retried per `retry`).
+    pub remote_max_retries: usize,
+    pub remote_retry_timeout: Duration,
     /// Chunk PUTs in flight per upload.
     pub upload_concurrency: usize,
     /// Chunk GETs in flight per fetch.
@@ -121,6 +126,8 @@ impl StoreConfig {
             local_budget_bytes: 20 * 1024 * 1024 * 1024,
             remote_url: Self::DEFAULT_REMOTE_URL.to_string(),
             remote_options: Vec::new(),
+            remote_max_retries: 3,
+            remote_retry_timeout: Duration::from_secs(30),
             upload_concurrency: 8,
             fetch_concurrency: 16,
             default_keep_local: Duration::from_secs(300),

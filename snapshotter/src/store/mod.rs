@@ -216,11 +216,7 @@ impl Store {
     /// URL names, recovery of interrupted work, and the background worker.
     pub async fn open(cfg: StoreConfig) -> Result<Arc<Store>> {
         cfg.validate()?;
-        let remote = if cfg.remote_url == "memory://" {
-            Remote::from_store(Arc::new(object_store::memory::InMemory::new()), "", "memory://")?
-        } else {
-            Remote::open(&cfg.remote_url, &cfg.remote_options)?
-        };
+        let remote = Remote::open(&cfg.remote_url, &cfg.remote_options, cfg.remote_max_retries, cfg.remote_retry_timeout)?;
         Self::open_with_remote(cfg, remote).await
     }
 

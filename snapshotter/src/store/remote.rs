@@ -33,22 +33,63 @@ pub enum ManifestPut {
 }
 
 impl Remote {
-    /// Open the object store a URL names (see `StoreConfig::remote_url`).
-    pub fn open(url: &str, options: &[(String, String)]) -> Result<Remote> {
-        let parsed = Url::parse(url).map_err(|e| Error::InvalidConfig(format!("remote_url {url:?}: {e}")))?;
-        if parsed.scheme() == "file" {
-            // A directory: keys live under it (created if missing).
-            let dir = parsed
-                .to_file_path()
-                .map_err(|()| Error::InvalidConfig(format!("remote_url {url:?}: not a local directory path")))?;
-            std::fs::create_dir_all(&dir).map_err(|e| Error::io("create object directory", &dir, e))?;
-            let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir)
-                .map_err(|e| Error::InvalidConfig(format!("remote_url {url:?}: {e}")))?;
-            return Ok(Remote { store: Arc::new(fs), prefix: Path::default(), url: url.to_string() });
-        }
-        let (store, prefix) = object_store::parse_url_opts(&parsed, options.iter().map(|(k, v)| (k.as_str(), v.clone())))
-            .map_err(|e| Error::InvalidConfig(format!("remote_url {url:?}: {e}")))?;
-        Ok(Remote { store: Arc::from(store), prefix, url: url.to_string() })
+    /// Open the object store a URL names (see `StoreConfig::remote_url`):
+    /// `file:///dir` (created if missing), `memory://`, `s3://`, `gs://`,
+    /// `az://`/`abfs://`… with client `options` as object_store names them (an
+    /// unknown option is an error, not ignored). `max_retries` and
+    /// `retry_timeout` bound the client's own retries of one request; the
+    /// store retries failed uploads on top with its own backoff.
+    pub fn open(url: &str, options: &[(String, String)], max_retries: usize, retry_timeout: std::time::Duration) -> Result<Remote> {
+        use object_store::ObjectStoreScheme;
+        let bad = |m: String| Error::InvalidConfig(format!("remote_url {url:?}: {m}"));
+        let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
+        let (scheme, path) = ObjectStoreScheme::parse(&parsed).map_err(|e| bad(e.to_string()))?;
+        let prefix = Path::parse(path).map_err(|e| bad(e.to_string()))?;
+        let retry = object_store::RetryConfig { backoff: Default::default(), max_retries, retry_timeout };
+        let opt_err = |k: &str, e: object_store::Error| Error::InvalidConfig(format!("remote option {k:?} for {url:?}: {e}"));
+        let no_options = |what: &str| -> Result<()> {
+            match options.first() {
+                Some((k, _)) => Err(bad(format!("option {k:?} given, but {what} takes no options"))),
+                None => Ok(()),
+            }
+        };
+        let store: Arc<dyn ObjectStore> = match scheme {
+            ObjectStoreScheme::Local => {
+                no_options("a local directory")?;
+                // A directory: keys live under it.
+                let dir = parsed.to_file_path().map_err(|()| bad("not a local directory path".into()))?;
+                std::fs::create_dir_all(&dir).map_err(|e| Error::io("create object directory", &dir, e))?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir).map_err(|e| bad(e.to_string()))?;
+                return Ok(Remote { store: Arc::new(fs), prefix: Path::default(), url: url.to_string() });
+            }
+            ObjectStoreScheme::Memory => {
+                no_options("memory://")?;
+                Arc::new(object_store::memory::InMemory::new())
+            }
+            ObjectStoreScheme::AmazonS3 => {
+                let mut b = object_store::aws::AmazonS3Builder::new().with_url(url);
+                for (k, v) in options {
+                    b = b.with_config(k.to_ascii_lowercase().parse().map_err(|e| opt_err(k, e))?, v.clone());
+                }
+                Arc::new(b.with_retry(retry).build().map_err(|e| bad(e.to_string()))?)
+            }
+            ObjectStoreScheme::GoogleCloudStorage => {
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::new().with_url(url);
+                for (k, v) in options {
+                    b = b.with_config(k.to_ascii_lowercase().parse().map_err(|e| opt_err(k, e))?, v.clone());
+                }
+                Arc::new(b.with_retry(retry).build().map_err(|e| bad(e.to_string()))?)
+            }
+            ObjectStoreScheme::MicrosoftAzure => {
+                let mut b = object_store::azure::MicrosoftAzureBuilder::new().with_url(url);
+                for (k, v) in options {
+                    b = b.with_config(k.to_ascii_lowercase().parse().map_err(|e| opt_err(k, e))?, v.clone());
+                }
+                Arc::new(b.with_retry(retry).build().map_err(|e| bad(e.to_string()))?)
+            }
+            _ => return Err(bad("unsupported scheme (use file://, s3://, gs://, az:// or memory://)".into())),
+        };
+        Ok(Remote { store, prefix, url: url.to_string() })
     }
 
     /// Wrap an existing object store (embedding, tests).

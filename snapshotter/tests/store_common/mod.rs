@@ -19,6 +19,8 @@ use object_store::{
 };
 use torpor_snapshotter::store::{ActorName, Remote, Store, StoreConfig};
 
+pub mod s3;
+
 pub fn actor(s: &str) -> ActorName {
     ActorName::new(s).unwrap()
 }
