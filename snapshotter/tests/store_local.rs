@@ -136,7 +136,7 @@ async fn resuspend_after_one_percent_change_uploads_little() {
     let second_put = faulty.chunk_put_bytes.load(Ordering::SeqCst) - full_put;
     let fraction = second_put as f64 / full_put as f64;
     eprintln!(
-        "resuspend_upload_fraction = {fraction:.4} ({second_put} of {full_put} bytes); 64 MiB commit {:.0} MiB/s, upload {:.0} MiB/s (debug build)",
+        "resuspend_upload_fraction = {fraction:.4} ({second_put} of {full_put} bytes); 64 MiB commit {:.0} MiB/s, upload to a local-directory object tier {:.0} MiB/s",
         64.0 / commit_s,
         64.0 / upload_s
     );

@@ -60,9 +60,12 @@ pub fn write_tree(dir: &Path, seed: u64, pages_len: usize) {
     std::fs::set_permissions(dir.join("ctr-a/core-1.img"), std::fs::Permissions::from_mode(0o640)).unwrap();
 }
 
+/// Relative path → (mode, contents; None for a directory).
+pub type Tree = BTreeMap<String, (u32, Option<Vec<u8>>)>;
+
 /// Relative path → (mode, contents) of every file and directory under `dir`,
 /// skipping the store's manifest.
-pub fn read_tree(dir: &Path) -> BTreeMap<String, (u32, Option<Vec<u8>>)> {
+pub fn read_tree(dir: &Path) -> Tree {
     use std::os::unix::fs::MetadataExt;
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<String, (u32, Option<Vec<u8>>)>) {
         for e in std::fs::read_dir(dir).unwrap() {
