@@ -1,0 +1,193 @@
+//! Store configuration.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::error::{Error, Result};
+
+/// Retry of uploads (and remote removals) that failed because the object tier
+/// was unreachable: exponential backoff from `initial`, doubling, capped at
+/// `max`, with jitter (each delay is drawn from [delay/2, delay]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetryConfig {
+    pub initial: Duration,
+    pub max: Duration,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig { initial: Duration::from_secs(1), max: Duration::from_secs(60) }
+    }
+}
+
+impl RetryConfig {
+    /// The delay before attempt number `attempt + 1` (attempt counts failures so far, ≥ 1).
+    pub fn delay(&self, attempt: u32) -> Duration {
+        let exp = attempt.saturating_sub(1).min(30);
+        let base = self.initial.saturating_mul(1u32 << exp).min(self.max);
+        let half = base / 2;
+        half + Duration::from_nanos(fastrand::u64(0..=half.as_nanos().min(u64::MAX as u128) as u64))
+    }
+}
+
+/// Content-defined chunking (FastCDC 2020) sizes in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ChunkingConfig {
+    pub min: u32,
+    pub avg: u32,
+    pub max: u32,
+}
+
+impl Default for ChunkingConfig {
+    fn default() -> Self {
+        ChunkingConfig { min: 128 * 1024, avg: 512 * 1024, max: 2 * 1024 * 1024 }
+    }
+}
+
+impl ChunkingConfig {
+    fn validate(&self) -> Result<()> {
+        let (min, avg, max) = (self.min as usize, self.avg as usize, self.max as usize);
+        let ok = (fastcdc::v2020::MINIMUM_MIN..=fastcdc::v2020::MINIMUM_MAX).contains(&min)
+            && (fastcdc::v2020::AVERAGE_MIN..=fastcdc::v2020::AVERAGE_MAX).contains(&avg)
+            && (fastcdc::v2020::MAXIMUM_MIN..=fastcdc::v2020::MAXIMUM_MAX).contains(&max)
+            && min <= avg
+            && avg <= max
+            && min % 2 == 0
+            && avg % 2 == 0
+            && max % 2 == 0;
+        if ok {
+            Ok(())
+        } else {
+            Err(Error::InvalidConfig(format!(
+                "chunking min/avg/max = {min}/{avg}/{max}: need even sizes with min ≤ avg ≤ max, min in {}..={}, avg in {}..={}, max in {}..={}",
+                fastcdc::v2020::MINIMUM_MIN,
+                fastcdc::v2020::MINIMUM_MAX,
+                fastcdc::v2020::AVERAGE_MIN,
+                fastcdc::v2020::AVERAGE_MAX,
+                fastcdc::v2020::MAXIMUM_MIN,
+                fastcdc::v2020::MAXIMUM_MAX
+            )))
+        }
+    }
+}
+
+/// Configuration of a [`Store`](super::Store). `StoreConfig::new(root)` gives
+/// the defaults; every field is public so a daemon can fill it from its config
+/// file.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// The local tier: `<root>/snapshots`, `<root>/staging`, `<root>/store.redb`.
+    pub root: PathBuf,
+    /// Byte budget of the local tier (logical bytes of local snapshots). Over
+    /// it, durable unpinned snapshots are evicted least recently used first;
+    /// when nothing is evictable, uploads start regardless of keep-local.
+    pub local_budget_bytes: u64,
+    /// Object tier URL: `file:///dir`, `s3://bucket/prefix`, `gs://bucket/prefix`,
+    /// `az://container/prefix` (anything `object_store::parse_url_opts` parses),
+    /// or `memory://` (in-process, tests only).
+    pub remote_url: String,
+    /// Options for the object store client (e.g. `endpoint`, `region`,
+    /// `allow_http`, `access_key_id`, `secret_access_key`), as object_store names them.
+    pub remote_options: Vec<(String, String)>,
+    /// Retries of one request inside the object store client (transient HTTP
+    /// errors), and how long they may take in all; a request that still fails
+    /// fails the upload/fetch attempt (uploads are then retried per `retry`).
+    pub remote_max_retries: usize,
+    pub remote_retry_timeout: Duration,
+    /// Chunk PUTs in flight per upload.
+    pub upload_concurrency: usize,
+    /// Chunk GETs in flight per fetch.
+    pub fetch_concurrency: usize,
+    /// How long a committed snapshot stays local-only before it is uploaded
+    /// (unless the commit says otherwise, or disk pressure, or on demand).
+    pub default_keep_local: Duration,
+    pub retry: RetryConfig,
+    pub chunking: ChunkingConfig,
+    /// zstd level of chunk payloads (1 = fast).
+    pub zstd_level: i32,
+    /// Verify a local copy's files against the manifest's chunk digests at
+    /// every checkout (reads and hashes every byte; see docs/STORE.md for the cost).
+    pub verify_local_on_checkout: bool,
+    /// How often the background worker looks for due uploads and evictions
+    /// (it is also woken by commits and releases).
+    pub scan_interval: Duration,
+    /// Run the background uploader/evictor. Off only for tests and tools that
+    /// drive uploads explicitly.
+    pub background: bool,
+}
+
+impl StoreConfig {
+    pub const DEFAULT_ROOT: &'static str = "/var/lib/torpor/store";
+    pub const DEFAULT_REMOTE_URL: &'static str = "file:///var/lib/torpor/objects";
+
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        StoreConfig {
+            root: root.into(),
+            local_budget_bytes: 20 * 1024 * 1024 * 1024,
+            remote_url: Self::DEFAULT_REMOTE_URL.to_string(),
+            remote_options: Vec::new(),
+            remote_max_retries: 3,
+            remote_retry_timeout: Duration::from_secs(30),
+            upload_concurrency: 8,
+            fetch_concurrency: 16,
+            default_keep_local: Duration::from_secs(300),
+            retry: RetryConfig::default(),
+            chunking: ChunkingConfig::default(),
+            zstd_level: 1,
+            verify_local_on_checkout: true,
+            scan_interval: Duration::from_secs(5),
+            background: true,
+        }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::InvalidConfig(m));
+        if !self.root.is_absolute() {
+            return bad(format!("root {:?} must be an absolute path", self.root));
+        }
+        if self.upload_concurrency == 0 || self.upload_concurrency > 256 {
+            return bad(format!("upload_concurrency {} must be in 1..=256", self.upload_concurrency));
+        }
+        if self.fetch_concurrency == 0 || self.fetch_concurrency > 256 {
+            return bad(format!("fetch_concurrency {} must be in 1..=256", self.fetch_concurrency));
+        }
+        if self.retry.initial.is_zero() || self.retry.max < self.retry.initial {
+            return bad(format!("retry: initial {:?} must be > 0 and ≤ max {:?}", self.retry.initial, self.retry.max));
+        }
+        if !(1..=22).contains(&self.zstd_level) {
+            return bad(format!("zstd_level {} must be in 1..=22", self.zstd_level));
+        }
+        if self.scan_interval.is_zero() {
+            return bad("scan_interval must be > 0".to_string());
+        }
+        self.chunking.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_capped_with_jitter() {
+        let r = RetryConfig { initial: Duration::from_millis(100), max: Duration::from_secs(1) };
+        for attempt in 1..40 {
+            let full = (Duration::from_millis(100) * 2u32.pow((attempt - 1).min(20))).min(Duration::from_secs(1));
+            let d = r.delay(attempt);
+            assert!(d >= full / 2 && d <= full, "attempt {attempt}: {d:?} vs {full:?}");
+        }
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let mut c = StoreConfig::new("/x");
+        c.validate().unwrap();
+        c.fetch_concurrency = 0;
+        assert!(c.validate().unwrap_err().to_string().contains("fetch_concurrency"));
+        let mut c = StoreConfig::new("rel");
+        assert!(c.validate().unwrap_err().to_string().contains("absolute"));
+        c.root = "/x".into();
+        c.chunking.min = 3;
+        assert!(c.validate().unwrap_err().to_string().contains("chunking"));
+    }
+}

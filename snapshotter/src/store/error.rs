@@ -1,0 +1,135 @@
+//! The store's typed error.
+
+use std::path::PathBuf;
+
+use super::id::SnapshotId;
+
+/// Result of store operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in the snapshot store. Every variant names what
+/// it is about (the snapshot, the path, the object, the staging id) so that a
+/// message reaching an operator is actionable on its own.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid actor name {value:?}: {reason}")]
+    InvalidActor { value: String, reason: String },
+
+    #[error("invalid snapshot id {value:?}: {reason}")]
+    InvalidSnapshotId { value: String, reason: String },
+
+    #[error("invalid store configuration: {0}")]
+    InvalidConfig(String),
+
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    #[error("snapshot {0} not found")]
+    NotFound(SnapshotId),
+
+    #[error("staging {0:?} not found (never begun, already committed or aborted, or lost in a restart)")]
+    StagingNotFound(String),
+
+    #[error("lease {0:?} not found")]
+    LeaseNotFound(String),
+
+    #[error("snapshot {id} is not durable in the object tier ({state}); refusing to drop its only copy")]
+    NotDurable { id: SnapshotId, state: String },
+
+    #[error("snapshot {id} is pinned by {leases} lease(s); release them first")]
+    Pinned { id: SnapshotId, leases: usize },
+
+    #[error("snapshot {id} has no local copy to {op} (it is {state})")]
+    NoLocalCopy { id: SnapshotId, op: &'static str, state: String },
+
+    #[error("snapshot {id} is corrupt: {what}")]
+    Corrupt { id: SnapshotId, what: String },
+
+    #[error("snapshot {id}: the object tier already holds a different manifest for this generation ({detail})")]
+    Conflict { id: SnapshotId, detail: String },
+
+    #[error("unsupported file in snapshot staging {path}: {kind} (only regular files and directories are stored)")]
+    UnsupportedFile { path: PathBuf, kind: String },
+
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("metadata database ({op}): {source}")]
+    Db {
+        op: &'static str,
+        #[source]
+        source: Box<redb::Error>,
+    },
+
+    #[error("metadata database ({op}): corrupt record {key:?}: {detail}")]
+    DbRecord { op: &'static str, key: String, detail: String },
+
+    #[error("object tier {op} {path}: {source}")]
+    Remote {
+        op: &'static str,
+        path: String,
+        #[source]
+        source: Box<object_store::Error>,
+    },
+
+    #[error("fetch of snapshot {id} from the object tier failed: {source}")]
+    FetchFailed {
+        id: SnapshotId,
+        #[source]
+        source: Box<Error>,
+    },
+
+    #[error("upload of snapshot {id} failed (it stays local and queued): {source}")]
+    UploadFailed {
+        id: SnapshotId,
+        #[source]
+        source: Box<Error>,
+    },
+
+    #[error("the store is shutting down")]
+    ShuttingDown,
+
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { op, path: path.into(), source }
+    }
+
+    pub(crate) fn db(op: &'static str, source: impl Into<redb::Error>) -> Self {
+        Error::Db { op, source: Box::new(source.into()) }
+    }
+
+    pub(crate) fn remote(op: &'static str, path: impl std::fmt::Display, source: object_store::Error) -> Self {
+        Error::Remote { op, path: path.to_string(), source: Box::new(source) }
+    }
+
+    /// The object tier could not be reached or answered with a transient failure
+    /// (as opposed to a definite answer such as "not found").
+    pub fn is_remote_unavailable(&self) -> bool {
+        match self {
+            Error::Remote { source, .. } => !matches!(
+                **source,
+                object_store::Error::NotFound { .. }
+                    | object_store::Error::AlreadyExists { .. }
+                    | object_store::Error::Precondition { .. }
+                    | object_store::Error::InvalidPath { .. }
+                    | object_store::Error::NotSupported { .. }
+            ),
+            Error::FetchFailed { source, .. } | Error::UploadFailed { source, .. } => source.is_remote_unavailable(),
+            _ => false,
+        }
+    }
+
+    /// The requested snapshot, staging or lease does not exist.
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Error::NotFound(_) | Error::StagingNotFound(_) | Error::LeaseNotFound(_))
+    }
+}

@@ -1,0 +1,273 @@
+//! Local-tier file operations: atomic writes, fsync, scanning a staging tree
+//! into manifest entries, verifying a tree against its manifest.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::{FileExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use super::chunk::{chunk_file, sha256_hex};
+use super::config::ChunkingConfig;
+use super::error::{Error, Result};
+use super::manifest::{Entry, EntryKind, Manifest};
+
+/// fsync a directory (makes renames/creations in it durable).
+pub fn fsync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io("fsync directory", dir, e))
+}
+
+/// Write `bytes` to `path` atomically: tmp file, fsync, rename, fsync the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().ok_or_else(|| Error::Internal(format!("{} has no parent", path.display())))?;
+    let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
+    let mut f = File::create(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
+    f.write_all(bytes).map_err(|e| Error::io("write", &tmp, e))?;
+    f.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(|e| Error::io("rename into place", path, e))?;
+    fsync_dir(dir)
+}
+
+/// Create `dir` and any missing parents, fsyncing each directory whose entries changed.
+pub fn create_dir_all_durable(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        create_dir_all_durable(parent)?;
+    }
+    match fs::create_dir(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(Error::io("create directory", dir, e)),
+    }
+    if let Some(parent) = dir.parent() {
+        fsync_dir(parent)?;
+    }
+    Ok(())
+}
+
+/// Rename `path` into `trash` (atomic: the tree is either whole at its place or
+/// gone from it) and delete it there. Missing `path` is fine.
+pub fn remove_tree(path: &Path, trash: &Path) -> Result<()> {
+    if fs::symlink_metadata(path).is_err() {
+        return Ok(());
+    }
+    let target = trash.join(format!("{:x}", fastrand::u128(..)));
+    fs::rename(path, &target).map_err(|e| Error::io("move to trash", path, e))?;
+    if let Some(parent) = path.parent() {
+        fsync_dir(parent)?;
+    }
+    fs::remove_dir_all(&target).map_err(|e| Error::io("remove", &target, e))
+}
+
+/// Delete everything inside `dir` (not `dir` itself).
+pub fn clear_dir(dir: &Path) -> Result<()> {
+    let rd = fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))?;
+    for entry in rd {
+        let entry = entry.map_err(|e| Error::io("list", dir, e))?;
+        let p = entry.path();
+        let ft = entry.file_type().map_err(|e| Error::io("stat", &p, e))?;
+        if ft.is_dir() {
+            fs::remove_dir_all(&p).map_err(|e| Error::io("remove", &p, e))?;
+        } else {
+            fs::remove_file(&p).map_err(|e| Error::io("remove", &p, e))?;
+        }
+    }
+    Ok(())
+}
+
+/// Walk a staging tree: directories and regular files only (anything else is
+/// refused), sorted by relative path. Returns (relative path, kind, mode, size).
+pub fn scan_tree(root: &Path) -> Result<Vec<(String, EntryKind, u32, u64)>> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<(String, EntryKind, u32, u64)>) -> Result<()> {
+        let rd = fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| Error::io("list", dir, e))?;
+            let p = entry.path();
+            let meta = fs::symlink_metadata(&p).map_err(|e| Error::io("stat", &p, e))?;
+            let rel = p
+                .strip_prefix(root)
+                .ok()
+                .and_then(|r| r.to_str())
+                .ok_or_else(|| Error::UnsupportedFile { path: p.clone(), kind: "non-UTF-8 name".into() })?
+                .to_string();
+            if rel == super::manifest::MANIFEST_FILE {
+                return Err(Error::UnsupportedFile { path: p, kind: "name reserved for the store's manifest".into() });
+            }
+            let mode = meta.mode() & 0o7777;
+            let ft = meta.file_type();
+            if ft.is_dir() {
+                out.push((rel, EntryKind::Dir, mode, 0));
+                walk(root, &p, out)?;
+            } else if ft.is_file() {
+                out.push((rel, EntryKind::File, mode, meta.len()));
+            } else {
+                let kind = if ft.is_symlink() { "symbolic link" } else { "special file (device, socket or fifo)" };
+                return Err(Error::UnsupportedFile { path: p, kind: kind.into() });
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out)?;
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+fn workers() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2).clamp(1, 8)
+}
+
+/// Chunk and digest every file of a staging tree (files in parallel), fsync
+/// every file and directory, and return the manifest entries. Blocking.
+pub fn build_entries(root: &Path, chunking: &ChunkingConfig) -> Result<Vec<Entry>> {
+    let scanned = scan_tree(root)?;
+    let entries: Vec<Mutex<Option<Entry>>> = scanned
+        .iter()
+        .map(|(path, kind, mode, _)| Mutex::new((*kind == EntryKind::Dir).then(|| Entry { path: path.clone(), kind: EntryKind::Dir, mode: *mode, size: 0, chunks: vec![] })))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let first_error: Mutex<Option<Error>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..workers() {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some((rel, kind, mode, _)) = scanned.get(i) else { break };
+                if *kind != EntryKind::File {
+                    continue;
+                }
+                let p = root.join(rel);
+                let res = chunk_file(&p, chunking).and_then(|(size, chunks)| {
+                    File::open(&p).and_then(|f| f.sync_all()).map_err(|e| Error::io("fsync", &p, e))?;
+                    Ok(Entry { path: rel.clone(), kind: EntryKind::File, mode: *mode, size, chunks })
+                });
+                match res {
+                    Ok(e) => *entries[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(e),
+                    Err(e) => {
+                        first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(e);
+    }
+    for (rel, kind, _, _) in scanned.iter().rev() {
+        if *kind == EntryKind::Dir {
+            fsync_dir(&root.join(rel))?;
+        }
+    }
+    fsync_dir(root)?;
+    entries
+        .into_iter()
+        .map(|m| m.into_inner().unwrap_or_else(|p| p.into_inner()).ok_or_else(|| Error::Internal("entry not chunked".into())))
+        .collect()
+}
+
+/// Verify the files of a local snapshot tree against its manifest: every file
+/// present with its size, every chunk's digest (chunks hashed in parallel).
+/// Returns the first mismatch as text naming the file. Blocking.
+pub fn verify_tree(root: &Path, m: &Manifest) -> std::result::Result<(), String> {
+    let mut files = Vec::new();
+    let mut jobs = Vec::new();
+    for e in &m.entries {
+        let p = root.join(&e.path);
+        let meta = fs::symlink_metadata(&p).map_err(|err| format!("{}: {err}", e.path))?;
+        match e.kind {
+            EntryKind::Dir if !meta.is_dir() => return Err(format!("{} is not a directory", e.path)),
+            EntryKind::File if !meta.is_file() => return Err(format!("{} is not a regular file", e.path)),
+            EntryKind::File if meta.len() != e.size => return Err(format!("file {} is {} bytes, the manifest says {}", e.path, meta.len(), e.size)),
+            EntryKind::File => {
+                let f = File::open(&p).map_err(|err| format!("open {}: {err}", e.path))?;
+                let fi = files.len();
+                files.push((f, e));
+                let mut off = 0u64;
+                for c in &e.chunks {
+                    jobs.push((fi, off, c));
+                    off += c.size as u64;
+                }
+            }
+            EntryKind::Dir => {}
+        }
+    }
+    let next = AtomicUsize::new(0);
+    let failed: Mutex<Option<String>> = Mutex::new(None);
+    std::thread::scope(|s| {
+        for _ in 0..workers() {
+            s.spawn(|| {
+                let mut buf = Vec::new();
+                loop {
+                    if failed.lock().map(|f| f.is_some()).unwrap_or(true) {
+                        break;
+                    }
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some((fi, off, c)) = jobs.get(i) else { break };
+                    let (f, e) = &files[*fi];
+                    buf.resize(c.size as usize, 0);
+                    let res = f.read_exact_at(&mut buf, *off).map_err(|err| format!("read {} at {off}: {err}", e.path)).and_then(|()| {
+                        if sha256_hex(&buf) == c.digest {
+                            Ok(())
+                        } else {
+                            Err(format!("file {} bytes {}..{} do not match chunk sha256:{}", e.path, off, off + c.size as u64, c.digest))
+                        }
+                    });
+                    if let Err(msg) = res {
+                        if let Ok(mut f) = failed.lock() {
+                            f.get_or_insert(msg);
+                        }
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    match failed.into_inner() {
+        Ok(None) => Ok(()),
+        Ok(Some(msg)) => Err(msg),
+        Err(_) => Err("verification worker panicked".to_string()),
+    }
+}
+
+/// Read `len` bytes at `offset` of `path`. Blocking.
+pub fn read_range(path: &Path, offset: u64, len: u32) -> Result<Vec<u8>> {
+    let f = File::open(path).map_err(|e| Error::io("open", path, e))?;
+    let mut buf = vec![0u8; len as usize];
+    f.read_exact_at(&mut buf, offset).map_err(|e| Error::io("read", path, e))?;
+    Ok(buf)
+}
+
+/// Create the directories and (sized, empty) files of `m` under `root`.
+pub fn materialize_skeleton(root: &Path, m: &Manifest) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for e in &m.entries {
+        let p = root.join(&e.path);
+        match e.kind {
+            EntryKind::Dir => fs::create_dir_all(&p).map_err(|err| Error::io("create directory", &p, err))?,
+            EntryKind::File => {
+                if let Some(parent) = p.parent() {
+                    fs::create_dir_all(parent).map_err(|err| Error::io("create directory", parent, err))?;
+                }
+                let f = OpenOptions::new().write(true).create_new(true).open(&p).map_err(|err| Error::io("create", &p, err))?;
+                f.set_len(e.size).map_err(|err| Error::io("set length", &p, err))?;
+            }
+        }
+        files.push(p);
+    }
+    Ok(files)
+}
+
+/// Set modes, fsync every file and directory of a materialized tree.
+pub fn finish_tree(root: &Path, m: &Manifest) -> Result<()> {
+    for e in m.entries.iter().rev() {
+        let p = root.join(&e.path);
+        let f = File::open(&p).map_err(|err| Error::io("open", &p, err))?;
+        f.set_permissions(fs::Permissions::from_mode(e.mode)).map_err(|err| Error::io("chmod", &p, err))?;
+        f.sync_all().map_err(|err| Error::io("fsync", &p, err))?;
+    }
+    fsync_dir(root)
+}

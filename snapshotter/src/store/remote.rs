@@ -1,0 +1,231 @@
+//! The object tier: layout and operations over any `object_store`.
+//!
+//! ```text
+//! <prefix>/chunks/sha256/<2 hex>/<64 hex>                      chunk objects
+//! <prefix>/actors/<actor>/_gen/<generation:020>/manifest.json  manifests (the commit point)
+//! ```
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use url::Url;
+
+use super::error::{Error, Result};
+use super::id::{ActorName, SnapshotId};
+
+#[derive(Clone, Debug)]
+pub struct Remote {
+    pub store: Arc<dyn ObjectStore>,
+    pub prefix: Path,
+    /// What the remote was opened from (for messages and the DB's remote identity).
+    pub url: String,
+}
+
+/// How a manifest PUT ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ManifestPut {
+    Created,
+    /// An identical manifest was already there.
+    AlreadyThere,
+}
+
+impl Remote {
+    /// Open the object store a URL names (see `StoreConfig::remote_url`):
+    /// `file:///dir` (created if missing), `memory://`, `s3://`, `gs://`,
+    /// `az://`/`abfs://`… with client `options` as object_store names them (an
+    /// unknown option is an error, not ignored). `max_retries` and
+    /// `retry_timeout` bound the client's own retries of one request; the
+    /// store retries failed uploads on top with its own backoff.
+    pub fn open(url: &str, options: &[(String, String)], max_retries: usize, retry_timeout: std::time::Duration) -> Result<Remote> {
+        use object_store::ObjectStoreScheme;
+        let bad = |m: String| Error::InvalidConfig(format!("remote_url {url:?}: {m}"));
+        let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
+        let (scheme, path) = ObjectStoreScheme::parse(&parsed).map_err(|e| bad(e.to_string()))?;
+        let prefix = Path::parse(path).map_err(|e| bad(e.to_string()))?;
+        let retry = object_store::RetryConfig { backoff: Default::default(), max_retries, retry_timeout };
+        let opt_err = |k: &str, e: object_store::Error| Error::InvalidConfig(format!("remote option {k:?} for {url:?}: {e}"));
+        let no_options = |what: &str| -> Result<()> {
+            match options.first() {
+                Some((k, _)) => Err(bad(format!("option {k:?} given, but {what} takes no options"))),
+                None => Ok(()),
+            }
+        };
+        let store: Arc<dyn ObjectStore> = match scheme {
+            ObjectStoreScheme::Local => {
+                no_options("a local directory")?;
+                // A directory: keys live under it.
+                let dir = parsed.to_file_path().map_err(|()| bad("not a local directory path".into()))?;
+                std::fs::create_dir_all(&dir).map_err(|e| Error::io("create object directory", &dir, e))?;
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir).map_err(|e| bad(e.to_string()))?;
+                return Ok(Remote { store: Arc::new(fs), prefix: Path::default(), url: url.to_string() });
+            }
+            ObjectStoreScheme::Memory => {
+                no_options("memory://")?;
+                Arc::new(object_store::memory::InMemory::new())
+            }
+            ObjectStoreScheme::AmazonS3 => {
+                let mut b = object_store::aws::AmazonS3Builder::new().with_url(url);
+                for (k, v) in options {
+                    b = b.with_config(k.to_ascii_lowercase().parse().map_err(|e| opt_err(k, e))?, v.clone());
+                }
+                Arc::new(b.with_retry(retry).build().map_err(|e| bad(e.to_string()))?)
+            }
+            ObjectStoreScheme::GoogleCloudStorage => {
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::new().with_url(url);
+                for (k, v) in options {
+                    b = b.with_config(k.to_ascii_lowercase().parse().map_err(|e| opt_err(k, e))?, v.clone());
+                }
+                Arc::new(b.with_retry(retry).build().map_err(|e| bad(e.to_string()))?)
+            }
+            ObjectStoreScheme::MicrosoftAzure => {
+                let mut b = object_store::azure::MicrosoftAzureBuilder::new().with_url(url);
+                for (k, v) in options {
+                    b = b.with_config(k.to_ascii_lowercase().parse().map_err(|e| opt_err(k, e))?, v.clone());
+                }
+                Arc::new(b.with_retry(retry).build().map_err(|e| bad(e.to_string()))?)
+            }
+            _ => return Err(bad("unsupported scheme (use file://, s3://, gs://, az:// or memory://)".into())),
+        };
+        Ok(Remote { store, prefix, url: url.to_string() })
+    }
+
+    /// Wrap an existing object store (embedding, tests).
+    pub fn from_store(store: Arc<dyn ObjectStore>, prefix: &str, url: &str) -> Result<Remote> {
+        let prefix = Path::parse(prefix).map_err(|e| Error::InvalidConfig(format!("object prefix {prefix:?}: {e}")))?;
+        Ok(Remote { store, prefix, url: url.to_string() })
+    }
+
+    fn join(&self, parts: &[&str]) -> Path {
+        let mut p = self.prefix.clone();
+        for part in parts {
+            p = p.clone().join(*part);
+        }
+        p
+    }
+
+    pub fn chunk_path(&self, digest: &str) -> Path {
+        self.join(&["chunks", "sha256", &digest[..2], digest])
+    }
+
+    fn chunks_root(&self) -> Path {
+        self.join(&["chunks", "sha256"])
+    }
+
+    fn actor_gen_root(&self, actor: &ActorName) -> Path {
+        let mut p = self.join(&["actors"]);
+        for s in actor.segments() {
+            p = p.clone().join(s);
+        }
+        p.join("_gen")
+    }
+
+    pub fn manifest_path(&self, id: &SnapshotId) -> Path {
+        self.actor_gen_root(&id.actor).join(format!("{:020}", id.generation)).join("manifest.json")
+    }
+
+    pub async fn put_chunk(&self, digest: &str, object: Vec<u8>) -> Result<()> {
+        let path = self.chunk_path(digest);
+        self.store.put(&path, PutPayload::from(object)).await.map_err(|e| Error::remote("put chunk", &path, e))?;
+        Ok(())
+    }
+
+    pub async fn get_chunk(&self, digest: &str) -> Result<Bytes> {
+        let path = self.chunk_path(digest);
+        let r = self.store.get(&path).await.map_err(|e| Error::remote("get chunk", &path, e))?;
+        r.bytes().await.map_err(|e| Error::remote("read chunk", &path, e))
+    }
+
+    pub async fn delete_chunk(&self, digest: &str) -> Result<()> {
+        let path = self.chunk_path(digest);
+        match self.store.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::remote("delete chunk", &path, e)),
+        }
+    }
+
+    /// Write a manifest unless one is there: the commit point of an upload.
+    /// An existing identical manifest is success (a retried upload); a
+    /// different one is a conflict.
+    pub async fn put_manifest(&self, id: &SnapshotId, bytes: Vec<u8>) -> Result<ManifestPut> {
+        let path = self.manifest_path(id);
+        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match self.store.put_opts(&path, PutPayload::from(bytes.clone()), opts).await {
+            Ok(_) => Ok(ManifestPut::Created),
+            Err(object_store::Error::AlreadyExists { .. }) => match self.get_manifest(id).await? {
+                Some(existing) if existing[..] == bytes[..] => Ok(ManifestPut::AlreadyThere),
+                Some(existing) => Err(Error::Conflict {
+                    id: id.clone(),
+                    detail: format!("{} holds {} bytes with sha256:{}", path, existing.len(), super::chunk::sha256_hex(&existing)),
+                }),
+                None => Err(Error::Conflict { id: id.clone(), detail: format!("{path} exists but cannot be read") }),
+            },
+            Err(e) => Err(Error::remote("put manifest", &path, e)),
+        }
+    }
+
+    pub async fn get_manifest(&self, id: &SnapshotId) -> Result<Option<Bytes>> {
+        let path = self.manifest_path(id);
+        match self.store.get(&path).await {
+            Ok(r) => Ok(Some(r.bytes().await.map_err(|e| Error::remote("read manifest", &path, e))?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::remote("get manifest", &path, e)),
+        }
+    }
+
+    pub async fn delete_manifest(&self, id: &SnapshotId) -> Result<()> {
+        let path = self.manifest_path(id);
+        match self.store.delete(&path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::remote("delete manifest", &path, e)),
+        }
+    }
+
+    /// Generations of `actor` that have a manifest, ascending.
+    pub async fn generations(&self, actor: &ActorName) -> Result<Vec<u64>> {
+        let root = self.actor_gen_root(actor);
+        let list = self.store.list_with_delimiter(Some(&root)).await.map_err(|e| Error::remote("list", &root, e))?;
+        let mut gens: Vec<u64> = list.common_prefixes.iter().filter_map(|p| p.filename().and_then(|f| f.parse().ok())).collect();
+        gens.sort_unstable();
+        Ok(gens)
+    }
+
+    /// Every snapshot with a manifest in the object tier.
+    pub async fn all_snapshots(&self) -> Result<Vec<SnapshotId>> {
+        let root = self.join(&["actors"]);
+        let metas: Vec<_> = self.store.list(Some(&root)).try_collect().await.map_err(|e| Error::remote("list", &root, e))?;
+        let mut out = Vec::new();
+        for m in metas {
+            let parts: Vec<String> = m.location.prefix_match(&root).map(|it| it.map(|p| p.as_ref().to_string()).collect()).unwrap_or_default();
+            // <actor segments…>/_gen/<generation>/manifest.json
+            let n = parts.len();
+            if n < 4 || parts[n - 1] != "manifest.json" || parts[n - 3] != "_gen" {
+                continue;
+            }
+            let (Ok(actor), Ok(generation)) = (ActorName::new(parts[..n - 3].join("/")), parts[n - 2].parse::<u64>()) else { continue };
+            out.push(SnapshotId::new(actor, generation));
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Every chunk object: (digest, size, last modified).
+    pub async fn all_chunks(&self) -> Result<Vec<(String, u64, chrono_like::Millis)>> {
+        let root = self.chunks_root();
+        let metas: Vec<_> = self.store.list(Some(&root)).try_collect().await.map_err(|e| Error::remote("list", &root, e))?;
+        Ok(metas
+            .into_iter()
+            .filter_map(|m| {
+                let name = m.location.filename()?.to_string();
+                super::chunk::is_digest(&name).then(|| (name, m.size, m.last_modified.timestamp_millis()))
+            })
+            .collect())
+    }
+}
+
+pub mod chrono_like {
+    /// Unix milliseconds (object last-modified times).
+    pub type Millis = i64;
+}

@@ -1,0 +1,532 @@
+//! Snapshot store against a local-directory object tier (and a fault-injecting
+//! wrapper of it): round trips, dedup, eviction, pins, corruption, crash
+//! recovery, retries, gc.
+
+mod store_common;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use store_common::*;
+use tempfile::TempDir;
+use torpor_snapshotter::store::{
+    CommitOptions, Error, GcPolicy, LocalState, RemoteState, SnapshotId, Store, StoreConfig,
+};
+
+struct Env {
+    _tmp: TempDir,
+    root: std::path::PathBuf,
+    objects: std::path::PathBuf,
+}
+
+fn env() -> Env {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = tmp.path().join("store");
+    let objects = tmp.path().join("objects");
+    Env { root, objects, _tmp: tmp }
+}
+
+async fn commit_tree(store: &Store, a: &str, seed: u64, pages: usize) -> torpor_snapshotter::store::SnapshotInfo {
+    let st = store.begin(&actor(a)).await.unwrap();
+    write_tree(&st.path, seed, pages);
+    store.commit(&st.id, CommitOptions::default()).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commit_checkout_upload_evict_fetch_round_trip() {
+    let e = env();
+    let store = Store::open(config(&e.root, &e.objects)).await.unwrap();
+    let st = store.begin(&actor("default/web-0")).await.unwrap();
+    assert!(st.path.starts_with(e.root.join("staging")));
+    write_tree(&st.path, 1, 3 * 1024 * 1024 + 17);
+    let original = read_tree(&st.path);
+    let labels = [("torpor.dev/reason".to_string(), "idle".to_string())].into();
+    let info = store.commit(&st.id, CommitOptions { labels, keep_local: None }).await.unwrap();
+    assert_eq!(info.id.to_string(), "default/web-0@1");
+    assert!(info.local && !info.durable && info.remote == RemoteState::Absent);
+    assert_eq!(info.logical_bytes, 3 * 1024 * 1024 + 17 + 5000 + 6);
+    assert_eq!(info.labels["torpor.dev/reason"], "idle");
+    assert!(!st.path.exists(), "staging renamed into place");
+    assert_eq!(info.path, e.root.join("snapshots/default/web-0/_gen/00000000000000000001"));
+    // Committing the same staging again fails clearly.
+    assert!(matches!(store.commit(&st.id, CommitOptions::default()).await, Err(Error::StagingNotFound(_))));
+
+    // Local checkout: files in place, verified, pinned.
+    let co = store.checkout(&info.id, None).await.unwrap();
+    assert!(!co.fetched);
+    assert_eq!(co.path, info.path);
+    assert_eq!(co.verified_bytes, info.logical_bytes);
+    assert_eq!(read_tree(&co.path), original);
+    assert_eq!(co.info.pins, 1);
+    store.release(&co.lease).await.unwrap();
+    assert!(matches!(store.release(&co.lease).await, Err(Error::LeaseNotFound(_))));
+
+    // Evict refuses a snapshot that is not durable.
+    let err = store.evict(&info.id).await.unwrap_err();
+    assert!(matches!(err, Error::NotDurable { .. }), "{err}");
+    assert!(err.to_string().contains("default/web-0@1"), "{err}");
+
+    let (tx, rx) = tokio::sync::watch::channel((0, 0));
+    let up = store.upload(&info.id, Some(tx)).await.unwrap();
+    assert!(up.durable);
+    let (done, total) = *rx.borrow();
+    assert_eq!(done, total);
+    assert!(total > 0);
+    // Layout of the object tier.
+    let manifest = e.objects.join("actors/default/web-0/_gen/00000000000000000001/manifest.json");
+    assert!(manifest.is_file());
+    let chunks = files_under(&e.objects.join("chunks/sha256"));
+    assert_eq!(chunks.len() as u64, info.chunk_count, "one object per distinct chunk (the empty file has none)");
+    // Idempotent.
+    assert!(store.upload(&info.id, None).await.unwrap().durable);
+
+    store.evict(&info.id).await.unwrap();
+    assert!(!info.path.exists());
+    let l = store.list(None).await.unwrap();
+    assert_eq!(l.len(), 1);
+    assert!(!l[0].local && l[0].durable);
+
+    let (tx, rx) = tokio::sync::watch::channel((0, 0));
+    let co = store.checkout(&info.id, Some(tx)).await.unwrap();
+    assert!(co.fetched);
+    assert_eq!(*rx.borrow(), (info.logical_bytes, info.logical_bytes));
+    assert_eq!(read_tree(&co.path), original, "fetched tree is identical, modes included");
+    assert!(files_under(&e.root.join("staging")).is_empty());
+    store.release(&co.lease).await.unwrap();
+
+    let (i2, m) = store.inspect(&info.id).await.unwrap();
+    assert_eq!(i2.manifest_digest, info.manifest_digest);
+    assert_eq!(m.entries.iter().filter(|e| e.kind == torpor_snapshotter::store::EntryKind::File).count(), 4);
+    assert_eq!(store.latest(&actor("default/web-0")).await.unwrap().unwrap().id, info.id);
+    assert!(store.latest(&actor("default/other")).await.unwrap().is_none());
+    store.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resuspend_after_one_percent_change_uploads_little() {
+    let e = env();
+    let (store, faulty) = open_faulty(config(&e.root, &e.objects), &e.objects).await;
+    const PAGES: usize = 64 * 1024 * 1024;
+    let mut pages = random_bytes(42, PAGES);
+    let a = actor("bench/resuspend");
+    let st = store.begin(&a).await.unwrap();
+    std::fs::write(st.path.join("pages-1.img"), &pages).unwrap();
+    std::fs::write(st.path.join("core-1.img"), b"core").unwrap();
+    let started = std::time::Instant::now();
+    let g1 = store.commit(&st.id, CommitOptions::default()).await.unwrap();
+    let commit_s = started.elapsed().as_secs_f64();
+    let started = std::time::Instant::now();
+    store.upload(&g1.id, None).await.unwrap();
+    let upload_s = started.elapsed().as_secs_f64();
+    let full_raw = store.status().uploaded_raw_bytes;
+    let full_put = faulty.chunk_put_bytes.load(Ordering::SeqCst);
+    assert!(full_raw >= PAGES as u64);
+
+    // The actor changes 1% of its memory (contiguous) and is suspended again.
+    let change = PAGES / 100;
+    let at = PAGES / 3;
+    pages[at..at + change].copy_from_slice(&random_bytes(7, change));
+    let st = store.begin(&a).await.unwrap();
+    std::fs::write(st.path.join("pages-1.img"), &pages).unwrap();
+    std::fs::write(st.path.join("core-1.img"), b"core2").unwrap();
+    let g2 = store.commit(&st.id, CommitOptions::default()).await.unwrap();
+    assert_eq!(g2.id.generation, 2);
+    store.upload(&g2.id, None).await.unwrap();
+    let second_put = faulty.chunk_put_bytes.load(Ordering::SeqCst) - full_put;
+    let fraction = second_put as f64 / full_put as f64;
+    eprintln!(
+        "resuspend_upload_fraction = {fraction:.4} ({second_put} of {full_put} bytes); 64 MiB commit {:.0} MiB/s, upload to a local-directory object tier {:.0} MiB/s",
+        64.0 / commit_s,
+        64.0 / upload_s
+    );
+    assert!(fraction <= 0.10, "re-suspend uploaded {fraction:.3} of a full snapshot");
+    assert!(store.status().deduplicated_chunks > 0);
+
+    // Checkout of the local copy verifies every byte against the manifest.
+    let started = std::time::Instant::now();
+    let co = store.checkout(&g2.id, None).await.unwrap();
+    let verify_s = started.elapsed().as_secs_f64();
+    assert_eq!(co.verified_bytes, g2.logical_bytes);
+    store.release(&co.lease).await.unwrap();
+    // And a fetch from the object tier.
+    store.evict(&g2.id).await.unwrap();
+    let started = std::time::Instant::now();
+    let co = store.checkout(&g2.id, None).await.unwrap();
+    let fetch_s = started.elapsed().as_secs_f64();
+    store.release(&co.lease).await.unwrap();
+    eprintln!("64 MiB: local checkout verification {:.0} MiB/s, fetch from a local-directory object tier {:.0} MiB/s", 64.0 / verify_s, 64.0 / fetch_s);
+
+    // Both generations restore exactly from the object tier.
+    store.evict(&g1.id).await.unwrap();
+    store.evict(&g2.id).await.unwrap();
+    let co = store.checkout(&g2.id, None).await.unwrap();
+    assert!(co.fetched);
+    assert!(std::fs::read(co.path.join("pages-1.img")).unwrap() == pages);
+    let co1 = store.checkout(&g1.id, None).await.unwrap();
+    assert!(std::fs::read(co1.path.join("pages-1.img")).unwrap() == random_bytes(42, PAGES));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eviction_is_lru_and_never_drops_undurable_snapshots() {
+    let e = env();
+    let mut cfg = config(&e.root, &e.objects);
+    const MIB: usize = 1024 * 1024;
+    // Each tree is 1 MiB of pages + 5006 bytes.
+    cfg.local_budget_bytes = (2 * MIB + MIB / 2) as u64;
+    let store = Store::open(cfg).await.unwrap();
+    let a = commit_tree(&store, "t/a", 1, MIB).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let b = commit_tree(&store, "t/b", 2, MIB).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let c = commit_tree(&store, "t/c", 3, MIB).await;
+    store.upload(&a.id, None).await.unwrap();
+    store.upload(&c.id, None).await.unwrap();
+    // Touch a: c becomes the least recently used durable snapshot.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let co = store.checkout(&a.id, None).await.unwrap();
+    store.release(&co.lease).await.unwrap();
+
+    store.run_background_pass().await.unwrap();
+    let local = |s: &Store| -> Vec<String> { futures::executor::block_on(s.list(None)).unwrap().into_iter().filter(|i| i.local).map(|i| i.id.actor.to_string()).collect() };
+    assert_eq!(local(&store), ["t/a", "t/b"], "c (LRU durable) evicted, b (not durable, oldest) kept");
+    assert!(!store.status().disk_pressure);
+
+    let _d = commit_tree(&store, "t/d", 4, MIB).await;
+    store.run_background_pass().await.unwrap();
+    assert_eq!(local(&store), ["t/b", "t/d"], "a was the only durable local snapshot");
+
+    // Now only undurable snapshots are local: over budget → pressure → they
+    // are uploaded regardless of keep-local, then the LRU one is evicted.
+    let _e = commit_tree(&store, "t/e", 5, MIB).await;
+    let status = store.status();
+    assert_eq!(status.pending_uploads, 3);
+    store.run_background_pass().await.unwrap();
+    let st = store.status();
+    assert!(st.disk_pressure || st.local_bytes <= st.local_budget_bytes);
+    assert_eq!(local(&store), ["t/d", "t/e"], "b (least recently used) evicted once durable");
+    assert!(store.list(None).await.unwrap().iter().all(|i| i.durable));
+    assert!(!store.status().disk_pressure);
+    let _ = b;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pins_block_eviction_and_removal() {
+    let e = env();
+    let store = Store::open(config(&e.root, &e.objects)).await.unwrap();
+    let s = commit_tree(&store, "p/x", 9, 100_000).await;
+    store.upload(&s.id, None).await.unwrap();
+    let co1 = store.checkout(&s.id, None).await.unwrap();
+    let co2 = store.checkout(&s.id, None).await.unwrap();
+    assert_ne!(co1.lease, co2.lease);
+    let err = store.evict(&s.id).await.unwrap_err();
+    assert!(matches!(err, Error::Pinned { leases: 2, .. }), "{err}");
+    assert!(matches!(store.remove(&s.id).await, Err(Error::Pinned { .. })));
+    // Budget 0: the background pass must not evict a pinned snapshot.
+    drop(store);
+    let mut cfg = config(&e.root, &e.objects);
+    cfg.local_budget_bytes = 0;
+    let store = Store::open(cfg).await.unwrap();
+    assert_eq!(store.list(None).await.unwrap()[0].pins, 2, "leases survive a restart");
+    store.run_background_pass().await.unwrap();
+    assert!(store.list(None).await.unwrap()[0].local);
+    assert!(store.status().disk_pressure);
+    store.release(&co1.lease).await.unwrap();
+    store.release(&co2.lease).await.unwrap();
+    store.run_background_pass().await.unwrap();
+    assert!(!store.list(None).await.unwrap()[0].local);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_chunk_in_the_object_tier_is_refused() {
+    let e = env();
+    let store = Store::open(config(&e.root, &e.objects)).await.unwrap();
+    let s = commit_tree(&store, "c/remote", 3, 2 * 1024 * 1024).await;
+    store.upload(&s.id, None).await.unwrap();
+    store.evict(&s.id).await.unwrap();
+    // Flip one byte in the payload of the largest chunk object.
+    let mut chunks = files_under(&e.objects.join("chunks"));
+    chunks.sort_by_key(|p| std::fs::metadata(p).unwrap().len());
+    let victim = chunks.last().unwrap().clone();
+    let digest = victim.file_name().unwrap().to_str().unwrap().to_string();
+    let mut bytes = std::fs::read(&victim).unwrap();
+    let n = bytes.len();
+    bytes[n - 10] ^= 0x55;
+    std::fs::write(&victim, &bytes).unwrap();
+
+    let err = store.checkout(&s.id, None).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Corrupt { .. }), "{msg}");
+    assert!(msg.contains("c/remote@1") && msg.contains(&digest), "{msg}");
+    let info = &store.list(None).await.unwrap()[0];
+    assert_eq!(info.local_state, LocalState::Absent);
+    assert!(!info.path.exists(), "nothing half-materialized");
+    assert!(files_under(&e.root.join("staging")).is_empty());
+
+    // A missing chunk, too.
+    std::fs::remove_file(&victim).unwrap();
+    let msg = store.checkout(&s.id, None).await.unwrap_err().to_string();
+    assert!(msg.contains("c/remote@1") && msg.contains("missing") && msg.contains(&digest), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_local_copy_is_refused_and_not_uploaded() {
+    let e = env();
+    let store = Store::open(config(&e.root, &e.objects)).await.unwrap();
+    let s = commit_tree(&store, "c/local", 4, 1024 * 1024).await;
+    let pages = s.path.join("ctr-a/pages-1.img");
+    let mut bytes = std::fs::read(&pages).unwrap();
+    bytes[700_000] ^= 1;
+    std::fs::write(&pages, &bytes).unwrap();
+    let err = store.checkout(&s.id, None).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Corrupt { .. }) && msg.contains("c/local@1") && msg.contains("ctr-a/pages-1.img"), "{msg}");
+    assert_eq!(store.list(None).await.unwrap()[0].pins, 0, "a refused checkout pins nothing");
+    let msg = store.upload(&s.id, None).await.unwrap_err().to_string();
+    assert!(msg.contains("c/local@1") && msg.contains("not uploading"), "{msg}");
+    assert!(e.objects.join("actors").read_dir().map(|mut d| d.next().is_none()).unwrap_or(true), "no manifest uploaded");
+
+    // A truncated local manifest.
+    let m = s.path.join("manifest.json");
+    let mb = std::fs::read(&m).unwrap();
+    std::fs::write(&m, &mb[..mb.len() / 2]).unwrap();
+    let msg = store.checkout(&s.id, None).await.unwrap_err().to_string();
+    assert!(msg.contains("c/local@1") && msg.contains("manifest"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncated_or_garbled_remote_manifest_is_refused() {
+    let e = env();
+    let store = Store::open(config(&e.root, &e.objects)).await.unwrap();
+    let s = commit_tree(&store, "m/x", 5, 300_000).await;
+    store.upload(&s.id, None).await.unwrap();
+    store.evict(&s.id).await.unwrap();
+    let mpath = e.objects.join("actors/m/x/_gen/00000000000000000001/manifest.json");
+    let good = std::fs::read(&mpath).unwrap();
+    std::fs::write(&mpath, &good[..good.len() - 40]).unwrap();
+    let msg = store.checkout(&s.id, None).await.unwrap_err().to_string();
+    assert!(msg.contains("m/x@1") && msg.contains("truncated or garbled"), "{msg}");
+
+    // Another node (no record of the digest) refuses it too: the manifest's own digest.
+    let other = env();
+    let store2 = Store::open(config(&other.root, &e.objects)).await.unwrap();
+    let msg = store2.checkout(&s.id, None).await.unwrap_err().to_string();
+    assert!(msg.contains("m/x@1") && msg.contains("manifest"), "{msg}");
+    // Garbled but still JSON: a changed size.
+    let garbled = String::from_utf8(good.clone()).unwrap().replacen("\"size\":5000", "\"size\":5001", 1);
+    assert_ne!(garbled.as_bytes(), &good[..]);
+    std::fs::write(&mpath, garbled).unwrap();
+    let msg = store2.checkout(&s.id, None).await.unwrap_err().to_string();
+    assert!(msg.contains("m/x@1") && msg.contains("garbled"), "{msg}");
+    std::fs::write(&mpath, &good).unwrap();
+    let co = store2.checkout(&s.id, None).await.unwrap();
+    assert!(co.fetched);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_mid_upload_resumes_after_reopen() {
+    let e = env();
+    let cfg = config(&e.root, &e.objects);
+    let (store, faulty) = open_faulty(cfg.clone(), &e.objects).await;
+    let s = commit_tree(&store, "k/up", 6, 6 * 1024 * 1024).await;
+    let original = read_tree(&s.path);
+    faulty.hang_put_at.store(3, Ordering::SeqCst);
+    let st2 = store.clone();
+    let id = s.id.clone();
+    let task = tokio::spawn(async move { st2.upload(&id, None).await });
+    wait_for("the upload to hang mid-way", Duration::from_secs(60), || faulty.hung.load(Ordering::SeqCst)).await;
+    // "Crash": the upload is dropped mid-flight, the store closed without shutdown work.
+    task.abort();
+    let _ = task.await;
+    drop(store);
+    let store = Store::open(cfg).await.unwrap();
+    let info = &store.list(None).await.unwrap()[0];
+    assert_eq!(info.remote, RemoteState::Uploading, "the upload was recorded before it started");
+    assert!(info.local);
+    assert!(matches!(store.evict(&s.id).await, Err(Error::NotDurable { .. })));
+    // The background pass resumes it regardless of keep-local.
+    store.run_background_pass().await.unwrap();
+    let info = &store.list(None).await.unwrap()[0];
+    assert!(info.durable, "{info:?}");
+    store.evict(&s.id).await.unwrap();
+    let co = store.checkout(&s.id, None).await.unwrap();
+    assert_eq!(read_tree(&co.path), original);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_mid_fetch_is_cleaned_and_refetched() {
+    let e = env();
+    let cfg = config(&e.root, &e.objects);
+    let (store, faulty) = open_faulty(cfg.clone(), &e.objects).await;
+    let s = commit_tree(&store, "k/fetch", 7, 6 * 1024 * 1024).await;
+    let original = read_tree(&s.path);
+    store.upload(&s.id, None).await.unwrap();
+    store.evict(&s.id).await.unwrap();
+    faulty.hang_get_at.store(4, Ordering::SeqCst);
+    let st2 = store.clone();
+    let id = s.id.clone();
+    let task = tokio::spawn(async move { st2.checkout(&id, None).await });
+    wait_for("the fetch to hang mid-way", Duration::from_secs(60), || faulty.hung.load(Ordering::SeqCst)).await;
+    let info = &store.list(None).await.unwrap()[0];
+    assert!(matches!(info.local_state, LocalState::Fetching { .. }));
+    assert!(!files_under(&e.root.join("staging")).is_empty(), "partial fetch in staging");
+    task.abort();
+    let _ = task.await;
+    drop(store);
+    let store = Store::open(cfg).await.unwrap();
+    let info = &store.list(None).await.unwrap()[0];
+    assert_eq!(info.local_state, LocalState::Absent);
+    assert!(files_under(&e.root.join("staging")).is_empty(), "interrupted fetch cleaned");
+    assert!(!info.path.exists());
+    let co = store.checkout(&s.id, None).await.unwrap();
+    assert!(co.fetched);
+    assert_eq!(read_tree(&co.path), original);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupted_commit_and_eviction_are_repaired_at_open() {
+    let e = env();
+    let cfg = config(&e.root, &e.objects);
+    let store = Store::open(cfg.clone()).await.unwrap();
+    let s = commit_tree(&store, "k/evict", 8, 200_000).await;
+    store.upload(&s.id, None).await.unwrap();
+    // Leftovers of a crash: a staging dir, an orphaned snapshot dir (a commit
+    // that crashed after the rename but before its record), trash.
+    let st = store.begin(&actor("k/evict")).await.unwrap();
+    write_tree(&st.path, 1, 10);
+    let orphan = e.root.join("snapshots/k/evict/_gen/00000000000000000009");
+    std::fs::create_dir_all(&orphan).unwrap();
+    std::fs::write(orphan.join("x"), b"x").unwrap();
+    std::fs::write(e.root.join("trash/leftover"), b"x").unwrap();
+    drop(store);
+    let store = Store::open(cfg).await.unwrap();
+    assert!(!st.path.exists() && !orphan.exists() && !e.root.join("trash/leftover").exists());
+    assert!(matches!(store.commit(&st.id, CommitOptions::default()).await, Err(Error::StagingNotFound(_))));
+    let l = store.list(None).await.unwrap();
+    assert_eq!(l.len(), 1);
+    assert!(l[0].local && l[0].durable);
+    // Generations are never reused, even after an interrupted commit.
+    let s2 = commit_tree(&store, "k/evict", 8, 10).await;
+    assert_eq!(s2.id.generation, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_retry_with_backoff_until_the_object_tier_returns() {
+    let e = env();
+    let mut cfg = config(&e.root, &e.objects);
+    cfg.background = true;
+    cfg.default_keep_local = Duration::ZERO;
+    let (store, faulty) = open_faulty(cfg, &e.objects).await;
+    faulty.fail.store(true, Ordering::SeqCst);
+    let s = commit_tree(&store, "r/x", 10, 500_000).await;
+    let id = s.id.clone();
+    let st = store.clone();
+    wait_for("two failed upload attempts", Duration::from_secs(60), || {
+        futures::executor::block_on(st.list(None)).unwrap()[0].upload_attempts >= 2
+    })
+    .await;
+    let info = &store.list(None).await.unwrap()[0];
+    assert!(info.local && !info.durable);
+    assert!(info.last_error.as_deref().unwrap_or("").contains("unreachable"), "{info:?}");
+    assert!(store.status().last_errors.iter().any(|(_, m)| m.contains("r/x@1")));
+    let err = store.upload(&id, None).await.unwrap_err();
+    assert!(err.is_remote_unavailable() && err.to_string().contains("r/x@1"), "{err}");
+    assert!(matches!(store.evict(&id).await, Err(Error::NotDurable { .. })));
+    faulty.fail.store(false, Ordering::SeqCst);
+    wait_for("the upload to complete", Duration::from_secs(60), || futures::executor::block_on(st.list(None)).unwrap()[0].durable).await;
+    let info = &store.list(None).await.unwrap()[0];
+    assert!(info.local, "kept local (no pressure)");
+    assert_eq!(info.upload_attempts, 0);
+    assert!(info.last_error.is_none());
+    store.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gc_keeps_newest_and_pinned_and_sweeps_unreferenced_chunks() {
+    let e = env();
+    let store = Store::open(config(&e.root, &e.objects)).await.unwrap();
+    let mut ids = Vec::new();
+    for g in 1..=4u64 {
+        let s = commit_tree(&store, "g/a", 100 + g, 400_000).await;
+        store.upload(&s.id, None).await.unwrap();
+        ids.push(s.id);
+    }
+    let b = commit_tree(&store, "g/b", 200, 400_000).await;
+    store.upload(&b.id, None).await.unwrap();
+    let co = store.checkout(&ids[1], None).await.unwrap();
+    assert!(store.gc(GcPolicy { keep_newest: 0, ..Default::default() }).await.is_err());
+    let chunks_before = files_under(&e.objects.join("chunks")).len();
+    let report = store.gc(GcPolicy { keep_newest: 1, actor: None, sweep_chunks: true, chunk_grace: Duration::ZERO }).await.unwrap();
+    assert_eq!(report.removed, vec![ids[2].clone(), ids[0].clone()]);
+    assert_eq!(report.kept_pinned, vec![ids[1].clone()]);
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert!(report.chunks_deleted > 0);
+    assert_eq!(files_under(&e.objects.join("chunks")).len(), chunks_before - report.chunks_deleted as usize);
+    let left: Vec<SnapshotId> = store.list(None).await.unwrap().into_iter().map(|i| i.id).collect();
+    assert_eq!(left, vec![ids[1].clone(), ids[3].clone(), b.id.clone()]);
+    assert!(!e.objects.join("actors/g/a/_gen/00000000000000000001/manifest.json").exists());
+    // What is left still restores from the object tier alone.
+    store.release(&co.lease).await.unwrap();
+    for id in &left {
+        store.evict(id).await.unwrap();
+        let co = store.checkout(id, None).await.unwrap();
+        assert!(co.fetched);
+        store.release(&co.lease).await.unwrap();
+    }
+    // A chunk younger than the grace period survives a sweep.
+    let c = commit_tree(&store, "g/c", 300, 100_000).await;
+    store.upload(&c.id, None).await.unwrap();
+    store.remove(&c.id).await.unwrap();
+    let report = store.gc(GcPolicy { keep_newest: 1, actor: None, sweep_chunks: true, chunk_grace: Duration::from_secs(3600) }).await.unwrap();
+    assert!(report.chunks_kept_young > 0 && report.chunks_deleted == 0, "{report:?}");
+    // The newest generation is kept and the next commit continues the count.
+    assert_eq!(commit_tree(&store, "g/a", 1, 10).await.id.generation, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_node_finds_and_continues_an_actor() {
+    let e = env();
+    let store = Store::open(config(&e.root, &e.objects)).await.unwrap();
+    let s1 = commit_tree(&store, "n/x", 1, 300_000).await;
+    let s2 = commit_tree(&store, "n/x", 2, 300_000).await;
+    store.upload(&s1.id, None).await.unwrap();
+    store.upload(&s2.id, None).await.unwrap();
+    let original = read_tree(&s2.path);
+    let node_b = env();
+    let store_b = Store::open(config(&node_b.root, &e.objects)).await.unwrap();
+    assert!(store_b.list(None).await.unwrap().is_empty());
+    let latest = store_b.latest(&actor("n/x")).await.unwrap().unwrap();
+    assert_eq!(latest.id, s2.id);
+    assert!(!latest.local && latest.durable);
+    let co = store_b.checkout(&latest.id, None).await.unwrap();
+    assert_eq!(read_tree(&co.path), original);
+    assert_eq!(store_b.refresh(None).await.unwrap(), 1, "gen 1 imported");
+    assert_eq!(commit_tree(&store_b, "n/x", 3, 10).await.id.generation, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_clear_errors() {
+    let e = env();
+    let store = Store::open(config(&e.root, &e.objects)).await.unwrap();
+    let st = store.begin(&actor("bad/x")).await.unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", st.path.join("link")).unwrap();
+    let msg = store.commit(&st.id, CommitOptions::default()).await.unwrap_err().to_string();
+    assert!(msg.contains("symbolic link") && msg.contains("link"), "{msg}");
+    store.abort(&st.id).await.unwrap();
+    assert!(!st.path.exists());
+    assert!(matches!(store.abort(&st.id).await, Err(Error::StagingNotFound(_))));
+    let missing = SnapshotId::new(actor("bad/x"), 4);
+    let msg = store.checkout(&missing, None).await.unwrap_err().to_string();
+    assert!(msg.contains("bad/x@4") && msg.contains("not found"), "{msg}");
+    assert!(store.remove(&missing).await.unwrap_err().is_not_found());
+    drop(store);
+    // The local tier belongs to one object tier.
+    let mut cfg = config(&e.root, &e.objects);
+    cfg.remote_url = "memory://".into();
+    let msg = Store::open(cfg).await.err().unwrap().to_string();
+    assert!(msg.contains("belongs to object tier"), "{msg}");
+    let mut cfg = StoreConfig::new(&e.root);
+    cfg.remote_url = "nope://x".into();
+    assert!(Store::open(cfg).await.err().unwrap().to_string().contains("remote_url"));
+    let _ = Arc::new(());
+}
