@@ -107,10 +107,22 @@ pub fn decode(object: &[u8], digest: &str, expected_len: u32) -> std::result::Re
 
 /// One chunk of a file: its digest and length; its offset is the sum of the
 /// lengths before it.
+///
+/// `xxh3` (XXH3-128 of the chunk, hex) checks the local copy at checkout: it
+/// detects the same damage as the sha256 (torn writes, bit rot, truncation)
+/// at ~15x the speed, which matters on the resume path. The sha256 stays the
+/// chunk's address and is checked on everything fetched from the object tier.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ChunkRef {
     pub digest: String,
     pub size: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub xxh3: Option<String>,
+}
+
+/// XXH3-128 of `data`, hex.
+pub fn xxh3_hex(data: &[u8]) -> String {
+    format!("{:032x}", xxhash_rust::xxh3::xxh3_128(data))
 }
 
 /// Cut a file into content-defined chunks and digest each. Blocking.
@@ -122,7 +134,7 @@ pub fn chunk_file(path: &Path, cfg: &ChunkingConfig) -> Result<(u64, Vec<ChunkRe
     for chunk in cdc {
         let chunk = chunk.map_err(|e| Error::io("read for chunking", path, std::io::Error::from(e)))?;
         total += chunk.length as u64;
-        chunks.push(ChunkRef { digest: sha256_hex(&chunk.data), size: chunk.length as u32 });
+        chunks.push(ChunkRef { digest: sha256_hex(&chunk.data), size: chunk.length as u32, xxh3: Some(xxh3_hex(&chunk.data)) });
     }
     Ok((total, chunks))
 }

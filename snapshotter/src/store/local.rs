@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::chunk::{chunk_file, sha256_hex};
+use super::chunk::{chunk_file, sha256_hex, xxh3_hex};
 use super::config::ChunkingConfig;
 use super::error::{Error, Result};
 use super::manifest::{Entry, EntryKind, Manifest};
@@ -170,7 +170,8 @@ pub fn build_entries(root: &Path, chunking: &ChunkingConfig) -> Result<Vec<Entry
 }
 
 /// Verify the files of a local snapshot tree against its manifest: every file
-/// present with its size, every chunk's digest (chunks hashed in parallel).
+/// present with its size, every chunk's checksum (chunks hashed in parallel):
+/// its XXH3-128 when the manifest has one, else its sha256.
 /// Returns the first mismatch as text naming the file. Blocking.
 pub fn verify_tree(root: &Path, m: &Manifest) -> std::result::Result<(), String> {
     let mut files = Vec::new();
@@ -210,7 +211,11 @@ pub fn verify_tree(root: &Path, m: &Manifest) -> std::result::Result<(), String>
                     let (f, e) = &files[*fi];
                     buf.resize(c.size as usize, 0);
                     let res = f.read_exact_at(&mut buf, *off).map_err(|err| format!("read {} at {off}: {err}", e.path)).and_then(|()| {
-                        if sha256_hex(&buf) == c.digest {
+                        let ok = match &c.xxh3 {
+                            Some(x) => xxh3_hex(&buf) == *x,
+                            None => sha256_hex(&buf) == c.digest,
+                        };
+                        if ok {
                             Ok(())
                         } else {
                             Err(format!("file {} bytes {}..{} do not match chunk sha256:{}", e.path, off, off + c.size as u64, c.digest))

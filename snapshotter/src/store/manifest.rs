@@ -141,6 +141,10 @@ impl Manifest {
                     if let Some(c) = e.chunks.iter().find(|c| !is_digest(&c.digest)) {
                         return Err(format!("file {:?}: malformed chunk digest {:?}", e.path, c.digest));
                     }
+                    let bad_xxh3 = |x: &String| x.len() != 32 || !x.bytes().all(|b| b.is_ascii_hexdigit());
+                    if let Some(c) = e.chunks.iter().find(|c| c.xxh3.as_ref().is_some_and(bad_xxh3)) {
+                        return Err(format!("file {:?}: malformed chunk checksum xxh3 {:?}", e.path, c.xxh3));
+                    }
                     total += e.size;
                 }
                 _ => {}
@@ -179,7 +183,7 @@ mod tests {
             logical_bytes: 5,
             entries: vec![
                 Entry { path: "c1".into(), kind: EntryKind::Dir, mode: 0o755, size: 0, chunks: vec![] },
-                Entry { path: "c1/pages".into(), kind: EntryKind::File, mode: 0o600, size: 5, chunks: vec![ChunkRef { digest: sha256_hex(b"hello"), size: 5 }] },
+                Entry { path: "c1/pages".into(), kind: EntryKind::File, mode: 0o600, size: 5, chunks: vec![ChunkRef { digest: sha256_hex(b"hello"), size: 5, xxh3: None }] },
             ],
         }
     }
