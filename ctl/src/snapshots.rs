@@ -34,9 +34,9 @@ pub enum Cmd {
         /// Snapshots to keep per actor (default: the daemon's policy).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
         keep: Option<u32>,
-        /// Only show what would be removed.
+        /// Only this actor's snapshots (unreferenced chunks are swept only without it).
         #[arg(long)]
-        dry_run: bool,
+        actor: Option<String>,
     },
     /// The store's budget, usage, pending uploads, transfers and recent errors.
     Status,
@@ -77,7 +77,7 @@ async fn run_async(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String
         Cmd::Inspect { snapshot } | Cmd::Upload { snapshot } | Cmd::Evict { snapshot } | Cmd::Rm { snapshot } => {
             Some(parse_ref(snapshot)?)
         }
-        Cmd::Ls { actor: Some(a) } => {
+        Cmd::Ls { actor: Some(a) } | Cmd::Gc { actor: Some(a), .. } => {
             crate::validate_name(a)?;
             None
         }
@@ -117,21 +117,37 @@ async fn run_async(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String
             client.remove(ctx(TRANSFER), &id).await.map_err(|e| rpc_err("remove", e))?;
             println!("removed {}", name(&id));
         }
-        Cmd::Gc { keep, dry_run } => {
+        Cmd::Gc { keep, actor } => {
             let mut req = api::GcRequest::new();
             req.keep = keep.unwrap_or(0);
-            req.dry_run = *dry_run;
+            req.actor = actor.clone().unwrap_or_default();
             let resp = client.gc(ctx(TRANSFER), &req).await.map_err(|e| rpc_err("gc", e))?;
             if as_json {
-                let removed: Vec<String> = resp.removed.iter().map(name).collect();
-                let out = json!({"removed": removed, "chunks_removed": resp.chunks_removed, "bytes_freed": resp.bytes_freed, "dry_run": dry_run});
+                let ids = |v: &[api::SnapshotId]| v.iter().map(name).collect::<Vec<_>>();
+                let out = json!({"removed": ids(&resp.removed), "kept_pinned": ids(&resp.kept_pinned),
+                    "chunks_removed": resp.chunks_removed, "chunks_kept_young": resp.chunks_kept_young,
+                    "bytes_freed": resp.bytes_freed, "errors": resp.errors});
                 println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
             } else {
-                let verb = if *dry_run { "would remove" } else { "removed" };
                 for id in &resp.removed {
-                    println!("{verb} {}", name(id));
+                    println!("removed {}", name(id));
                 }
-                println!("{verb} {} snapshot(s), {} chunk(s), {}", resp.removed.len(), resp.chunks_removed, mib(resp.bytes_freed));
+                for id in &resp.kept_pinned {
+                    println!("kept {} (checked out)", name(id));
+                }
+                println!(
+                    "removed {} snapshot(s), {} chunk(s), {}; {} young unreferenced chunk(s) kept",
+                    resp.removed.len(),
+                    resp.chunks_removed,
+                    mib(resp.bytes_freed),
+                    resp.chunks_kept_young
+                );
+                for e in &resp.errors {
+                    println!("error: {e}");
+                }
+            }
+            if !resp.errors.is_empty() {
+                return Err(format!("gc finished with {} error(s)", resp.errors.len()));
             }
         }
         Cmd::Status => {
@@ -145,7 +161,16 @@ async fn run_async(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String
                 "remote_url": st.remote_url,
                 "local_budget_bytes": st.local_budget_bytes,
                 "local_bytes": st.local_bytes,
+                "snapshots": st.snapshots,
+                "local_snapshots": st.local_snapshots,
+                "pinned_snapshots": st.pinned_snapshots,
                 "pending_uploads": st.pending_uploads,
+                "disk_pressure": st.disk_pressure,
+                "uploaded_bytes": st.uploaded_bytes,
+                "uploaded_raw_bytes": st.uploaded_raw_bytes,
+                "uploaded_chunks": st.uploaded_chunks,
+                "deduplicated_chunks": st.deduplicated_chunks,
+                "fetched_bytes": st.fetched_bytes,
                 "transfers": transfers,
                 "errors": st.errors,
             });
@@ -153,8 +178,11 @@ async fn run_async(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String
                 println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
             } else {
                 println!("object tier:     {}", st.remote_url);
-                println!("local tier:      {} of {} budget", mib(st.local_bytes), mib(st.local_budget_bytes));
+                let pressure = if st.disk_pressure { " (DISK PRESSURE: uploading regardless of keep-local)" } else { "" };
+                println!("local tier:      {} of {} budget{pressure}", mib(st.local_bytes), mib(st.local_budget_bytes));
+                println!("snapshots:       {} ({} local, {} checked out)", st.snapshots, st.local_snapshots, st.pinned_snapshots);
                 println!("pending uploads: {}", st.pending_uploads);
+                println!("since start:     uploaded {} in {} chunks ({} deduplicated), fetched {}", mib(st.uploaded_bytes), st.uploaded_chunks, st.deduplicated_chunks, mib(st.fetched_bytes));
                 for t in &st.transfers {
                     let id = t.id.as_ref().map(name).unwrap_or_default();
                     println!("{:<8} {id}: {} / {}", t.kind, mib(t.done_bytes), mib(t.total_bytes));
@@ -265,6 +293,10 @@ fn info_json(i: &api::SnapshotInfo) -> Value {
         "last_used_unix_ms": i.last_used_unix_ms,
         "keep_local_until_unix_ms": i.keep_local_until_unix_ms,
         "manifest_digest": i.manifest_digest,
+        "chunk_count": i.chunk_count,
+        "pins": i.pins,
+        "upload_attempts": i.upload_attempts,
+        "last_error": i.last_error,
         "labels": labels,
     })
 }

@@ -3,3 +3,4 @@
 //! Not implemented yet: see issue "The companion snapshotter".
 
 pub mod store;
+pub mod store_api;

@@ -1,0 +1,291 @@
+//! The store API (`torpor.store.v1.Store`, ttrpc) over [`crate::store::Store`]:
+//! what the shim and torporctl call on `/run/torpor/store.sock`.
+//!
+//! Every store error keeps its message (it names the snapshot and the
+//! problem) and is mapped onto the ttrpc code a caller can act on:
+//! invalid input → INVALID_ARGUMENT, unknown snapshot/staging/lease →
+//! NOT_FOUND, a refused eviction (not durable, pinned) → FAILED_PRECONDITION,
+//! corrupt data → DATA_LOSS, an unreachable object tier → UNAVAILABLE.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use torpor_api::store as api;
+use torpor_api::ttrpc::{self, r#async::TtrpcContext, Code};
+use tracing::{info, warn};
+
+use crate::store::{self, ActorName, CommitOptions, GcPolicy, SnapshotId, Store};
+
+/// The service: the store plus the transfers in flight (for `Status`).
+pub struct StoreService {
+    store: Arc<Store>,
+    transfers: Mutex<HashMap<u64, (String, SnapshotId, tokio::sync::watch::Receiver<(u64, u64)>)>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl StoreService {
+    pub fn new(store: Arc<Store>) -> Self {
+        Self { store, transfers: Mutex::new(HashMap::new()), next: 0.into() }
+    }
+
+    /// The ttrpc service map to register on a server.
+    pub fn into_service(self) -> HashMap<String, ttrpc::r#async::Service> {
+        api::create_store(Arc::new(self))
+    }
+
+    /// Runs `f` with a progress channel that `Status` reports as a transfer.
+    async fn tracked<T, F, Fut>(&self, kind: &str, id: &SnapshotId, f: F) -> store::Result<T>
+    where
+        F: FnOnce(store::Progress) -> Fut,
+        Fut: std::future::Future<Output = store::Result<T>>,
+    {
+        let (tx, rx) = tokio::sync::watch::channel((0, 0));
+        let key = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        lock(&self.transfers).insert(key, (kind.to_string(), id.clone(), rx));
+        let r = f(tx).await;
+        lock(&self.transfers).remove(&key);
+        r
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A store error as a ttrpc status (the message is the error's text).
+fn status(op: &str, e: store::Error) -> ttrpc::Error {
+    use store::Error as E;
+    let code = match &e {
+        E::InvalidActor { .. } | E::InvalidSnapshotId { .. } | E::InvalidArgument(_) | E::UnsupportedFile { .. } => {
+            Code::INVALID_ARGUMENT
+        }
+        e if e.is_not_found() => Code::NOT_FOUND,
+        E::NotDurable { .. } | E::Pinned { .. } | E::NoLocalCopy { .. } => Code::FAILED_PRECONDITION,
+        E::Conflict { .. } => Code::ABORTED,
+        E::Corrupt { .. } => Code::DATA_LOSS,
+        E::FetchFailed { source, .. } if matches!(**source, E::Corrupt { .. }) => Code::DATA_LOSS,
+        e if e.is_remote_unavailable() => Code::UNAVAILABLE,
+        E::ShuttingDown => Code::UNAVAILABLE,
+        _ => Code::INTERNAL,
+    };
+    if code == Code::INTERNAL || code == Code::DATA_LOSS {
+        warn!(op, error = %e, "store request failed");
+    }
+    ttrpc::Error::RpcStatus(ttrpc::get_status(code, e.to_string()))
+}
+
+fn invalid(msg: String) -> ttrpc::Error {
+    ttrpc::Error::RpcStatus(ttrpc::get_status(Code::INVALID_ARGUMENT, msg))
+}
+
+fn actor(s: &str) -> ttrpc::Result<ActorName> {
+    ActorName::new(s).map_err(|e| status("parse", e))
+}
+
+fn snapshot_id(id: Option<&api::SnapshotId>) -> ttrpc::Result<SnapshotId> {
+    let id = id.ok_or_else(|| invalid("no snapshot id given".into()))?;
+    if id.generation == 0 {
+        return Err(invalid(format!("snapshot {}@0: generations start at 1", id.actor)));
+    }
+    Ok(SnapshotId::new(actor(&id.actor)?, id.generation))
+}
+
+fn unix_ms(t: SystemTime) -> i64 {
+    t.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+fn to_api_id(id: &SnapshotId) -> api::SnapshotId {
+    let mut a = api::SnapshotId::new();
+    a.actor = id.actor.to_string();
+    a.generation = id.generation;
+    a
+}
+
+fn to_api_info(i: &store::SnapshotInfo) -> api::SnapshotInfo {
+    let mut a = api::SnapshotInfo::new();
+    a.id = protobuf::MessageField::some(to_api_id(&i.id));
+    a.created_unix_ms = unix_ms(i.created);
+    a.bytes = i.logical_bytes;
+    a.local = i.local;
+    a.remote = i.remote == store::RemoteState::Durable;
+    a.durable = i.durable;
+    a.labels = i.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    a.last_used_unix_ms = unix_ms(i.last_used);
+    a.keep_local_until_unix_ms = unix_ms(i.keep_local_until);
+    a.manifest_digest = format!("sha256:{}", i.manifest_digest);
+    a.state = state_name(i);
+    a.chunk_count = i.chunk_count;
+    a.pins = i.pins as u32;
+    a.upload_attempts = i.upload_attempts;
+    a.last_error = i.last_error.clone().unwrap_or_default();
+    a
+}
+
+/// One word for an operator: where the snapshot is and whether it is safe.
+fn state_name(i: &store::SnapshotInfo) -> String {
+    use store::{LocalState as L, RemoteState as R};
+    match (&i.local_state, &i.remote) {
+        (L::Committing { .. }, _) => "committing",
+        (L::Fetching { .. }, _) => "fetching",
+        (L::Evicting, _) => "evicting",
+        (L::Present, R::Durable) => "durable",
+        (L::Present, R::Uploading) => "uploading",
+        (L::Present, R::Absent) => "local",
+        (L::Absent, R::Durable) => "remote",
+        (L::Absent, _) => "lost",
+    }
+    .to_string()
+}
+
+#[async_trait]
+impl api::Store for StoreService {
+    async fn begin(&self, _: &TtrpcContext, req: api::BeginRequest) -> ttrpc::Result<api::BeginResponse> {
+        let st = self.store.begin(&actor(&req.actor)?).await.map_err(|e| status("begin", e))?;
+        let mut r = api::BeginResponse::new();
+        r.staging_id = st.id;
+        r.path = st.path.to_string_lossy().into_owned();
+        Ok(r)
+    }
+
+    async fn commit(&self, _: &TtrpcContext, req: api::CommitRequest) -> ttrpc::Result<api::SnapshotInfo> {
+        let opts = CommitOptions {
+            labels: req.labels.into_iter().collect(),
+            keep_local: req.keep_local_seconds.map(Duration::from_secs),
+        };
+        let info = self.store.commit(&req.staging_id, opts).await.map_err(|e| status("commit", e))?;
+        info!(snapshot = %info.id, bytes = info.logical_bytes, "snapshot committed");
+        Ok(to_api_info(&info))
+    }
+
+    async fn abort(&self, _: &TtrpcContext, req: api::AbortRequest) -> ttrpc::Result<api::Empty> {
+        self.store.abort(&req.staging_id).await.map_err(|e| status("abort", e))?;
+        Ok(api::Empty::new())
+    }
+
+    async fn latest(&self, _: &TtrpcContext, req: api::LatestRequest) -> ttrpc::Result<api::LatestResponse> {
+        let info = self.store.latest(&actor(&req.actor)?).await.map_err(|e| status("latest", e))?;
+        let mut r = api::LatestResponse::new();
+        r.info = info.as_ref().map(to_api_info).into();
+        Ok(r)
+    }
+
+    async fn checkout(&self, _: &TtrpcContext, req: api::CheckoutRequest) -> ttrpc::Result<api::CheckoutResponse> {
+        let id = snapshot_id(req.id.as_ref())?;
+        let store = self.store.clone();
+        let id2 = id.clone();
+        let co = self
+            .tracked("fetch", &id, |p| async move { store.checkout(&id2, Some(p)).await })
+            .await
+            .map_err(|e| status("checkout", e))?;
+        info!(snapshot = %co.info.id, fetched = co.fetched, verified_bytes = co.verified_bytes, "snapshot checked out");
+        let mut r = api::CheckoutResponse::new();
+        r.info = protobuf::MessageField::some(to_api_info(&co.info));
+        r.path = co.path.to_string_lossy().into_owned();
+        r.lease = co.lease;
+        Ok(r)
+    }
+
+    async fn release(&self, _: &TtrpcContext, req: api::ReleaseRequest) -> ttrpc::Result<api::Empty> {
+        self.store.release(&req.lease).await.map_err(|e| status("release", e))?;
+        Ok(api::Empty::new())
+    }
+
+    async fn list(&self, _: &TtrpcContext, req: api::ListRequest) -> ttrpc::Result<api::ListResponse> {
+        let filter = if req.actor.is_empty() { None } else { Some(actor(&req.actor)?) };
+        let list = self.store.list(filter.as_ref()).await.map_err(|e| status("list", e))?;
+        let mut r = api::ListResponse::new();
+        r.snapshots = list.iter().map(to_api_info).collect();
+        Ok(r)
+    }
+
+    async fn inspect(&self, _: &TtrpcContext, req: api::SnapshotId) -> ttrpc::Result<api::InspectResponse> {
+        let id = snapshot_id(Some(&req))?;
+        let (info, manifest) = self.store.inspect(&id).await.map_err(|e| status("inspect", e))?;
+        let mut r = api::InspectResponse::new();
+        r.info = protobuf::MessageField::some(to_api_info(&info));
+        r.manifest_json = serde_json::to_string(&manifest)
+            .map_err(|e| ttrpc::Error::RpcStatus(ttrpc::get_status(Code::INTERNAL, format!("serialize manifest: {e}"))))?;
+        Ok(r)
+    }
+
+    async fn upload(&self, _: &TtrpcContext, req: api::SnapshotId) -> ttrpc::Result<api::SnapshotInfo> {
+        let id = snapshot_id(Some(&req))?;
+        let store = self.store.clone();
+        let id2 = id.clone();
+        let info = self
+            .tracked("upload", &id, |p| async move { store.upload(&id2, Some(p)).await })
+            .await
+            .map_err(|e| status("upload", e))?;
+        info!(snapshot = %info.id, "snapshot uploaded on demand");
+        Ok(to_api_info(&info))
+    }
+
+    async fn evict(&self, _: &TtrpcContext, req: api::SnapshotId) -> ttrpc::Result<api::Empty> {
+        let id = snapshot_id(Some(&req))?;
+        self.store.evict(&id).await.map_err(|e| status("evict", e))?;
+        info!(snapshot = %id, "local copy evicted on demand");
+        Ok(api::Empty::new())
+    }
+
+    async fn remove(&self, _: &TtrpcContext, req: api::SnapshotId) -> ttrpc::Result<api::Empty> {
+        let id = snapshot_id(Some(&req))?;
+        self.store.remove(&id).await.map_err(|e| status("remove", e))?;
+        info!(snapshot = %id, "snapshot removed");
+        Ok(api::Empty::new())
+    }
+
+    async fn gc(&self, _: &TtrpcContext, req: api::GcRequest) -> ttrpc::Result<api::GcResponse> {
+        let mut policy = GcPolicy::default();
+        if req.keep > 0 {
+            policy.keep_newest = req.keep as usize;
+        }
+        if !req.actor.is_empty() {
+            policy.actor = Some(actor(&req.actor)?);
+            policy.sweep_chunks = false;
+        }
+        let rep = self.store.gc(policy).await.map_err(|e| status("gc", e))?;
+        info!(removed = rep.removed.len(), chunks = rep.chunks_deleted, "gc done");
+        let mut r = api::GcResponse::new();
+        r.removed = rep.removed.iter().map(to_api_id).collect();
+        r.kept_pinned = rep.kept_pinned.iter().map(to_api_id).collect();
+        r.chunks_removed = rep.chunks_deleted;
+        r.bytes_freed = rep.chunk_bytes_deleted;
+        r.chunks_kept_young = rep.chunks_kept_young;
+        r.errors = rep.errors;
+        Ok(r)
+    }
+
+    async fn status(&self, _: &TtrpcContext, _: api::Empty) -> ttrpc::Result<api::StatusResponse> {
+        let st = self.store.status();
+        let mut r = api::StatusResponse::new();
+        r.local_budget_bytes = st.local_budget_bytes;
+        r.local_bytes = st.local_bytes;
+        r.pending_uploads = st.pending_uploads as u32;
+        r.snapshots = st.snapshots as u32;
+        r.local_snapshots = st.local_snapshots as u32;
+        r.pinned_snapshots = st.pinned_snapshots as u32;
+        r.disk_pressure = st.disk_pressure;
+        r.uploaded_bytes = st.uploaded_bytes;
+        r.uploaded_raw_bytes = st.uploaded_raw_bytes;
+        r.uploaded_chunks = st.uploaded_chunks;
+        r.deduplicated_chunks = st.deduplicated_chunks;
+        r.fetched_bytes = st.fetched_bytes;
+        r.remote_url = self.store.config().remote_url.clone();
+        r.errors = st.last_errors.iter().map(|(t, e)| format!("{} {e}", unix_ms(*t))).collect();
+        r.transfers = lock(&self.transfers)
+            .values()
+            .map(|(kind, id, rx)| {
+                let (done, total) = *rx.borrow();
+                let mut t = api::Transfer::new();
+                t.kind = kind.clone();
+                t.id = protobuf::MessageField::some(to_api_id(id));
+                t.done_bytes = done;
+                t.total_bytes = total;
+                t
+            })
+            .collect();
+        Ok(r)
+    }
+}
