@@ -1,3 +1,8 @@
-//! torpor-snapshotter: the node daemon that will own the tiered snapshot store
-//! (local disk ahead of object storage) and the containerd proxy snapshotter.
-//! Not implemented yet: see issue "The companion snapshotter".
+//! torpor-snapshotter: the node daemon that owns the containerd proxy
+//! snapshotter (overlayfs, [`overlay`]) and, later, the tiered snapshot store
+//! (local disk ahead of object storage).
+
+pub mod config;
+pub mod daemon;
+pub mod error;
+pub mod overlay;
