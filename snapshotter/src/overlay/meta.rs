@@ -120,12 +120,14 @@ impl MetaStore {
                     db!(path, meta.insert(SCHEMA_VERSION_KEY, SCHEMA_VERSION))?;
                 }
                 Some(SCHEMA_VERSION) => {}
-                Some(v) => return Err(Error::Corrupt {
-                    path: path.to_path_buf(),
-                    msg: format!(
+                Some(v) => {
+                    return Err(Error::Corrupt {
+                        path: path.to_path_buf(),
+                        msg: format!(
                         "schema version {v}, this torpor-snapshotter knows only {SCHEMA_VERSION}"
                     ),
-                }),
+                    })
+                }
             }
         }
         db!(path, tx.commit())?;

@@ -130,26 +130,22 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Removes a snapshot directory; busy mounts below it are detached first
-/// (as containerd's `removeCleanupDir`).
+/// Removes a snapshot directory. Mounts below it are detached first, so that
+/// the removal never reaches into a file system mounted there (containerd's
+/// `removeCleanupDir` only detaches after a busy error, when `RemoveAll` has
+/// already deleted through the mount).
 fn remove_snapshot_dir(dir: &Path) -> Result<()> {
-    match std::fs::remove_dir_all(dir) {
-        Ok(()) => return Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => {
-            let under = mounts_under(dir);
-            if under.is_empty() {
-                return Err(Error::io("remove directory", dir, e));
-            }
-            warn!(path = %dir.display(), error = %e, mounts = under.len(), "snapshot directory busy, detaching mounts below it");
-            for m in under {
-                if let Err(errno) = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH) {
-                    warn!(path = %m.display(), error = %errno, "could not detach mount");
-                }
-            }
+    for m in mounts_under(dir) {
+        warn!(path = %m.display(), "detaching a mount left below a removed snapshot");
+        if let Err(errno) = nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH) {
+            return Err(Error::nix("detach mount", &m, errno));
         }
     }
-    std::fs::remove_dir_all(dir).map_err(|e| Error::io("remove directory", dir, e))
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("remove directory", dir, e)),
+    }
 }
 
 impl Fields for (&str, &Record) {
