@@ -310,6 +310,26 @@ mod tests {
     }
 
     #[test]
+    fn shipped_example_is_the_defaults() {
+        let text = include_str!("../../deploy/torpor/snapshotter.toml");
+        assert_eq!(Config::parse(text).unwrap(), Config::default());
+        // and every commented key in it is a real key with its default value
+        let uncommented: String = text
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest) if rest.contains(" = ") => rest.split("  #").next().unwrap_or(rest),
+                _ => l,
+            })
+            .map(|l| format!("{}\n", l.trim_end()))
+            .collect();
+        let c = Config::parse(&uncommented).unwrap_or_else(|e| panic!("{e}\n{uncommented}"));
+        assert_eq!(c.root, Config::default().root);
+        assert_eq!(c.snapshotter, Config::default().snapshotter);
+        assert_eq!(c.store.address, Config::default().store.address);
+        assert_eq!(c.store.local_budget, Some(20 << 30));
+    }
+
+    #[test]
     fn every_key() {
         let c = Config::parse(
             r#"
