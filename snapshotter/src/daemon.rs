@@ -228,3 +228,43 @@ pub async fn run(cfg: Config) -> Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn socket_in_a_private_dir_replacing_only_stale_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let sock = dir.join("s.sock");
+
+        let l = bind_socket(&sock).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700, "directory tightened");
+        assert_eq!(mode(&sock), 0o600);
+
+        // a live socket is not taken over
+        let e = bind_socket(&sock).unwrap_err();
+        assert!(e.to_string().contains("in use"), "{e}");
+
+        // a stale one (its listener gone, the file left) is replaced
+        drop(l);
+        assert!(sock.exists());
+        let _l = bind_socket(&sock).unwrap();
+
+        // something else at the path is left alone
+        let file = dir.join("plain");
+        std::fs::write(&file, "x").unwrap();
+        let e = bind_socket(&file).unwrap_err();
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
+
+        // a missing directory is created 0700
+        let deep = tmp.path().join("a/b/c.sock");
+        let _l2 = bind_socket(&deep).unwrap();
+        assert_eq!(mode(deep.parent().unwrap()), 0o700);
+    }
+}
