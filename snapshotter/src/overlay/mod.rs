@@ -8,8 +8,8 @@
 //! - `snapshots/new-*`: a snapshot being created (renamed to `<id>` inside the
 //!   metadata transaction, before it commits).
 //!
-//! Crash consistency: a create renames its directory into place inside the
-//! write transaction and only then commits; a remove commits first and
+//! Crash consistency: a create renames its directory into place (and fsyncs
+//! it) inside the write transaction and only then commits; a remove commits first and
 //! deletes the directory afterwards. Either way a crash can only leave a
 //! directory without a record, never a record without its directory, and
 //! [`Overlay::cleanup`] (run at every start, and on containerd's `Cleanup`)
@@ -90,6 +90,12 @@ fn mapped_root(label: &str, value: &str) -> Result<u32> {
     Err(Error::InvalidArgument(format!(
         "label {label}={value:?} maps no host id to container root (0)"
     )))
+}
+
+fn fsync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| Error::io("fsync directory", dir, e))
 }
 
 /// Mount points at or below `dir`, deepest first.
@@ -317,7 +323,12 @@ impl Overlay {
                 warn!(path = %path.display(), "removing leftover directory of an uncommitted snapshot id");
                 remove_snapshot_dir(&path)?;
             }
+            // Durable before the record is: the new directory's entries, then
+            // its name in snapshots/ (a power loss must not keep a record
+            // whose directory vanished).
+            fsync_dir(&td)?;
             std::fs::rename(&td, &path).map_err(|e| Error::io("rename into place", &td, e))?;
+            fsync_dir(&self.snapshots_dir())?;
             Ok((snap, path))
         })();
         let (snap, path) = match result {
