@@ -15,16 +15,24 @@ deps:
 build:
 	$(CARGO) build --release --workspace
 
-## install: the shim on PATH for the system containerd, plus the config drop-in
+## install: the shim and torpor-snapshotter on PATH for the system containerd, the
+## snapshotter's systemd unit (and an example config, kept if one exists), the config drop-in
 install: build
 	install -D -m 0755 target/release/containerd-shim-torpor-v1 $(DESTDIR)$(PREFIX)/bin/containerd-shim-torpor-v1
 	install -D -m 0755 target/release/torporctl $(DESTDIR)$(PREFIX)/bin/torporctl
+	install -D -m 0755 target/release/torpor-snapshotter $(DESTDIR)$(PREFIX)/bin/torpor-snapshotter
+	install -D -m 0644 deploy/systemd/torpor-snapshotter.service $(DESTDIR)/etc/systemd/system/torpor-snapshotter.service
+	[ -e $(DESTDIR)/etc/torpor/snapshotter.toml ] || install -D -m 0644 deploy/torpor/snapshotter.toml $(DESTDIR)/etc/torpor/snapshotter.toml
+	install -D -m 0644 docs/CONFIG.md $(DESTDIR)$(PREFIX)/share/doc/torpor/CONFIG.md
 	install -D -m 0644 deploy/containerd/torpor.toml $(DESTDIR)/etc/containerd/conf.d/torpor.toml
 	@echo "installed. Make sure /etc/containerd/config.toml has: imports = [\"/etc/containerd/conf.d/*.toml\"]"
-	@echo "then: systemctl restart containerd && kubectl apply -f RuntimeClass.yaml"
+	@echo "then: systemctl daemon-reload && systemctl enable --now torpor-snapshotter"
+	@echo "      systemctl restart containerd && kubectl apply -f RuntimeClass.yaml"
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/containerd-shim-torpor-v1 $(DESTDIR)$(PREFIX)/bin/torporctl $(DESTDIR)/etc/containerd/conf.d/torpor.toml
+	rm -f $(DESTDIR)$(PREFIX)/bin/torpor-snapshotter $(DESTDIR)/etc/systemd/system/torpor-snapshotter.service $(DESTDIR)$(PREFIX)/share/doc/torpor/CONFIG.md
+	@echo "kept /etc/torpor/snapshotter.toml and the snapshots under /var/lib/torpor/snapshotter"
 
 ## demo: set up the machine, then run an actor under torpor on a private containerd
 demo: deps build
@@ -34,7 +42,7 @@ demo: deps build
 test: unit-test integration-test
 
 unit-test:
-	$(CARGO) test --release -p torpor-runtime -p torpor-shim -p torporctl
+	$(CARGO) test --release -p torpor-runtime -p torpor-shim -p torporctl -p torpor-snapshotter
 
 integration-test:
 	test/rig/run-tests.sh

@@ -1,6 +1,11 @@
-//! torpor-snapshotter: the node daemon that will own the tiered snapshot store
-//! (local disk ahead of object storage) and the containerd proxy snapshotter.
-//! Not implemented yet: see issue "The companion snapshotter".
+//! torpor-snapshotter: the node daemon that owns the containerd proxy
+//! snapshotter (overlayfs, [`overlay`]) and the tiered snapshot store (local
+//! disk ahead of object storage, [`store`]) with its API for the shim and
+//! torporctl ([`store_api`]).
 
+pub mod config;
+pub mod daemon;
+pub mod error;
+pub mod overlay;
 pub mod store;
 pub mod store_api;

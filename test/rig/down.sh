@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Tear the torpor test rig down, also after failures, crashes or a killed
 # containerd: pods, containers, tasks, shims and their container processes,
-# containerd, mounts, network namespaces, the CNI bridge and veths, iptables
+# containerd, the rig's torpor-snapshotter, mounts, network namespaces, the CNI bridge and veths, iptables
 # rules of the rig's network, cgroups, shim sockets and the state dir.
 #
 #   test/rig/down.sh           keep the content store ($TORPOR_RIG_ROOT)
-#   test/rig/down.sh --purge   also delete $TORPOR_RIG_ROOT (images re-import quickly)
+#   test/rig/down.sh --purge   also delete $TORPOR_RIG_ROOT (images re-import quickly;
+#                              this includes the snapshotter's root and its snapshots)
 #
 # Exits non-zero if something of the rig is still left at the end.
 set -uo pipefail
@@ -135,6 +136,23 @@ if pid="$(rig_containerd_pid)"; then
 	fi
 fi
 rm -f "$TORPOR_RIG_PIDFILE"
+
+# ------------------------------------------------- 2b. stop torpor-snapshotter
+# After containerd (which may still remove snapshots through it above).
+if pid="$(rig_snapshotter_pid)"; then
+	log "stopping torpor-snapshotter (pid $pid)"
+	kill -TERM "$pid" 2>/dev/null
+	for _ in $(seq 100); do
+		[ -d "/proc/$pid" ] || break
+		sleep 0.1
+	done
+	if [ -d "/proc/$pid" ]; then
+		log "torpor-snapshotter ignored SIGTERM for 10s, killing"
+		kill -KILL "$pid" 2>/dev/null
+		sleep 0.2
+	fi
+fi
+rm -f "$TORPOR_RIG_SNAPSHOTTER_PIDFILE"
 
 # the S3 server (its data under $TORPOR_RIG_S3_DIR stays until --purge)
 "$TORPOR_RIG_DIR/s3.sh" stop || log "could not stop the S3 server"
@@ -307,6 +325,8 @@ fi
 left=()
 [ -n "$(rig_shim_pids)" ] && left+=("shim processes: $(rig_shim_pids | tr '\n' ' ')")
 rig_containerd_pid >/dev/null && left+=("containerd")
+rig_snapshotter_pid >/dev/null && left+=("torpor-snapshotter")
+
 "$TORPOR_RIG_DIR/s3.sh" status 2>/dev/null && left+=("S3 server (versitygw)")
 grep -qF -e " $TORPOR_RIG_STATE/" -e " $TORPOR_RIG_STATE " /proc/self/mountinfo && left+=("mounts under $TORPOR_RIG_STATE")
 grep -qF -e " $TORPOR_RIG_ROOT/" /proc/self/mountinfo && left+=("mounts under $TORPOR_RIG_ROOT")

@@ -29,6 +29,17 @@ export TORPOR_RIG_LOG="$TORPOR_RIG_STATE/containerd.log"
 export TORPOR_RIG_PIDFILE="$TORPOR_RIG_STATE/containerd.pid"
 export TORPOR_RIG_ADDRESS="$TORPOR_RIG_STATE/containerd.sock"
 
+# torpor-snapshotter (the proxy snapshotter `torpor`), run from the build tree.
+# Its root (metadata.db, snapshots/) is persistent like containerd's; its
+# socket lives in a 0700 directory of the state dir.
+export TORPOR_SNAPSHOTTER_BIN="${TORPOR_SNAPSHOTTER_BIN:-$TORPOR_REPO_ROOT/target/release/torpor-snapshotter}"
+export TORPOR_RIG_SNAPSHOTTER_ROOT="$TORPOR_RIG_ROOT/snapshotter"
+export TORPOR_RIG_SNAPSHOTTER_SOCKET="$TORPOR_RIG_STATE/torpor/snapshotter.sock"
+export TORPOR_RIG_STORE_SOCKET="$TORPOR_RIG_STATE/torpor/store.sock"
+export TORPOR_RIG_SNAPSHOTTER_CONFIG="$TORPOR_RIG_STATE/snapshotter.toml"
+export TORPOR_RIG_SNAPSHOTTER_LOG="$TORPOR_RIG_STATE/snapshotter.log"
+export TORPOR_RIG_SNAPSHOTTER_PIDFILE="$TORPOR_RIG_STATE/snapshotter.pid"
+
 # CNI
 export TORPOR_RIG_CNI_BIN_DIR="${TORPOR_RIG_CNI_BIN_DIR:-/opt/cni/bin}"
 export TORPOR_RIG_CNI_CONF_DIR="$TORPOR_RIG_STATE/cni/net.d"
@@ -86,6 +97,27 @@ rig_containerd_pid() {
 		exe="$(readlink "$p/exe" 2>/dev/null || true)"
 		case "$exe" in */containerd) ;; *) continue ;; esac
 		if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -F -- "--config $TORPOR_RIG_CONFIG" >/dev/null; then
+			echo "${p#/proc/}"
+			return 0
+		fi
+	done
+	return 1
+}
+
+# Prints the pid of the rig's torpor-snapshotter if it is running, else nothing.
+rig_snapshotter_pid() {
+	local pid p
+	if [ -f "$TORPOR_RIG_SNAPSHOTTER_PIDFILE" ]; then
+		pid="$(cat "$TORPOR_RIG_SNAPSHOTTER_PIDFILE" 2>/dev/null || true)"
+		if [ -n "$pid" ] && [ -d "/proc/$pid" ] &&
+			tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -F -- "--config $TORPOR_RIG_SNAPSHOTTER_CONFIG" >/dev/null; then
+			echo "$pid"
+			return 0
+		fi
+	fi
+	for p in /proc/[0-9]*; do
+		case "$(readlink "$p/exe" 2>/dev/null)" in */torpor-snapshotter*) ;; *) continue ;; esac
+		if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -F -- "--config $TORPOR_RIG_SNAPSHOTTER_CONFIG" >/dev/null; then
 			echo "${p#/proc/}"
 			return 0
 		fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the torpor integration tests against a private containerd:
-#   build the shim, up.sh, cargo test -p torpor-tests, then down.sh (always,
+#   build the shim and torpor-snapshotter, up.sh, cargo test -p torpor-tests, then down.sh (always,
 #   for a rig this script started; see TORPOR_RIG_DOWN).
 #
 #   test/rig/run-tests.sh                       all tests, runtime handler torpor
@@ -66,8 +66,8 @@ cd "$TORPOR_REPO_ROOT" || exit 1
 if [ "${TORPOR_SKIP_SHIM_BUILD:-0}" = 1 ]; then
 	echo "rig/run-tests: TORPOR_SKIP_SHIM_BUILD=1, not building the shim" >&2
 else
-	echo "rig/run-tests: building the shim" >&2
-	cargo build --release -p torpor-shim -p torporctl || exit $?
+	echo "rig/run-tests: building the shim and the snapshotter" >&2
+	cargo build --release -p torpor-shim -p torporctl -p torpor-snapshotter || exit $?
 fi
 
 "$RIG_DIR/up.sh" || exit $?

@@ -1,0 +1,431 @@
+//! The daemon's configuration: a TOML file (every key optional, unknown keys
+//! refused) overridden by command-line flags. Reference: docs/CONFIG.md.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// Where the daemon looks for its config file when `--config` is not given.
+pub const DEFAULT_CONFIG: &str = "/etc/torpor/snapshotter.toml";
+/// Persistent state: metadata database, snapshot directories (and, later, the store).
+pub const DEFAULT_ROOT: &str = "/var/lib/torpor/snapshotter";
+/// containerd's proxy plugin address.
+pub const DEFAULT_SNAPSHOTTER_ADDRESS: &str = "/run/torpor/snapshotter.sock";
+/// The snapshot store's gRPC API.
+pub const DEFAULT_STORE_ADDRESS: &str = "/run/torpor/store.sock";
+pub const DEFAULT_LOG_LEVEL: &str = "info";
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The file as written (all keys optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    root: Option<PathBuf>,
+    log_level: Option<String>,
+    shutdown_timeout: Option<String>,
+    #[serde(default)]
+    snapshotter: FileSnapshotter,
+    #[serde(default)]
+    store: FileStore,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileSnapshotter {
+    address: Option<PathBuf>,
+    mount_options: Option<Vec<String>>,
+    upperdir_label: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileStore {
+    address: Option<PathBuf>,
+    local_budget: Option<String>,
+    remote_url: Option<String>,
+}
+
+/// Command-line overrides (each `None` when the flag was not given).
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub root: Option<PathBuf>,
+    pub address: Option<PathBuf>,
+    pub log_level: Option<String>,
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub root: PathBuf,
+    pub log_level: String,
+    pub shutdown_timeout: Duration,
+    pub snapshotter: SnapshotterConfig,
+    pub store: StoreConfig,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotterConfig {
+    /// Unix socket containerd's `[proxy_plugins.torpor]` connects to.
+    pub address: PathBuf,
+    /// Extra overlay mount options.
+    pub mount_options: Vec<String>,
+    /// Report upper dirs in the `containerd.io/snapshot/overlay.upperdir` label.
+    pub upperdir_label: bool,
+}
+
+/// The snapshot store (placeholder: parsed and validated, served once the
+/// store is wired into the daemon).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoreConfig {
+    /// Unix socket of the store's gRPC API.
+    pub address: PathBuf,
+    /// Byte budget of the local tier (`None`: no limit).
+    pub local_budget: Option<u64>,
+    /// Object tier URL (`s3://bucket/prefix`, `gs://…`, `az://…`, `file:///dir`).
+    pub remote_url: Option<String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            root: PathBuf::from(DEFAULT_ROOT),
+            log_level: DEFAULT_LOG_LEVEL.into(),
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            snapshotter: SnapshotterConfig {
+                address: PathBuf::from(DEFAULT_SNAPSHOTTER_ADDRESS),
+                mount_options: Vec::new(),
+                upperdir_label: false,
+            },
+            store: StoreConfig {
+                address: PathBuf::from(DEFAULT_STORE_ADDRESS),
+                local_budget: None,
+                remote_url: None,
+            },
+        }
+    }
+}
+
+/// Parses `500ms`, `30s`, `5m`, `1h`.
+pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{s:?} has no unit (ms, s, m, h)"))?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not <number><unit> (e.g. 30s)"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        "h" => Ok(Duration::from_secs(n * 3600)),
+        _ => Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
+    }
+}
+
+/// Parses a byte size: `1073741824`, `512MiB`, `20GiB`, `1TiB`, `500MB`, `2GB`.
+pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?} is not <number>[unit] (e.g. 20GiB)"))?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        u => {
+            return Err(format!(
+                "{s:?}: unknown unit {u:?} (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
+            ))
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+fn check_socket_path(key: &str, p: &Path) -> Result<()> {
+    if !p.is_absolute() {
+        return Err(Error::Config(format!(
+            "{key} = {p:?} must be an absolute path"
+        )));
+    }
+    // sockaddr_un.sun_path holds 108 bytes including the terminating NUL
+    if p.as_os_str().len() > 107 {
+        return Err(Error::Config(format!(
+            "{key} = {p:?} is longer than a unix socket path may be (107 bytes)"
+        )));
+    }
+    if p.file_name().is_none() {
+        return Err(Error::Config(format!("{key} = {p:?} has no file name")));
+    }
+    Ok(())
+}
+
+/// Checks a log filter (`info`, `debug`, `torpor_snapshotter=debug,info`, …).
+pub fn check_log_level(s: &str) -> std::result::Result<(), String> {
+    tracing_subscriber::EnvFilter::builder()
+        .parse(s)
+        .map(|_| ())
+        .map_err(|e| format!("{s:?}: {e}"))
+}
+
+impl Config {
+    /// Loads the configuration. `path` is the `--config` flag: a file given
+    /// explicitly must exist; without the flag a missing default file means
+    /// built-in defaults.
+    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Self> {
+        let (file, explicit) = match path {
+            Some(p) => (p.to_path_buf(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG), false),
+        };
+        let text = match std::fs::read_to_string(&file) {
+            Ok(t) => Some(t),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => None,
+            Err(e) => {
+                return Err(Error::Config(format!(
+                    "cannot read config file {}: {e}",
+                    file.display()
+                )))
+            }
+        };
+        let mut cfg = match text {
+            Some(t) => {
+                Self::parse(&t).map_err(|e| Error::Config(format!("{}: {e}", file.display())))?
+            }
+            None => Config::default(),
+        };
+        if let Some(r) = &overrides.root {
+            cfg.root = r.clone();
+        }
+        if let Some(a) = &overrides.address {
+            cfg.snapshotter.address = a.clone();
+        }
+        if let Some(l) = &overrides.log_level {
+            cfg.log_level = l.clone();
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses and validates a config file's text.
+    pub fn parse(text: &str) -> std::result::Result<Self, String> {
+        let f: FileConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        let d = Config::default();
+        let cfg = Config {
+            root: f.root.unwrap_or(d.root),
+            log_level: f.log_level.unwrap_or(d.log_level),
+            shutdown_timeout: match f.shutdown_timeout {
+                Some(s) => parse_duration(&s).map_err(|e| format!("shutdown_timeout: {e}"))?,
+                None => d.shutdown_timeout,
+            },
+            snapshotter: SnapshotterConfig {
+                address: f.snapshotter.address.unwrap_or(d.snapshotter.address),
+                mount_options: f.snapshotter.mount_options.unwrap_or_default(),
+                upperdir_label: f.snapshotter.upperdir_label.unwrap_or(false),
+            },
+            store: StoreConfig {
+                address: f.store.address.unwrap_or(d.store.address),
+                local_budget: match f.store.local_budget {
+                    Some(s) => {
+                        Some(parse_size(&s).map_err(|e| format!("store.local_budget: {e}"))?)
+                    }
+                    None => None,
+                },
+                remote_url: f.store.remote_url,
+            },
+        };
+        cfg.validate().map_err(|e| match e {
+            Error::Config(m) => m,
+            other => other.to_string(),
+        })?;
+        Ok(cfg)
+    }
+
+    /// Checks values that parse but make no sense.
+    pub fn validate(&self) -> Result<()> {
+        if !self.root.is_absolute() {
+            return Err(Error::Config(format!(
+                "root = {:?} must be an absolute path",
+                self.root
+            )));
+        }
+        check_socket_path("snapshotter.address", &self.snapshotter.address)?;
+        check_socket_path("store.address", &self.store.address)?;
+        if self.snapshotter.address == self.store.address {
+            return Err(Error::Config(format!(
+                "snapshotter.address and store.address are the same socket {:?}",
+                self.store.address
+            )));
+        }
+        check_log_level(&self.log_level).map_err(|e| Error::Config(format!("log_level: {e}")))?;
+        if self.shutdown_timeout.is_zero() {
+            return Err(Error::Config("shutdown_timeout must be more than 0".into()));
+        }
+        for o in &self.snapshotter.mount_options {
+            let name = o.split('=').next().unwrap_or("");
+            if o.is_empty() || o.contains(',') {
+                return Err(Error::Config(format!(
+                    "snapshotter.mount_options: {o:?} must be one non-empty option (no commas)"
+                )));
+            }
+            if matches!(name, "lowerdir" | "upperdir" | "workdir") {
+                return Err(Error::Config(format!(
+                    "snapshotter.mount_options: {o:?}: {name} is set by the snapshotter"
+                )));
+            }
+        }
+        if let Some(u) = &self.store.remote_url {
+            let ok = u
+                .split_once("://")
+                .is_some_and(|(scheme, rest)| !scheme.is_empty() && !rest.is_empty());
+            if !ok {
+                return Err(Error::Config(format!(
+                    "store.remote_url = {u:?} is not a URL (s3://bucket/prefix, file:///dir, …)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_is_the_defaults() {
+        assert_eq!(Config::parse("").unwrap(), Config::default());
+    }
+
+    #[test]
+    fn shipped_example_is_the_defaults() {
+        let text = include_str!("../../deploy/torpor/snapshotter.toml");
+        assert_eq!(Config::parse(text).unwrap(), Config::default());
+        // and every commented key in it is a real key with its default value
+        let uncommented: String = text
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest) if rest.contains(" = ") => rest.split("  #").next().unwrap_or(rest),
+                _ => l,
+            })
+            .map(|l| format!("{}\n", l.trim_end()))
+            .collect();
+        let c = Config::parse(&uncommented).unwrap_or_else(|e| panic!("{e}\n{uncommented}"));
+        assert_eq!(c.root, Config::default().root);
+        assert_eq!(c.snapshotter, Config::default().snapshotter);
+        assert_eq!(c.store.address, Config::default().store.address);
+        assert_eq!(c.store.local_budget, Some(20 << 30));
+    }
+
+    #[test]
+    fn every_key() {
+        let c = Config::parse(
+            r#"
+root = "/srv/torpor"
+log_level = "debug"
+shutdown_timeout = "5s"
+[snapshotter]
+address = "/run/x/snap.sock"
+mount_options = ["volatile"]
+upperdir_label = true
+[store]
+address = "/run/x/store.sock"
+local_budget = "20GiB"
+remote_url = "s3://bucket/prefix"
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.root, PathBuf::from("/srv/torpor"));
+        assert_eq!(c.log_level, "debug");
+        assert_eq!(c.shutdown_timeout, Duration::from_secs(5));
+        assert_eq!(c.snapshotter.address, PathBuf::from("/run/x/snap.sock"));
+        assert_eq!(c.snapshotter.mount_options, vec!["volatile"]);
+        assert!(c.snapshotter.upperdir_label);
+        assert_eq!(c.store.local_budget, Some(20 << 30));
+        assert_eq!(c.store.remote_url.as_deref(), Some("s3://bucket/prefix"));
+    }
+
+    #[test]
+    fn bad_input_names_the_key() {
+        let cases = [
+            ("nope = 1", "nope"),
+            ("[snapshotter]\nadress = \"/x\"", "adress"),
+            ("root = \"relative\"", "root"),
+            ("shutdown_timeout = \"5 parsecs\"", "shutdown_timeout"),
+            ("log_level = \"[[\"", "log_level"),
+            (
+                "[snapshotter]\nmount_options = [\"upperdir=/x\"]",
+                "mount_options",
+            ),
+            (
+                "[snapshotter]\naddress = \"rel.sock\"",
+                "snapshotter.address",
+            ),
+            ("[store]\nlocal_budget = \"lots\"", "store.local_budget"),
+            ("[store]\nremote_url = \"bucket\"", "store.remote_url"),
+            (
+                "[store]\naddress = \"/run/torpor/snapshotter.sock\"",
+                "same socket",
+            ),
+            ("root = 5", "root"),
+        ];
+        for (text, want) in cases {
+            let e = Config::parse(text).unwrap_err();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+        let long = format!("[snapshotter]\naddress = \"/{}\"", "x".repeat(120));
+        assert!(Config::parse(&long).unwrap_err().contains("longer"));
+    }
+
+    #[test]
+    fn explicit_missing_file_is_an_error_default_missing_is_not() {
+        let d = tempfile::tempdir().unwrap();
+        let missing = d.path().join("missing.toml");
+        let e = Config::load(Some(&missing), &Overrides::default()).unwrap_err();
+        assert!(e.to_string().contains("missing.toml"), "{e}");
+        let bad = d.path().join("bad.toml");
+        std::fs::write(&bad, "root = [").unwrap();
+        let e = Config::load(Some(&bad), &Overrides::default()).unwrap_err();
+        assert!(e.to_string().contains("bad.toml"), "{e}");
+        let good = d.path().join("good.toml");
+        std::fs::write(&good, "root = \"/a\"").unwrap();
+        let o = Overrides {
+            root: Some("/b".into()),
+            address: Some("/run/t/s.sock".into()),
+            log_level: Some("warn".into()),
+        };
+        let c = Config::load(Some(&good), &o).unwrap();
+        assert_eq!(c.root, PathBuf::from("/b"));
+        assert_eq!(c.snapshotter.address, PathBuf::from("/run/t/s.sock"));
+        assert_eq!(c.log_level, "warn");
+        let bad_flag = Overrides {
+            root: Some("rel".into()),
+            ..Default::default()
+        };
+        assert!(Config::load(Some(&good), &bad_flag).is_err());
+    }
+
+    #[test]
+    fn units() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert!(parse_duration("10").is_err());
+        assert_eq!(parse_size("1024").unwrap(), 1024);
+        assert_eq!(parse_size("2MiB").unwrap(), 2 << 20);
+        assert_eq!(parse_size("3GB").unwrap(), 3_000_000_000);
+        assert!(parse_size("1PiB").is_err());
+        assert!(parse_size("99999999999999TiB").is_err());
+    }
+}

@@ -1,0 +1,270 @@
+//! The daemon: opens the snapshotter, serves its gRPC services on unix
+//! sockets (one tokio runtime, one socket per service), and shuts down
+//! cleanly on SIGTERM/SIGINT.
+//!
+//! Services:
+//! - containerd's snapshots API (proxy plugin) on `snapshotter.address`;
+//! - the snapshot store's API on `store.address`: not served yet — see the
+//!   `STORE HOOK` in [`run`].
+
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use containerd_snapshots::tonic::transport::server::Router;
+use containerd_snapshots::tonic::transport::Server;
+use tokio::net::UnixListener;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use tracing::{error, info, warn};
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::overlay::{Options, Overlay, OverlaySnapshotter};
+
+/// Makes `dir` (the socket directory) exist with mode 0700: created if
+/// missing, tightened if group or others may read it.
+pub fn private_dir(dir: &Path) -> Result<()> {
+    match std::fs::metadata(dir) {
+        Ok(md) => {
+            if !md.is_dir() {
+                return Err(Error::Daemon(format!(
+                    "socket directory {} is not a directory",
+                    dir.display()
+                )));
+            }
+            if md.permissions().mode() & 0o077 != 0 {
+                info!(path = %dir.display(), mode = format!("{:o}", md.permissions().mode() & 0o7777), "restricting socket directory to root (0700)");
+                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+                    .map_err(|e| Error::io("chmod 0700", dir, e))?;
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            use std::os::unix::fs::DirBuilderExt;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(|e| Error::io("create directory", dir, e))
+        }
+        Err(e) => Err(Error::io("stat", dir, e)),
+    }
+}
+
+/// Binds a unix socket at `path` (mode 0600, in a 0700 directory). A socket
+/// left by a crashed daemon is replaced; one that still answers is not.
+pub fn bind_socket(path: &Path) -> Result<UnixListener> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| Error::Daemon(format!("socket path {} has no directory", path.display())))?;
+    private_dir(dir)?;
+    match std::fs::symlink_metadata(path) {
+        Ok(md) if md.file_type().is_socket() => {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(Error::Daemon(format!(
+                    "{} is in use: another torpor-snapshotter is serving it",
+                    path.display()
+                )));
+            }
+            warn!(path = %path.display(), "replacing stale socket");
+            std::fs::remove_file(path).map_err(|e| Error::io("remove stale socket", path, e))?;
+        }
+        Ok(_) => {
+            return Err(Error::Daemon(format!(
+                "{} exists and is not a socket; not replacing it",
+                path.display()
+            )))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io("stat", path, e)),
+    }
+    let l = UnixListener::bind(path).map_err(|e| Error::io("bind", path, e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| Error::io("chmod 0600", path, e))?;
+    Ok(l)
+}
+
+/// One served socket.
+struct Served {
+    name: &'static str,
+    path: PathBuf,
+    task: JoinHandle<std::result::Result<(), String>>,
+}
+
+/// Serves `router` on `listener` until `stop` turns true; then stops
+/// accepting and lets in-flight calls finish.
+fn serve_on(
+    name: &'static str,
+    path: PathBuf,
+    listener: UnixListener,
+    router: Router,
+    mut stop: watch::Receiver<bool>,
+) -> Served {
+    let incoming = UnixListenerStream::new(listener);
+    let task = tokio::spawn(async move {
+        let signal = async move {
+            // a dropped sender counts as "stop" too
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        router
+            .serve_with_incoming_shutdown(incoming, signal)
+            .await
+            .map_err(|e| format!("{name} server: {e}"))
+    });
+    info!(service = name, socket = %path.display(), "serving");
+    Served { name, path, task }
+}
+
+/// Runs the daemon until SIGTERM or SIGINT.
+pub async fn run(cfg: Config) -> Result<()> {
+    let mut sigterm = signal(SignalKind::terminate())
+        .map_err(|e| Error::Daemon(format!("SIGTERM handler: {e}")))?;
+    let mut sigint = signal(SignalKind::interrupt())
+        .map_err(|e| Error::Daemon(format!("SIGINT handler: {e}")))?;
+
+    let root = cfg.root.clone();
+    let opts = Options {
+        mount_options: cfg.snapshotter.mount_options.clone(),
+        upperdir_label: cfg.snapshotter.upperdir_label,
+    };
+    let overlay = tokio::task::spawn_blocking(move || Overlay::open(&root, opts))
+        .await
+        .map_err(|e| Error::Daemon(format!("opening the snapshotter: {e}")))??;
+    let snapshotter = OverlaySnapshotter::new(overlay);
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut served = Vec::new();
+
+    let listener = bind_socket(&cfg.snapshotter.address)?;
+    let router =
+        Server::builder().add_service(containerd_snapshots::server(Arc::new(snapshotter.clone())));
+    served.push(serve_on(
+        "snapshotter",
+        cfg.snapshotter.address.clone(),
+        listener,
+        router,
+        stop_rx.clone(),
+    ));
+
+    // STORE HOOK: the snapshot store's gRPC API is served the same way, on
+    // its own socket and this same runtime:
+    //
+    //   let listener = bind_socket(&cfg.store.address)?;
+    //   let router = Server::builder().add_service(<store service>);
+    //   served.push(serve_on("store", cfg.store.address.clone(), listener, router, stop_rx.clone()));
+    //
+    // (tonic is containerd_snapshots::tonic, 0.9, for every service.)
+
+    if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
+        warn!(error = %e, "could not notify systemd of readiness");
+    }
+    info!(root = %cfg.root.display(), "torpor-snapshotter ready");
+
+    // Wait for a signal, or for a server to fail on its own.
+    let mut failed: Option<String> = None;
+    let names: Vec<&'static str> = served.iter().map(|s| s.name).collect();
+    {
+        let any_server = futures::future::select_all(served.iter_mut().map(|s| &mut s.task));
+        tokio::select! {
+            _ = sigterm.recv() => info!("SIGTERM: shutting down"),
+            _ = sigint.recv() => info!("SIGINT: shutting down"),
+            (res, idx, _) = any_server => {
+                let msg = match res {
+                    Ok(Ok(())) => "stopped unexpectedly".to_string(),
+                    Ok(Err(e)) => e,
+                    Err(e) => format!("panicked: {e}"),
+                };
+                failed = Some(format!("{} server {msg}", names.get(idx).copied().unwrap_or("a")));
+            }
+        }
+    }
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+
+    // Stop accepting, drain in-flight calls (bounded by shutdown_timeout).
+    let _ = stop_tx.send(true);
+    let deadline = tokio::time::Instant::now() + cfg.shutdown_timeout;
+    for s in served {
+        if s.task.is_finished() {
+            // already reported above (or finished cleanly)
+        } else {
+            let abort = s.task.abort_handle();
+            match tokio::time::timeout_at(deadline, s.task).await {
+                Ok(Ok(Ok(()))) => info!(service = s.name, "drained"),
+                Ok(Ok(Err(e))) => {
+                    error!(service = s.name, error = %e, "server failed while draining")
+                }
+                Ok(Err(e)) => error!(service = s.name, error = %e, "server task failed"),
+                Err(_) => {
+                    warn!(service = s.name, timeout = ?cfg.shutdown_timeout, "in-flight calls did not finish in time; closing anyway");
+                    abort.abort();
+                }
+            }
+        }
+        match std::fs::remove_file(&s.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => warn!(socket = %s.path.display(), error = %e, "could not remove socket"),
+        }
+    }
+
+    // Close the database: the last reference goes with the snapshotter
+    // (calls still running after the timeout hold one until they end).
+    let refs = Arc::strong_count(snapshotter.overlay());
+    drop(snapshotter);
+    if refs > 1 {
+        warn!(
+            still_in_use = refs - 1,
+            "metadata database closes when the last call ends"
+        );
+    }
+    match failed {
+        Some(msg) => Err(Error::Daemon(msg)),
+        None => {
+            info!("torpor-snapshotter stopped");
+            Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn socket_in_a_private_dir_replacing_only_stale_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("run");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let sock = dir.join("s.sock");
+
+        let l = bind_socket(&sock).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&dir), 0o700, "directory tightened");
+        assert_eq!(mode(&sock), 0o600);
+
+        // a live socket is not taken over
+        let e = bind_socket(&sock).unwrap_err();
+        assert!(e.to_string().contains("in use"), "{e}");
+
+        // a stale one (its listener gone, the file left) is replaced
+        drop(l);
+        assert!(sock.exists());
+        let _l = bind_socket(&sock).unwrap();
+
+        // something else at the path is left alone
+        let file = dir.join("plain");
+        std::fs::write(&file, "x").unwrap();
+        let e = bind_socket(&file).unwrap_err();
+        assert!(e.to_string().contains("not a socket"), "{e}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "x");
+
+        // a missing directory is created 0700
+        let deep = tmp.path().join("a/b/c.sock");
+        let _l2 = bind_socket(&deep).unwrap();
+        assert_eq!(mode(deep.parent().unwrap()), 0o700);
+    }
+}
