@@ -7,7 +7,10 @@
 //! - [`stdio`]: the plumbing between containerd's FIFOs and a process's stdio;
 //! - [`process`] and [`container`]: supervised processes and containers;
 //! - [`cgroup`]: OOM and resource statistics from the container's cgroup;
-//! - [`actor`] and [`lifecycle`]: the persisted actor state and suspend/resume.
+//! - [`actor`] and [`lifecycle`]: the persisted actor state and suspend/resume;
+//! - [`recovery`] and [`identity`]: what a shim's death leaves, and the
+//!   restore of a kept checkpoint into a new container of the same identity;
+//! - [`failpoint`]: test-only crash points (feature `failpoints`).
 
 pub mod activation;
 pub mod actor;
@@ -15,10 +18,13 @@ pub mod cgroup;
 pub mod container;
 pub mod criu;
 pub mod error;
+pub mod failpoint;
+pub mod identity;
 pub mod lifecycle;
 pub mod policy;
 pub mod process;
 pub mod reaper;
+pub mod recovery;
 pub mod runc;
 pub mod spec;
 pub mod stdio;
