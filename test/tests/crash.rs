@@ -160,9 +160,31 @@ struct Counter {
 const ALLOC: &[&str] = &["counter", "--port", "8080", "--alloc-mib", "64"];
 
 impl Counter {
+    /// `attempt`: the container's restart count (kubelet counts on in a
+    /// pod run again: CRI reserves `<name>_<pod>_..._<attempt>`).
     #[track_caller]
-    fn start(pod: Pod) -> Counter {
-        let container = pod.start_actor("counter", ALLOC);
+    fn start(pod: Pod, attempt: u32) -> Counter {
+        let mut config = container_config("counter", ALLOC);
+        config["metadata"]["attempt"] = attempt.into();
+        // As kubelet sends it (no shareProcessNamespace): the container has
+        // its own pid namespace. (In a pod-shared one, the restored pids
+        // must be free in the new pod's namespace: see docs/ARCHITECTURE.md.)
+        config["linux"]["security_context"] = serde_json::json!({"namespace_options": {"pid": 1}});
+        let container = pod.create(&config);
+        let out = crictl(&["start", &container]);
+        if !out.success() {
+            // A failed restore: CRIU's log goes with the failure.
+            let log = format!(
+                "{}/io.containerd.runtime.v2.task/k8s.io/{container}/criu-restore.log",
+                rig().containerd_state
+            );
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            panic!(
+                "crictl start {container} failed: {out}\n--- {log} (tail) ---\n{}",
+                lines[lines.len().saturating_sub(80)..].join("\n")
+            );
+        }
         wait_container_state(&container, "CONTAINER_RUNNING");
         let ip = pod.ip();
         Counter { pod, container, ip }
@@ -211,7 +233,7 @@ struct AfterCrash {
 #[track_caller]
 fn crash_at(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&str>) -> AfterCrash {
     let pod = Pod::run_with(prefix, opts.clone());
-    let a = Counter::start(pod);
+    let a = Counter::start(pod, 0);
     for n in 1..=3 {
         assert_eq!(a.cmd("inc"), n.to_string());
     }
@@ -252,7 +274,7 @@ fn crash_at(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&str
         None => Pod::run_again(&a.pod.name, 1, opts),
         Some(prefix) => Pod::run_with(prefix, opts),
     };
-    let new = Counter::start(again);
+    let new = Counter::start(again, 1);
     let Counter { pod: old, .. } = a;
     AfterCrash {
         kept,
@@ -395,7 +417,7 @@ fn kept_checkpoint_is_restored_once_by_actor_id() {
     assert_restored(&c, "RESUMING");
     assert_eq!(status(c.new.shim())["actor"], actor.as_str());
 
-    let second = Counter::start(Pod::run_with("crash-id-second", opts));
+    let second = Counter::start(Pod::run_with("crash-id-second", opts), 0);
     assert_eq!(second.cmd("get"), "0", "a second pod of the actor does not get the checkpoint again");
     assert_eq!(c.new.cmd("get"), "5", "the restored one keeps its state");
 }
