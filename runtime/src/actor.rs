@@ -166,7 +166,11 @@ impl Store {
     /// Persists the record atomically and durably.
     pub fn save(&self, rec: &Record) -> Result<()> {
         fs::create_dir_all(&self.dir).io_context(|| format!("create {:?}", self.dir))?;
-        let tmp = self.dir.join(".actor.json.tmp");
+        // One temporary file per writer: two processes may save the same
+        // record (the cleanups after a shim died), the last rename wins.
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = self.dir.join(format!(".actor.json.{}.{seq}.tmp", std::process::id()));
         let json = serde_json::to_vec_pretty(rec).map_err(|source| Error::Json {
             context: "encode actor record".into(),
             source,

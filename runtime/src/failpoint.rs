@@ -56,12 +56,13 @@ pub fn hit(shim: &str, point: &str) {
         return;
     }
     if point.contains("-during-") {
-        log::warn!(point; "failpoint armed: the shim is killed once CRIU runs");
-        std::thread::spawn(|| {
+        log::warn!(point, shim; "failpoint armed: the shim is killed once CRIU runs");
+        let shim = shim.to_string();
+        std::thread::spawn(move || {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
             while std::time::Instant::now() < deadline {
                 if criu_below(std::process::id()) {
-                    log::warn!("failpoint: CRIU runs, killing the shim");
+                    log::warn!(point = "during", shim = shim.as_str(); "failpoint: CRIU runs, killing the shim");
                     kill_self();
                 }
                 std::thread::sleep(std::time::Duration::from_millis(1));
@@ -69,7 +70,7 @@ pub fn hit(shim: &str, point: &str) {
         });
         return;
     }
-    log::warn!(point; "failpoint: killing the shim");
+    log::warn!(point, shim; "failpoint: killing the shim");
     kill_self();
 }
 

@@ -54,10 +54,18 @@ pub async fn after_shim_death(namespace: &str, shim: &str, id: &str, bundle: &Pa
     let runc = Runc::for_namespace(namespace, bundle);
     kill_container(&runc, id, cgroup_of_bundle(bundle).as_deref()).await;
 
-    // The actor's store is the dead shim's (every container's cleanup looks
-    // at it; the first to get here settles it).
+    // The actor's store is the dead shim's: every container's cleanup looks
+    // at it (containerd runs them concurrently), one at a time; the first
+    // settles it.
     let root = state_root();
     let Ok(store) = Store::new(&root, shim) else { return };
+    let _lock = match CleanupLock::take(&root, shim) {
+        Ok(l) => l,
+        Err(e) => {
+            warn!("after the shim died: {e}; the actor record is left for an operator");
+            return;
+        }
+    };
     let rec = match store.load() {
         Ok(Some(r)) => r,
         Ok(None) => return,
@@ -122,6 +130,40 @@ fn settle(store: &Store, mut rec: Record) {
     }
 }
 
+/// An exclusive lock on the cleanup of one dead shim's actor
+/// (`<state root>/locks/<shim>.lock`, removed when released).
+struct CleanupLock {
+    path: PathBuf,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl CleanupLock {
+    fn take(root: &Path, shim: &str) -> Result<CleanupLock> {
+        use crate::error::IoContext;
+        let dir = root.join("locks");
+        std::fs::create_dir_all(&dir).io_context(|| format!("create {dir:?}"))?;
+        let path = dir.join(format!("{shim}.lock"));
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .io_context(|| format!("open {path:?}"))?;
+        let lock = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| e)
+            .io_context(|| format!("lock {path:?}"))?;
+        Ok(CleanupLock { path, _lock: lock })
+    }
+}
+
+impl Drop for CleanupLock {
+    fn drop(&mut self) {
+        // A cleanup still waiting holds the old file and finds the record
+        // settled; one coming later locks a new file and finds the same.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 fn state_root() -> PathBuf {
     std::env::var_os("TORPOR_STATE_ROOT")
         .map(PathBuf::from)
@@ -164,13 +206,14 @@ fn cgroup_dirs(path: &str) -> Vec<PathBuf> {
 }
 
 /// SIGKILLs every process in cgroup `path` (thawing a frozen one so that
-/// the kill lands), until it is empty or 5 s passed.
+/// the kill lands), until it is empty or 2 s passed (containerd gives a
+/// cleanup 5 s).
 async fn kill_cgroup(path: &str) {
     let dirs = cgroup_dirs(path);
     if dirs.is_empty() {
         return;
     }
-    for round in 0..250 {
+    for round in 0..100 {
         let mut pids = Vec::new();
         for d in &dirs {
             if let Ok(text) = std::fs::read_to_string(d.join("cgroup.procs")) {

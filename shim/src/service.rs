@@ -37,6 +37,42 @@ fn group_of(bundle: &std::path::Path, id: &str) -> String {
         .unwrap_or_else(|| id.to_string())
 }
 
+/// The logger of `delete`: containerd logs what the cleanup wrote to stderr
+/// ("warnings while cleaning up dead shim"), and nothing else reaches it.
+struct StderrLog;
+
+impl StderrLog {
+    fn install() {
+        if log::set_boxed_logger(Box::new(StderrLog)).is_ok() {
+            log::set_max_level(log::LevelFilter::Info);
+        }
+    }
+}
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::Level::Info
+    }
+
+    fn log(&self, r: &log::Record) {
+        if !self.enabled(r.metadata()) {
+            return;
+        }
+        struct Kv(String);
+        impl<'k> log::kv::VisitSource<'k> for Kv {
+            fn visit_pair(&mut self, k: log::kv::Key<'k>, v: log::kv::Value<'k>) -> Result<(), log::kv::Error> {
+                self.0.push_str(&format!(" {k}={v}"));
+                Ok(())
+            }
+        }
+        let mut kv = Kv(String::new());
+        let _ = r.key_values().visit(&mut kv);
+        eprintln!("torpor cleanup: {}: {}{}", r.level(), r.args(), kv.0);
+    }
+
+    fn flush(&self) {}
+}
+
 pub struct Service {
     exit: Arc<ExitSignal>,
     id: String,
@@ -68,6 +104,7 @@ impl Shim for Service {
         // kill what it left (its runc/CRIU children, the containers), settle
         // the actor's record (a complete checkpoint is kept for a restore
         // by identity), unmount the rootfs.
+        StderrLog::install();
         let bundle = std::env::current_dir()
             .map_err(|e| containerd_shim::Error::Other(format!("get bundle dir: {e}")))?;
         let shim = group_of(&bundle, &self.id);

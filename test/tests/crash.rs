@@ -254,9 +254,19 @@ fn crash_at(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&str
         (!Path::new(&format!("/proc/{pid}")).exists()).then_some(())
     });
 
+    // It died at that point, not elsewhere: the shim logged it.
+    let shim = a.shim().to_string();
+    let fired = if point.contains("-during-") { "failpoint: CRIU runs, killing the shim" } else { "failpoint: killing the shim" };
+    let line = wait_for(&format!("the log line of the failpoint {point}"), LIVENESS, || {
+        let log = std::fs::read_to_string(format!("{}/containerd.log", rig().state_dir)).unwrap_or_default();
+        log.lines()
+            .find(|l| l.contains(&format!("shim=\"{shim}\"")) && l.contains(fired))
+            .map(str::to_string)
+    });
+    eprintln!("{point}: {line}");
+
     // containerd notices, and cleans up after the dead shim.
     wait_container_state(&a.container, "CONTAINER_EXITED");
-    let shim = a.shim().to_string();
     let kept = wait_for("the dead shim's actor record to be settled", LIVENESS, || match record(&shim) {
         None => Some(None),
         Some(r) if r["orphaned"] == true => Some(Some(r)),
@@ -267,6 +277,18 @@ fn crash_at(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&str
     let left = children_of_shim(&shim);
     assert!(left.is_empty(), "children of the dead shim left after {point}: {left:?}");
     eprintln!("{point}: the dead shim's record: {}", kept.as_ref().map(|k| k.to_string()).unwrap_or("removed".into()));
+    // An operator sees a kept checkpoint (and only then) in torporctl status.
+    let out = torporctl(&["--json", "status", &shim]);
+    match &kept {
+        Some(k) => {
+            let v: Value = serde_json::from_str(&out.clone().ok()).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+            assert_eq!(v[0]["kept"], true, "{out}");
+            assert_eq!(v[0]["actor"]["state"], k["state"], "{out}");
+            let out = torporctl(&["resume", &shim]);
+            assert!(!out.success() && out.stderr.contains("checkpoint is kept"), "{out}");
+        }
+        None => assert!(!out.success() && out.stderr.contains("no actor named"), "{out}"),
+    }
 
     // kubelet runs the pod again (same pod, next sandbox attempt), or a new
     // pod of the same actor id.
