@@ -330,6 +330,11 @@ impl Runtime {
         };
         if let Some(a) = adopted {
             // Restored at Start, as a container created from a checkpoint.
+            if let Err(e) = crate::policy::recovery_criu_config(&c.bundle, true) {
+                drop(inner);
+                self.give_back(&req.id, &a, false, &e).await;
+                return Err(e);
+            }
             c.restore_from = Some(a.image.clone());
             c.adopted = Some(a);
             inner.containers.insert(req.id, c);
@@ -377,6 +382,10 @@ impl Runtime {
                 let started = std::time::Instant::now();
                 let restored = self.restore(id, &image).await;
                 if let Some(a) = adopted {
+                    let bundle = self.state(id, "").await.map(|s| s.bundle);
+                    if let Err(e) = bundle.and_then(|b| crate::policy::recovery_criu_config(&b, false)) {
+                        warn!(container = id; "CRIU configuration after the restore: {e}");
+                    }
                     let pending = self.adoptions_pending().await;
                     match &restored {
                         Ok(_) => {

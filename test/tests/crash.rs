@@ -232,12 +232,29 @@ struct AfterCrash {
 /// the shim dies at `point`; cleanup checked; the pod is run again.
 #[track_caller]
 fn crash_at(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&str>) -> AfterCrash {
+    crash_with(prefix, point, opts, again_name, false)
+}
+
+/// [`crash_at`]; `open_conn`: a client connection stays open (idle) across
+/// the suspend, so the checkpoint holds an established TCP socket of the
+/// old pod IP.
+#[track_caller]
+fn crash_with(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&str>, open_conn: bool) -> AfterCrash {
     let pod = Pod::run_with(prefix, opts.clone());
     let a = Counter::start(pod, 0);
     for n in 1..=3 {
         assert_eq!(a.cmd("inc"), n.to_string());
     }
     let sum = a.cmd("sum");
+    let _conn = open_conn.then(|| {
+        let s = connect_with_retry(&format!("{}:8080", a.ip));
+        let mut w = s.try_clone().unwrap();
+        w.write_all(b"get\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(s.try_clone().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "3");
+        s
+    });
     let guard = KeptGuard(a.shim().to_string());
     let op = if point.starts_with("resume") { "resume" } else { "suspend" };
     if op == "resume" {
@@ -418,6 +435,17 @@ fn crash_resume_after_restore() {
         return;
     }
     assert_restored(&crash_at("crash-ra", "resume-after-restore", PodOptions::default(), None), "RESUMING");
+}
+
+/// The checkpoint holds an established connection of the old pod's IP,
+/// which does not exist in the new pod: it comes back closed.
+#[test]
+fn crash_resume_with_an_open_connection() {
+    if !torpor_only() {
+        return;
+    }
+    let c = crash_with("crash-rc", "resume-after-persist", PodOptions::default(), None, true);
+    assert_restored(&c, "RESUMING");
 }
 
 // ------------------------------------------------------------- identity
