@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 mod snapshots;
 
 const SOCKET_DIR: &str = "/run/torpor/shims";
+const STATE_ROOT: &str = "/var/lib/torpor";
 
 #[derive(Parser)]
 #[command(name = "torporctl", version, about = "Suspend, resume and inspect torpor actors on this node")]
@@ -28,6 +29,10 @@ struct Cli {
     /// The snapshot store's API socket (torpor-snapshotter).
     #[arg(long, env = "TORPOR_STORE_SOCKET", default_value = torpor_api::STORE_SOCKET)]
     store_socket: PathBuf,
+    /// Where torpor keeps actor records (checkpoints kept after a shim died
+    /// are listed from there).
+    #[arg(long, env = "TORPOR_STATE_ROOT", default_value = STATE_ROOT)]
+    state_root: PathBuf,
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
@@ -85,11 +90,20 @@ fn run(cli: &Cli) -> Result<(), String> {
             Err(e) => eprintln!("torporctl: warning: {}: {e}", sock.display()),
         }
     }
+    if op == "status" {
+        // Checkpoints kept after their shim died: restorable by identity.
+        actors.extend(kept_actors(&cli.state_root).into_iter().map(|v| (PathBuf::new(), v)));
+    }
     let selected: Vec<&(PathBuf, Value)> = match name {
         None => actors.iter().collect(),
         Some(n) => {
             let m: Vec<_> = actors.iter().filter(|(_, v)| matches(v, n)).collect();
             match m.len() {
+                0 if op != "status" && kept_actors(&cli.state_root).iter().any(|v| matches(v, n)) => {
+                    return Err(format!(
+                        "the shim of {n:?} died: its checkpoint is kept and is restored when a container of the same identity is created"
+                    ))
+                }
                 0 => return Err(format!("no actor named {n:?} on this node (see `torporctl status`)")),
                 1 => m,
                 k => return Err(format!("{n:?} matches {k} actors: give more of the id")),
@@ -110,6 +124,24 @@ fn run(cli: &Cli) -> Result<(), String> {
     }
     print(&results, cli.json);
     Ok(())
+}
+
+/// The records of checkpoints kept after their shim died
+/// (`<state root>/actors/*/actor.json` marked `orphaned`), as status
+/// entries with `"kept": true`.
+fn kept_actors(root: &Path) -> Vec<Value> {
+    let Ok(entries) = std::fs::read_dir(root.join("actors")) else { return Vec::new() };
+    let mut v: Vec<Value> = entries
+        .flatten()
+        .filter_map(|e| {
+            let rec: Value = serde_json::from_slice(&std::fs::read(e.path().join("actor.json")).ok()?).ok()?;
+            (rec["orphaned"] == json!(true)).then(|| {
+                json!({"ok": true, "shim": e.file_name().to_string_lossy(), "kept": true, "actor": rec})
+            })
+        })
+        .collect();
+    v.sort_by(|a, b| a["shim"].as_str().cmp(&b["shim"].as_str()));
+    v
 }
 
 /// Names are actor ids or container/sandbox ids: a restricted charset.
@@ -171,10 +203,17 @@ fn print(results: &[Value], as_json: bool) {
         return;
     }
     println!("{:<32} {:<11} {:>4} {:>10} {:>10}  {:<14} ERROR", "ACTOR", "STATE", "GEN", "SUSPEND_MS", "RESUME_MS", "SHIM");
+    let mut any_kept = false;
     for r in results {
         let a = &r["actor"];
         let ms = |k: &str| a[k].as_u64().map(|v| v.to_string()).unwrap_or_else(|| "-".into());
         let shim = r["shim"].as_str().unwrap_or("");
+        let kept = r["kept"] == json!(true);
+        any_kept |= kept;
+        let mut note = a["last_error"].as_str().unwrap_or("").to_string();
+        if let Some(from) = a["recovered_from"].as_str() {
+            note = format!("recovered from {from} {note}");
+        }
         println!(
             "{:<32} {:<11} {:>4} {:>10} {:>10}  {:<14} {}",
             a["actor"].as_str().unwrap_or("?"),
@@ -182,9 +221,12 @@ fn print(results: &[Value], as_json: bool) {
             a["generation"].as_u64().unwrap_or(0),
             ms("last_suspend_ms"),
             ms("last_resume_ms"),
-            &shim[..shim.len().min(13)],
-            a["last_error"].as_str().unwrap_or(""),
+            format!("{}{}", &shim[..shim.len().min(12)], if kept { "*" } else { "" }),
+            note.trim_end(),
         );
+    }
+    if any_kept {
+        println!("* shim dead: the checkpoint is kept, and restored when a container of the same identity is created");
     }
 }
 
@@ -203,5 +245,23 @@ mod tests {
         assert!(matches(&st, "012345"));
         assert!(!matches(&st, "abc"));
         assert!(!matches(&st, "default/we"));
+    }
+
+    #[test]
+    fn kept_checkpoints_are_listed() {
+        let root = std::env::temp_dir().join(format!("torporctl-test-{}", std::process::id()));
+        for (key, orphaned) in [("dead1", true), ("live1", false)] {
+            let d = root.join("actors").join(key);
+            std::fs::create_dir_all(&d).unwrap();
+            let rec = json!({"actor": format!("ns/{key}"), "state": "SUSPENDED", "orphaned": orphaned});
+            std::fs::write(d.join("actor.json"), rec.to_string()).unwrap();
+        }
+        std::fs::create_dir_all(root.join("actors/garbage")).unwrap();
+        let kept = kept_actors(&root);
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        assert_eq!(kept[0]["shim"], "dead1");
+        assert_eq!(kept[0]["kept"], true);
+        assert!(matches(&kept[0], "ns/dead1"));
     }
 }

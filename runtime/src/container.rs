@@ -15,6 +15,7 @@ use tokio::sync::{mpsc, Mutex};
 use crate::actor;
 use crate::cgroup;
 use crate::error::{Error, IoContext, Result};
+use crate::identity::Identity;
 use crate::process::{ExitInfo, Process, Status};
 use crate::reaper;
 use crate::runc::{self, Runc};
@@ -57,6 +58,9 @@ pub struct Container {
     pub(crate) suspended_io: Option<stdio::ProcessIo>,
     /// The pod's network namespace (a path: CRI's sandbox netns), if joined.
     pub(crate) netns: Option<PathBuf>,
+    /// A checkpoint a dead shim kept for this container's identity, to be
+    /// restored at start (then `restore_from` is its image).
+    pub(crate) adopted: Option<crate::recovery::Adopted>,
 }
 
 impl Container {
@@ -279,14 +283,34 @@ impl Runtime {
             .and_then(|n| n.path().clone());
         let annotations = spec.annotations().clone().unwrap_or_default();
         let sandbox = annotations.get(CRI_CONTAINER_TYPE).is_some_and(|t| t == "sandbox");
+        if self.inner.lock().await.containers.contains_key(&req.id) {
+            return Err(Error::AlreadyExists(format!("container {}", req.id)));
+        }
+        let mut adopted = None;
         if !sandbox {
             let group = annotations.get(CRI_SANDBOX_ID).cloned().unwrap_or_else(|| req.id.clone());
             self.actor_init(&group, actor.actor.clone()).await?;
             crate::policy::adapt_spec(&req.bundle, &group)?;
+            let identity = Identity::of(actor.actor.as_deref(), &annotations, &req.id);
+            let name = identity.as_ref().map(|i| i.container.clone()).unwrap_or_else(|| req.id.clone());
+            let cgroup = spec
+                .linux()
+                .as_ref()
+                .and_then(|l| l.cgroups_path().as_ref())
+                .map(|p| p.to_string_lossy().into_owned());
+            self.actor_add_member(&req.id, &name, cgroup).await?;
+            if let (Some(identity), None) = (&identity, &req.checkpoint) {
+                adopted = self.adopt_kept(&req.id, identity).await?;
+            }
         }
         let mut inner = self.inner.lock().await;
         if inner.containers.contains_key(&req.id) {
-            return Err(Error::AlreadyExists(format!("container {}", req.id)));
+            drop(inner);
+            let e = Error::AlreadyExists(format!("container {}", req.id));
+            if let Some(a) = &adopted {
+                self.give_back(&req.id, a, false, &e).await;
+            }
+            return Err(e);
         }
         let mut c = Container {
             id: req.id.clone(),
@@ -302,7 +326,20 @@ impl Runtime {
             suspended: false,
             suspended_io: None,
             netns,
+            adopted: None,
         };
+        if let Some(a) = adopted {
+            // Restored at Start, as a container created from a checkpoint.
+            if let Err(e) = crate::policy::recovery_criu_config(&c.bundle, true) {
+                drop(inner);
+                self.give_back(&req.id, &a, false, &e).await;
+                return Err(e);
+            }
+            c.restore_from = Some(a.image.clone());
+            c.adopted = Some(a);
+            inner.containers.insert(req.id, c);
+            return Ok(0);
+        }
         if let Some(image) = req.checkpoint {
             // As runc-v2: a container created from a checkpoint is restored at Start.
             check_image(&image)?;
@@ -340,8 +377,27 @@ impl Runtime {
         }
         if exec_id.is_empty() {
             if let Some(image) = c.restore_from.clone() {
+                let adopted = c.adopted.take();
                 drop(inner);
-                return self.restore(id, &image).await;
+                let started = std::time::Instant::now();
+                let restored = self.restore(id, &image).await;
+                if let Some(a) = adopted {
+                    let bundle = self.state(id, "").await.map(|s| s.bundle);
+                    if let Err(e) = bundle.and_then(|b| crate::policy::recovery_criu_config(&b, false)) {
+                        warn!(container = id; "CRIU configuration after the restore: {e}");
+                    }
+                    let pending = self.adoptions_pending().await;
+                    match &restored {
+                        Ok(_) => {
+                            let ms = started.elapsed().as_millis() as u64;
+                            if let Err(e) = self.recovered(id, &a, pending, ms).await {
+                                warn!(container = id; "restored from a kept checkpoint, but the record could not be saved: {e}");
+                            }
+                        }
+                        Err(e) => self.give_back(id, &a, pending, e).await,
+                    }
+                }
+                return restored;
             }
             c.runc.start(id).await?;
             c.init.status = Status::Running;
@@ -532,6 +588,12 @@ impl Runtime {
         });
         c.init.io.close();
         drop(inner);
+        if let Some(a) = c.adopted.take() {
+            // Deleted before its start: the kept checkpoint was not used.
+            let pending = self.adoptions_pending().await;
+            let why = Error::FailedPrecondition(format!("container {id} was deleted before its start"));
+            self.give_back(id, &a, pending, &why).await;
+        }
         self.actor_forget_if_empty().await;
         Ok((c.init.pid, exit))
     }
@@ -614,6 +676,11 @@ impl Runtime {
     pub async fn init_pid(&self, id: &str) -> Result<i32> {
         let inner = self.inner.lock().await;
         Ok(container(&inner, id)?.init.pid)
+    }
+
+    /// Whether a container still waits to be restored from a kept checkpoint.
+    pub(crate) async fn adoptions_pending(&self) -> bool {
+        self.inner.lock().await.containers.values().any(|c| c.adopted.is_some())
     }
 
     pub async fn is_empty(&self) -> bool {

@@ -8,7 +8,10 @@
 //! - [`process`] and [`container`]: supervised processes and containers;
 //! - [`cgroup`]: OOM and resource statistics from the container's cgroup;
 //! - [`actor`] and [`lifecycle`]: the persisted actor state and suspend/resume;
-//! - [`snapshots`]: the client of the node's snapshot store (torpor-snapshotter).
+//! - [`snapshots`]: the client of the node's snapshot store (torpor-snapshotter);
+//! - [`recovery`] and [`identity`]: what a shim's death leaves, and the
+//!   restore of a kept checkpoint into a new container of the same identity;
+//! - [`failpoint`]: test-only crash points (feature `failpoints`).
 
 pub mod activation;
 pub mod actor;
@@ -16,10 +19,13 @@ pub mod cgroup;
 pub mod container;
 pub mod criu;
 pub mod error;
+pub mod failpoint;
+pub mod identity;
 pub mod lifecycle;
 pub mod policy;
 pub mod process;
 pub mod reaper;
+pub mod recovery;
 pub mod runc;
 pub mod snapshots;
 pub mod spec;

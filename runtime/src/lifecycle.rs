@@ -19,6 +19,7 @@ use log::{info, warn};
 use crate::actor::{Lifecycle, Record, Store};
 use crate::container::{container_mut, Runtime};
 use crate::error::{Error, IoContext, Result};
+use crate::failpoint;
 use crate::process::Status;
 use crate::runc::{CheckpointOpts, RestoreFrom};
 use crate::stdio;
@@ -31,18 +32,22 @@ impl Runtime {
             return Ok(());
         }
         let store = Store::new(&self.state_root, group)?;
-        let record = Record {
-            actor: actor_id.unwrap_or_else(|| group.to_string()),
-            state: Lifecycle::Running,
-            generation: 0,
-            containers: Vec::new(),
-            last_error: None,
-            last_suspend_ms: None,
-            last_resume_ms: None,
-        };
+        let record = Record::new(actor_id.unwrap_or_else(|| group.to_string()));
         store.save(&record)?;
         *slot = Some((store, record));
         Ok(())
+    }
+
+    /// Records app container `id`'s name (its identity within the actor) and
+    /// cgroup, before it runs.
+    pub(crate) async fn actor_add_member(&self, id: &str, name: &str, cgroup: Option<String>) -> Result<()> {
+        let mut slot = self.actor.lock().await;
+        let Some((store, rec)) = slot.as_mut() else { return Ok(()) };
+        rec.names.insert(id.to_string(), name.to_string());
+        if let Some(cg) = cgroup {
+            rec.cgroups.insert(id.to_string(), cg);
+        }
+        store.save(rec)
     }
 
     /// The actor's record, if the shim has app containers.
@@ -109,12 +114,15 @@ impl Runtime {
         rec.containers = ids.clone();
         store.save(rec)?;
         let generation = rec.generation;
+        failpoint::hit(&store.key(), failpoint::SUSPEND_AFTER_PERSIST);
 
         let result = self.checkpoint_all(store, generation, &ids, was == Lifecycle::Frozen).await;
         match result {
             Ok(()) => {
+                failpoint::hit(&store.key(), failpoint::SUSPEND_AFTER_DUMP);
                 rec.state = Lifecycle::Suspended;
                 rec.last_error = None;
+                rec.committed_at_ms = Some(crate::actor::now_ms());
                 rec.last_suspend_ms = Some(started.elapsed().as_millis() as u64);
                 store.save(rec)?;
                 // An older generation is superseded only once this one is complete.
@@ -170,6 +178,7 @@ impl Runtime {
             }
         }
         if failure.is_none() {
+            failpoint::hit(&store.key(), failpoint::SUSPEND_AFTER_FREEZE);
             for id in ids {
                 let c = container_mut(&mut inner, id)?;
                 let image = store.image_dir(generation, id);
@@ -193,6 +202,7 @@ impl Runtime {
                 };
                 // From here the process ends as the dump completes: it is not an exit.
                 c.suspended = true;
+                failpoint::hit(&store.key(), failpoint::SUSPEND_DURING_DUMP);
                 match c.runc.checkpoint(id, &opts).await {
                     Ok(()) => {
                         let old = c.init.pid;
@@ -202,6 +212,11 @@ impl Runtime {
                         // To containerd the container is still running.
                         c.init.status = Status::Running;
                         dumped.push(id.clone());
+                        // Durably complete: a shim death from here on keeps this dump.
+                        if let Err(e) = store.mark_dumped(generation, id) {
+                            failure = Some(e);
+                            break;
+                        }
                     }
                     Err(e) => {
                         c.suspended = false;
@@ -306,20 +321,29 @@ impl Runtime {
         }
         rec.state = Lifecycle::Resuming;
         store.save(rec)?;
+        failpoint::hit(&store.key(), failpoint::RESUME_AFTER_PERSIST);
         let armed = self.activation.lock().await.take();
         let handover = match armed {
             Some(a) => Some(a.begin_handover().await),
             None => None,
         };
         let result = self.restore_all(store, rec).await;
+        if result.is_ok() {
+            failpoint::hit(&store.key(), failpoint::RESUME_AFTER_RESTORE);
+            // RUNNING is recorded before the held connections are let in:
+            // once the actor serves, its checkpoint is no longer its state.
+            rec.state = Lifecycle::Running;
+            rec.last_error = None;
+            rec.last_resume_ms = Some(started.elapsed().as_millis() as u64);
+            rec.committed_at_ms = None;
+            if let Err(e) = store.save(rec) {
+                warn!(actor = rec.actor.as_str(); "resumed, but the record could not be saved: {e}");
+            }
+        }
         if let Some(h) = handover {
             h.finish().await;
         }
         result?;
-        rec.state = Lifecycle::Running;
-        rec.last_error = None;
-        rec.last_resume_ms = Some(started.elapsed().as_millis() as u64);
-        store.save(rec)?;
         // The images go once the lazy-pages daemons are done with them.
         let gen_dir = store.generation_dir(rec.generation);
         let pending: Vec<_> = std::mem::take(&mut *self.lazy.lock().await);
@@ -342,6 +366,7 @@ impl Runtime {
             if !suspended {
                 continue;
             }
+            failpoint::hit(&store.key(), failpoint::RESUME_DURING_RESTORE);
             if let Err(e) = self.restore_one(store, rec.generation, &id).await {
                 warn!(actor = rec.actor.as_str(), container = id.as_str(); "resume failed: {e}");
                 rec.state = Lifecycle::Suspended;
@@ -439,25 +464,6 @@ impl Runtime {
     }
 }
 
-/// After a shim died: drops the actor state it left under `key`, unless the
-/// actor is suspended (then its snapshot is all that is left of it, and is
-/// kept for a later restore).
-pub fn forget_dead_shim(key: &str) {
-    let root = std::env::var_os("TORPOR_STATE_ROOT")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| crate::actor::STATE_ROOT.into());
-    let Ok(store) = Store::new(&root, key) else { return };
-    match store.load() {
-        Ok(Some(rec)) if matches!(rec.state, Lifecycle::Suspended | Lifecycle::Suspending | Lifecycle::Resuming) => {
-            warn!(actor = rec.actor.as_str(); "shim died with the actor {}: its snapshot is kept in {:?}", rec.state, store.dir());
-        }
-        _ => {
-            let _ = store.remove();
-        }
-    }
-    let _ = std::fs::remove_dir_all(crate::policy::request_dir(key));
-}
-
 /// Lazy-pages restore is on unless `TORPOR_LAZY_PAGES=0`.
 fn lazy_pages_enabled() -> bool {
     std::env::var("TORPOR_LAZY_PAGES").map(|v| v != "0").unwrap_or(true)
@@ -484,6 +490,7 @@ impl LazyDaemon {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
+        crate::reaper::tag(&mut cmd);
         let child = cmd.spawn().io_context(|| "spawn criu lazy-pages".into())?;
         let pid = child.id() as i32;
         drop(child); // reaped by the reaper

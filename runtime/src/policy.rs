@@ -81,6 +81,46 @@ pub fn adapt_spec(bundle: &Path, group: &str) -> Result<()> {
     std::fs::rename(&tmp, &path).io_context(|| format!("rename {tmp:?}"))
 }
 
+/// CRIU options added for the restore of a checkpoint a dead shim kept into
+/// a new pod: its established TCP connections were bound to the old pod's
+/// IP, which the new pod does not have; they come back closed (the peers
+/// saw them end with the old pod).
+const CRIU_RECOVERY: &str = "tcp-close\n";
+
+/// The per-container CRIU configuration of a container restored from a
+/// kept checkpoint: `org.criu.config` points to it (when it pointed to
+/// torpor's), with [`CRIU_RECOVERY`] while `restoring`, without it after
+/// (the container's later dumps keep their connections).
+pub fn recovery_criu_config(bundle: &Path, restoring: bool) -> Result<()> {
+    let own = bundle.join("criu-recovery.conf");
+    if !restoring {
+        if own.exists() {
+            std::fs::write(&own, CRIU_CONFIG).io_context(|| format!("write {own:?}"))?;
+        }
+        return Ok(());
+    }
+    let path = bundle.join("config.json");
+    let text = std::fs::read(&path).io_context(|| format!("read {path:?}"))?;
+    let mut spec: Value = serde_json::from_slice(&text).map_err(|source| Error::Json {
+        context: format!("parse {path:?}"),
+        source,
+    })?;
+    let global = Path::new(REQUEST_ROOT).with_file_name("criu.conf");
+    let ann = &mut spec["annotations"]["org.criu.config"];
+    if ann.as_str() != Some(&*global.to_string_lossy()) {
+        return Ok(()); // the user's own CRIU configuration: left alone
+    }
+    std::fs::write(&own, format!("{CRIU_CONFIG}{CRIU_RECOVERY}")).io_context(|| format!("write {own:?}"))?;
+    *ann = json!(own);
+    let tmp = bundle.join(".config.json.tmp");
+    let out = serde_json::to_vec(&spec).map_err(|source| Error::Json {
+        context: "encode config.json".into(),
+        source,
+    })?;
+    std::fs::write(&tmp, out).io_context(|| format!("write {tmp:?}"))?;
+    std::fs::rename(&tmp, &path).io_context(|| format!("rename {tmp:?}"))
+}
+
 /// Takes a pending `suspend` request of shim `group`, if there is one.
 fn take_request(group: &str) -> Option<String> {
     let file = request_dir(group).join("request");

@@ -33,6 +33,25 @@ struct Reaper {
 
 static REAPER: OnceLock<Reaper> = OnceLock::new();
 
+/// The environment variable every child the shim starts carries, set to
+/// the shim's id: after the shim died, its runc, CRIU and lazy-pages
+/// processes are found (and killed) by it, see [`crate::recovery`].
+pub const TAG_ENV: &str = "TORPOR_SHIM";
+
+static TAG: OnceLock<String> = OnceLock::new();
+
+/// Sets the shim id the children are tagged with (once, at start).
+pub fn set_tag(shim: &str) {
+    let _ = TAG.set(shim.to_string());
+}
+
+/// Tags `cmd` with the shim id (for a child not started by this module).
+pub fn tag(cmd: &mut Command) {
+    if let Some(t) = TAG.get() {
+        cmd.env(TAG_ENV, t);
+    }
+}
+
 fn reaper() -> &'static Reaper {
     REAPER.get_or_init(|| {
         let subscribers: Subscribers = Arc::default();
@@ -132,6 +151,7 @@ pub fn subscribe() -> Subscription {
 /// stderr. Use it for every short-lived child of the shim.
 pub async fn output(mut cmd: Command) -> Result<Output> {
     let mut sub = subscribe();
+    tag(&mut cmd);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let child = cmd.spawn().io_context(|| format!("spawn {:?}", cmd.get_program()))?;
     let pid = child.id() as i32;
@@ -148,6 +168,7 @@ pub async fn output(mut cmd: Command) -> Result<Output> {
 /// pipes of a container process) and waits for it through the reaper.
 pub async fn status(mut cmd: Command) -> Result<i32> {
     let mut sub = subscribe();
+    tag(&mut cmd);
     let child = cmd.spawn().io_context(|| format!("spawn {:?}", cmd.get_program()))?;
     let pid = child.id() as i32;
     drop(cmd); // close our copies of the child's stdio

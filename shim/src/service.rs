@@ -10,10 +10,9 @@ use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::protos::types::introspection::{RuntimeInfo, RuntimeVersion};
 use containerd_shim::{Config, Flags, StartOpts};
-use log::warn;
+use log::{info, warn};
 use tokio::sync::mpsc;
 use torpor_runtime::container::{read_spec, Runtime};
-use torpor_runtime::runc::Runc;
 
 use crate::events::{timestamp, Events};
 use crate::task::TaskService;
@@ -25,6 +24,54 @@ const GROUP_LABELS: [&str; 3] = [
     "io.containerd.torpor.v1.group",
     "io.containerd.runc.v2.group",
 ];
+
+/// The shim a container of `bundle` (id `id`) is served by: its group
+/// label, else its own id.
+fn group_of(bundle: &std::path::Path, id: &str) -> String {
+    read_spec(bundle)
+        .ok()
+        .and_then(|spec| {
+            let ann = spec.annotations().as_ref()?;
+            GROUP_LABELS.iter().find_map(|l| ann.get(*l)).cloned()
+        })
+        .unwrap_or_else(|| id.to_string())
+}
+
+/// The logger of `delete`: containerd logs what the cleanup wrote to stderr
+/// ("warnings while cleaning up dead shim"), and nothing else reaches it.
+struct StderrLog;
+
+impl StderrLog {
+    fn install() {
+        if log::set_boxed_logger(Box::new(StderrLog)).is_ok() {
+            log::set_max_level(log::LevelFilter::Info);
+        }
+    }
+}
+
+impl log::Log for StderrLog {
+    fn enabled(&self, m: &log::Metadata) -> bool {
+        m.level() <= log::Level::Info
+    }
+
+    fn log(&self, r: &log::Record) {
+        if !self.enabled(r.metadata()) {
+            return;
+        }
+        struct Kv(String);
+        impl<'k> log::kv::VisitSource<'k> for Kv {
+            fn visit_pair(&mut self, k: log::kv::Key<'k>, v: log::kv::Value<'k>) -> Result<(), log::kv::Error> {
+                self.0.push_str(&format!(" {k}={v}"));
+                Ok(())
+            }
+        }
+        let mut kv = Kv(String::new());
+        let _ = r.key_values().visit(&mut kv);
+        eprintln!("torpor cleanup: {}: {}{}", r.level(), r.args(), kv.0);
+    }
+
+    fn flush(&self) {}
+}
 
 pub struct Service {
     exit: Arc<ExitSignal>,
@@ -46,33 +93,28 @@ impl Shim for Service {
 
     async fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
         // containerd runs `start` in the bundle directory.
-        let mut grouping = opts.id.clone();
-        if let Ok(spec) = read_spec(std::path::Path::new(".")) {
-            if let Some(ann) = spec.annotations() {
-                if let Some(g) = GROUP_LABELS.iter().find_map(|l| ann.get(*l)) {
-                    grouping = g.clone();
-                }
-            }
-        }
+        let grouping = group_of(std::path::Path::new("."), &opts.id);
         let address = spawn(opts, &grouping, Vec::new()).await?;
         containerd_shim::asynchronous::util::write_str_to_file("address", &address).await?;
         Ok(address)
     }
 
     async fn delete_shim(&mut self) -> containerd_shim::Result<DeleteResponse> {
-        // The shim died: remove what it left (the runc container, the rootfs mount).
+        // The shim died (containerd runs this once per container it served):
+        // kill what it left (its runc/CRIU children, the containers), settle
+        // the actor's record (a complete checkpoint is kept for a restore
+        // by identity), unmount the rootfs.
+        StderrLog::install();
         let bundle = std::env::current_dir()
             .map_err(|e| containerd_shim::Error::Other(format!("get bundle dir: {e}")))?;
-        let runc = Runc::for_namespace(&self.namespace, &bundle);
-        if let Err(e) = runc.delete(&self.id, true).await {
-            warn!("cleanup: runc delete {}: {e}", self.id);
-        }
+        let shim = group_of(&bundle, &self.id);
+        info!(container = self.id.as_str(), shim = shim.as_str(); "cleaning up after the shim died");
+        torpor_runtime::recovery::after_shim_death(&self.namespace, &shim, &self.id, &bundle).await;
         let rootfs = bundle.join("rootfs");
         if let Err(e) = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0) {
             warn!("cleanup: unmount {rootfs:?}: {e}");
         }
-        crate::control::remove(&self.id);
-        torpor_runtime::lifecycle::forget_dead_shim(&self.id);
+        crate::control::remove(&shim);
         let pid = torpor_runtime::runc::read_pid(&bundle.join("init.pid")).unwrap_or(0);
         Ok(DeleteResponse {
             pid: pid as u32,
@@ -121,6 +163,8 @@ impl Shim for Service {
         let events = Events::start(publisher, self.namespace.clone());
         let (tx, rx) = mpsc::unbounded_channel();
         events.forward(rx);
+        // Children carry the shim id: found and killed after a shim death.
+        torpor_runtime::reaper::set_tag(&self.id);
         let runtime = Runtime::new(&self.namespace, tx);
         crate::control::serve(runtime.clone(), self.id.clone());
         runtime.start_policy(self.id.clone());

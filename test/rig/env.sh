@@ -53,6 +53,11 @@ export TORPOR_RIG_SUBNET_PREFIX="${TORPOR_RIG_SUBNET%.*.*}."
 # tests use /$TORPOR_RIG_CGROUP/pod-<name>, down.sh removes what is left.
 export TORPOR_RIG_CGROUP="${TORPOR_RIG_CGROUP:-torpor-test}"
 
+# Crash points of the test shim (a `failpoints` build, see run-tests.sh and
+# runtime/src/failpoint.rs): containerd passes its environment on to the
+# shims; a test arms a point by writing its name to $TORPOR_FAILPOINTS_DIR/<shim id>.
+export TORPOR_FAILPOINTS_DIR="$TORPOR_RIG_STATE/failpoints"
+
 # Images (built by scripts/deps.sh, see test/images/README.md)
 export TORPOR_IMAGES_DIR="${TORPOR_IMAGES_DIR:-/var/cache/torpor/images}"
 export TORPOR_PAUSE_IMAGE="localhost/torpor-test/pause:latest"

@@ -66,8 +66,10 @@ cd "$TORPOR_REPO_ROOT" || exit 1
 if [ "${TORPOR_SKIP_SHIM_BUILD:-0}" = 1 ]; then
 	echo "rig/run-tests: TORPOR_SKIP_SHIM_BUILD=1, not building the shim" >&2
 else
-	echo "rig/run-tests: building the shim and the snapshotter" >&2
-	cargo build --release -p torpor-shim -p torporctl -p torpor-snapshotter || exit $?
+	# With the test-only crash points (runtime/src/failpoint.rs); make build,
+	# the bench and the demo build it without them.
+	echo "rig/run-tests: building the shim (with failpoints), torporctl and the snapshotter" >&2
+	cargo build --release -p torpor-shim --features torpor-shim/failpoints -p torporctl -p torpor-snapshotter || exit $?
 fi
 
 "$RIG_DIR/up.sh" || exit $?

@@ -55,7 +55,7 @@ fi
 
 rig_lock || die "another up.sh/down.sh of this rig does not finish"
 
-mkdir -p "$TORPOR_RIG_STATE" "$TORPOR_RIG_ROOT" "$TORPOR_RIG_CONTAINERD_ROOT" \
+mkdir -p "$TORPOR_RIG_STATE" "$TORPOR_RIG_ROOT" "$TORPOR_RIG_CONTAINERD_ROOT" "$TORPOR_FAILPOINTS_DIR" \
 	"$TORPOR_RIG_CONTAINERD_STATE" "$TORPOR_RIG_CNI_CONF_DIR" "$TORPOR_RIG_CNI_IPAM_DIR"
 
 # --------------------------------------------------------------------- config

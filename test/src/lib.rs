@@ -560,12 +560,32 @@ impl Pod {
 
     /// `crictl runp`, returning the failed command's output on error.
     pub fn try_run(prefix: &str, opts: PodOptions) -> Result<Pod, Output> {
+        Self::try_run_exact(&unique_name(prefix), 0, opts)
+    }
+
+    /// `crictl runp` of the pod `name` (as made by [`Pod::run`]) once more,
+    /// with sandbox attempt `attempt`: what kubelet does when a pod's sandbox
+    /// died (the pod keeps its name, namespace and uid).
+    #[track_caller]
+    pub fn run_again(name: &str, attempt: u32, opts: PodOptions) -> Pod {
+        match Self::try_run_exact(name, attempt, opts) {
+            Ok(p) => p,
+            Err(o) => panic!("crictl runp (attempt {attempt}) failed: {o}"),
+        }
+    }
+
+    fn try_run_exact(name: &str, attempt: u32, opts: PodOptions) -> Result<Pod, Output> {
         require_rig();
-        let name = unique_name(prefix);
-        let dir = TempDir::named(&name);
+        let name = name.to_string();
+        let dir = if attempt == 0 {
+            TempDir::named(&name)
+        } else {
+            TempDir::named(&format!("{name}-attempt{attempt}"))
+        };
         let log_dir = dir.path().join("logs");
         std::fs::create_dir_all(&log_dir).unwrap();
-        let cfg = pod_config(&name, &opts.annotations, &log_dir);
+        let mut cfg = pod_config(&name, &opts.annotations, &log_dir);
+        cfg["metadata"]["attempt"] = json!(attempt);
         let config_path = write_json(dir.path(), "pod.json", &cfg);
         let runtime = opts
             .runtime

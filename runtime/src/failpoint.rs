@@ -1,0 +1,106 @@
+//! Crash points for the crash-safety tests: the shim kills itself with
+//! SIGKILL at a named point of a suspend or a resume.
+//!
+//! Test-only: the points do something only in a build with the
+//! `failpoints` feature (`test/rig/run-tests.sh` builds the shim that way);
+//! in any other build [`hit`] is an empty inline function.
+//!
+//! With the feature, a point looks for the file
+//! `$TORPOR_FAILPOINTS_DIR/<shim id>` (the rig exports the variable to its
+//! containerd, which passes its environment on to the shims). If the file
+//! holds the point's name, the shim kills itself right there; a `*-during-*`
+//! point instead arms a watcher and returns: the shim kills itself as soon as
+//! a CRIU process runs below it (the dump or restore under way). The file is
+//! read at every point, so a test arms a point while the shim runs.
+
+/// SUSPENDING persisted, nothing frozen yet.
+pub const SUSPEND_AFTER_PERSIST: &str = "suspend-after-persist";
+/// Every app container frozen, no dump started.
+pub const SUSPEND_AFTER_FREEZE: &str = "suspend-after-freeze";
+/// While CRIU dumps a container.
+pub const SUSPEND_DURING_DUMP: &str = "suspend-during-dump";
+/// Every container dumped (and marked so), SUSPENDED not persisted yet.
+pub const SUSPEND_AFTER_DUMP: &str = "suspend-after-dump";
+/// RESUMING persisted, no restore started.
+pub const RESUME_AFTER_PERSIST: &str = "resume-after-persist";
+/// While CRIU restores a container.
+pub const RESUME_DURING_RESTORE: &str = "resume-during-restore";
+/// Every container restored and running, RUNNING not persisted yet.
+pub const RESUME_AFTER_RESTORE: &str = "resume-after-restore";
+
+/// All points, in the order a suspend and a resume pass them.
+pub const ALL: [&str; 7] = [
+    SUSPEND_AFTER_PERSIST,
+    SUSPEND_AFTER_FREEZE,
+    SUSPEND_DURING_DUMP,
+    SUSPEND_AFTER_DUMP,
+    RESUME_AFTER_PERSIST,
+    RESUME_DURING_RESTORE,
+    RESUME_AFTER_RESTORE,
+];
+
+/// The environment variable naming the directory of armed points.
+pub const DIR_ENV: &str = "TORPOR_FAILPOINTS_DIR";
+
+/// Passes the crash point `point` of the shim `shim` (see the module doc).
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn hit(_shim: &str, _point: &str) {}
+
+/// Passes the crash point `point` of the shim `shim` (see the module doc).
+#[cfg(feature = "failpoints")]
+pub fn hit(shim: &str, point: &str) {
+    let Some(dir) = std::env::var_os(DIR_ENV) else { return };
+    let Ok(armed) = std::fs::read_to_string(std::path::Path::new(&dir).join(shim)) else { return };
+    if armed.trim() != point {
+        return;
+    }
+    if point.contains("-during-") {
+        log::warn!(point, shim; "failpoint armed: the shim is killed once CRIU runs");
+        let shim = shim.to_string();
+        std::thread::spawn(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+            while std::time::Instant::now() < deadline {
+                if criu_below(std::process::id()) {
+                    log::warn!(point = "during", shim = shim.as_str(); "failpoint: CRIU runs, killing the shim");
+                    kill_self();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        });
+        return;
+    }
+    log::warn!(point, shim; "failpoint: killing the shim");
+    kill_self();
+}
+
+#[cfg(feature = "failpoints")]
+fn kill_self() {
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
+}
+
+/// Whether a process named `criu` descends from `pid` (through the
+/// `/proc/<pid>/task/<tid>/children` lists).
+#[cfg(feature = "failpoints")]
+fn criu_below(pid: u32) -> bool {
+    let mut todo = vec![pid];
+    let mut seen = 0;
+    while let Some(p) = todo.pop() {
+        seen += 1;
+        if seen > 10_000 {
+            return false;
+        }
+        if p != pid
+            && std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "criu")
+        {
+            return true;
+        }
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
+        for t in tasks.flatten() {
+            if let Ok(children) = std::fs::read_to_string(t.path().join("children")) {
+                todo.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+            }
+        }
+    }
+    false
+}

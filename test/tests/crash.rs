@@ -1,0 +1,473 @@
+//! Crash safety of suspend and resume: the shim is SIGKILLed at each crash
+//! point of a suspend and of a resume (runtime/src/failpoint.rs; the rig's
+//! shim is a `failpoints` build, armed through $TORPOR_FAILPOINTS_DIR), and
+//! the actor must come out RUNNING or SUSPENDED-and-restorable: never lost
+//! once committed, never running twice.
+//!
+//! Each test: a counter pod (64 MiB of checked memory) counts to 3; the
+//! shim dies at the point; containerd cleans up (the test checks that no
+//! process of the old containers, and no runc/CRIU child of the dead shim,
+//! is left); then the pod is created again as kubelet would (same name,
+//! next sandbox attempt) and the test checks what the counter says:
+//! * a crash before the suspend's dumps all completed: nothing was
+//!   committed, the containers died with the shim (as under runc-v2), the
+//!   new pod starts cold (0);
+//! * a crash after the dumps, or anywhere in a resume: the checkpoint is
+//!   kept, and the new pod's container is restored from it (3, memory
+//!   intact), once; the kept checkpoint is gone after.
+//!
+//! torpor-only: under TORPOR_TEST_RUNTIME=runc each test returns early.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use torpor_tests::serde_json::{self, Value};
+use torpor_tests::*;
+
+fn torpor_only() -> bool {
+    if !is_torpor() {
+        eprintln!("runtime {} is not torpor: no actor to crash", runtime_handler());
+        return false;
+    }
+    true
+}
+
+/// `torporctl <args>` (not checked). A missing binary fails the test.
+#[track_caller]
+fn torporctl(args: &[&str]) -> Output {
+    let bin = match std::env::var("TORPOR_CTL") {
+        Ok(v) if !v.is_empty() => v,
+        _ => concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release/torporctl").to_string(),
+    };
+    assert!(Path::new(&bin).is_file(), "torporctl not found at {bin} (cargo build --release -p torporctl)");
+    run(&bin, args)
+}
+
+/// The shim's actor record directory (the shim's TORPOR_STATE_ROOT).
+fn actor_dir(shim: &str) -> PathBuf {
+    let root = std::env::var("TORPOR_STATE_ROOT")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "/var/lib/torpor".into());
+    Path::new(&root).join("actors").join(shim)
+}
+
+fn record(shim: &str) -> Option<Value> {
+    let text = std::fs::read(actor_dir(shim).join("actor.json")).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+/// The actor record `torporctl --json status <shim>` prints.
+#[track_caller]
+fn status(shim: &str) -> Value {
+    let out = torporctl(&["--json", "status", shim]);
+    let text = out.clone().ok();
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    let live: Vec<&Value> = v.as_array().into_iter().flatten().filter(|a| a["kept"] != true).collect();
+    assert_eq!(live.len(), 1, "one live actor for {shim}: {out}");
+    live[0]["actor"].clone()
+}
+
+/// Arms crash point `point` of shim `shim`; disarmed on drop.
+struct Armed(PathBuf);
+
+impl Armed {
+    #[track_caller]
+    fn new(shim: &str, point: &str) -> Armed {
+        let dir = std::env::var("TORPOR_FAILPOINTS_DIR")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .expect("TORPOR_FAILPOINTS_DIR is not set: run the tests through test/rig/run-tests.sh");
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {dir}: {e}"));
+        let p = Path::new(&dir).join(shim);
+        std::fs::write(&p, point).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+        Armed(p)
+    }
+}
+
+impl Drop for Armed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Removes what a dead shim kept of an actor, if a test left it (a failed
+/// test: a passing one sees it consumed).
+struct KeptGuard(String);
+
+impl Drop for KeptGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(actor_dir(&self.0));
+    }
+}
+
+/// The pid of the shim serving `shim` (its `-id`), if it runs.
+fn shim_pid(shim: &str) -> Option<u32> {
+    let needle = format!(" -id {shim} ");
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+            .unwrap_or_default();
+        if cmd.contains("containerd-shim-torpor-v1") && cmd.contains(&needle) && !cmd.trim_end().ends_with(" delete") {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+/// Processes in a cgroup whose path contains `needle` (a container id).
+fn processes_in_cgroup(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else { return found };
+    for e in rd.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        if cg.contains(needle) {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_default();
+            found.push(format!("pid {pid}: {}", cmd.trim()));
+        }
+    }
+    found
+}
+
+/// Children the dead shim `shim` started (runc, CRIU, lazy-pages): they
+/// carry TORPOR_SHIM=<shim> in their environment.
+fn children_of_shim(shim: &str) -> Vec<String> {
+    let tag = format!("TORPOR_SHIM={shim}");
+    let mut found = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else { return found };
+    for e in rd.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        if env.split(|b| *b == 0).any(|v| v == tag.as_bytes()) {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            found.push(format!("pid {pid} {}", comm.trim()));
+        }
+    }
+    found
+}
+
+/// A counter pod.
+struct Counter {
+    pod: Pod,
+    container: String,
+    ip: String,
+}
+
+const ALLOC: &[&str] = &["counter", "--port", "8080", "--alloc-mib", "64"];
+
+impl Counter {
+    /// `attempt`: the container's restart count (kubelet counts on in a
+    /// pod run again: CRI reserves `<name>_<pod>_..._<attempt>`).
+    #[track_caller]
+    fn start(pod: Pod, attempt: u32) -> Counter {
+        let mut config = container_config("counter", ALLOC);
+        config["metadata"]["attempt"] = attempt.into();
+        // As kubelet sends it (no shareProcessNamespace): the container has
+        // its own pid namespace. (In a pod-shared one, the restored pids
+        // must be free in the new pod's namespace: see docs/ARCHITECTURE.md.)
+        config["linux"]["security_context"] = serde_json::json!({"namespace_options": {"pid": 1}});
+        let container = pod.create(&config);
+        let out = crictl(&["start", &container]);
+        if !out.success() {
+            // A failed restore: CRIU's log goes with the failure.
+            let log = format!(
+                "{}/io.containerd.runtime.v2.task/k8s.io/{container}/criu-restore.log",
+                rig().containerd_state
+            );
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            panic!(
+                "crictl start {container} failed: {out}\n--- {log} (tail) ---\n{}",
+                lines[lines.len().saturating_sub(80)..].join("\n")
+            );
+        }
+        wait_container_state(&container, "CONTAINER_RUNNING");
+        let ip = pod.ip();
+        Counter { pod, container, ip }
+    }
+
+    #[track_caller]
+    fn cmd(&self, cmd: &str) -> String {
+        let addr = format!("{}:8080", self.ip);
+        let stream = connect_with_retry(&addr);
+        stream.set_read_timeout(Some(LIVENESS)).unwrap();
+        let mut w = stream.try_clone().unwrap();
+        w.write_all(format!("{cmd}\n").as_bytes()).unwrap_or_else(|e| panic!("send {cmd:?} to {addr}: {e}"));
+        let mut line = String::new();
+        BufReader::new(stream).read_line(&mut line).unwrap_or_else(|e| panic!("reply to {cmd:?} from {addr}: {e}"));
+        assert!(line.ends_with('\n'), "counter at {addr} closed the connection on {cmd:?} (got {line:?})");
+        line.trim().to_string()
+    }
+
+    fn shim(&self) -> &str {
+        &self.pod.id
+    }
+}
+
+/// The containerd log lines about `ids`, for failure messages.
+fn log_about(ids: &[&str]) -> String {
+    let log = format!("{}/containerd.log", rig().state_dir);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().filter(|l| ids.iter().any(|i| l.contains(i))).collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+/// What a crash left, and the pod created after it.
+struct AfterCrash {
+    /// The dead shim's record after containerd's cleanup (None: removed).
+    kept: Option<Value>,
+    old_shim: String,
+    new: Counter,
+    sum: String,
+    _guard: KeptGuard,
+    /// The old pod (NotReady), removed last, as kubelet would.
+    _old: Pod,
+}
+
+/// Counter to 3; `resume_op` first suspends (the crash is in the resume);
+/// the shim dies at `point`; cleanup checked; the pod is run again.
+#[track_caller]
+fn crash_at(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&str>) -> AfterCrash {
+    crash_with(prefix, point, opts, again_name, false)
+}
+
+/// [`crash_at`]; `open_conn`: a client connection stays open (idle) across
+/// the suspend, so the checkpoint holds an established TCP socket of the
+/// old pod IP.
+#[track_caller]
+fn crash_with(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&str>, open_conn: bool) -> AfterCrash {
+    let pod = Pod::run_with(prefix, opts.clone());
+    let a = Counter::start(pod, 0);
+    for n in 1..=3 {
+        assert_eq!(a.cmd("inc"), n.to_string());
+    }
+    let sum = a.cmd("sum");
+    let _conn = open_conn.then(|| {
+        let s = connect_with_retry(&format!("{}:8080", a.ip));
+        let mut w = s.try_clone().unwrap();
+        w.write_all(b"get\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(s.try_clone().unwrap()).read_line(&mut line).unwrap();
+        assert_eq!(line.trim(), "3");
+        s
+    });
+    let guard = KeptGuard(a.shim().to_string());
+    let op = if point.starts_with("resume") { "resume" } else { "suspend" };
+    if op == "resume" {
+        let out = torporctl(&["--json", "suspend", a.shim()]);
+        assert!(out.success(), "suspend before the resume crash: {out}\n{}", log_about(&[a.shim()]));
+        assert_eq!(status(a.shim())["state"], "SUSPENDED");
+    }
+    let pid = shim_pid(a.shim()).unwrap_or_else(|| panic!("no shim process for {}", a.shim()));
+    let armed = Armed::new(a.shim(), point);
+    let out = torporctl(&["--json", op, a.shim()]);
+    assert!(!out.success(), "the shim was to die at {point}, but the {op} succeeded: {out}");
+    drop(armed);
+    wait_for(&format!("the shim (pid {pid}) to die at {point}"), LIVENESS, || {
+        (!Path::new(&format!("/proc/{pid}")).exists()).then_some(())
+    });
+
+    // It died at that point, not elsewhere: the shim logged it.
+    let shim = a.shim().to_string();
+    let fired = if point.contains("-during-") { "failpoint: CRIU runs, killing the shim" } else { "failpoint: killing the shim" };
+    let line = wait_for(&format!("the log line of the failpoint {point}"), LIVENESS, || {
+        let log = std::fs::read_to_string(format!("{}/containerd.log", rig().state_dir)).unwrap_or_default();
+        log.lines()
+            .find(|l| l.contains(&format!("shim=\"{shim}\"")) && l.contains(fired))
+            .map(str::to_string)
+    });
+    eprintln!("{point}: {line}");
+
+    // containerd notices, and cleans up after the dead shim.
+    wait_container_state(&a.container, "CONTAINER_EXITED");
+    let kept = wait_for("the dead shim's actor record to be settled", LIVENESS, || match record(&shim) {
+        None => Some(None),
+        Some(r) if r["orphaned"] == true => Some(Some(r)),
+        Some(_) => None,
+    });
+    let left = processes_in_cgroup(&a.container);
+    assert!(left.is_empty(), "processes of the old container left after {point}: {left:?}");
+    let left = children_of_shim(&shim);
+    assert!(left.is_empty(), "children of the dead shim left after {point}: {left:?}");
+    eprintln!("{point}: the dead shim's record: {}", kept.as_ref().map(|k| k.to_string()).unwrap_or("removed".into()));
+    // An operator sees a kept checkpoint (and only then) in torporctl status.
+    let out = torporctl(&["--json", "status", &shim]);
+    match &kept {
+        Some(k) => {
+            let v: Value = serde_json::from_str(&out.clone().ok()).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+            assert_eq!(v[0]["kept"], true, "{out}");
+            assert_eq!(v[0]["actor"]["state"], k["state"], "{out}");
+            let out = torporctl(&["resume", &shim]);
+            assert!(!out.success() && out.stderr.contains("checkpoint is kept"), "{out}");
+        }
+        None => assert!(!out.success() && out.stderr.contains("no actor named"), "{out}"),
+    }
+
+    // kubelet runs the pod again (same pod, next sandbox attempt), or a new
+    // pod of the same actor id.
+    let again = match again_name {
+        None => Pod::run_again(&a.pod.name, 1, opts),
+        Some(prefix) => Pod::run_with(prefix, opts),
+    };
+    let new = Counter::start(again, 1);
+    let Counter { pod: old, .. } = a;
+    AfterCrash {
+        kept,
+        old_shim: shim,
+        new,
+        sum,
+        _guard: guard,
+        _old: old,
+    }
+}
+
+/// Exactly one counter process runs for the pod `name` (old and new sandbox
+/// share its cgroup parent).
+#[track_caller]
+fn one_counter(name: &str) {
+    let all: Vec<String> = processes_in_cgroup(&format!("/pod-{name}/"))
+        .into_iter()
+        .filter(|p| p.contains("/actor counter"))
+        .collect();
+    assert_eq!(all.len(), 1, "one counter process of pod {name}: {all:?}");
+}
+
+/// The crash left nothing to restore: the pod starts cold.
+#[track_caller]
+fn assert_cold(c: &AfterCrash) {
+    assert!(c.kept.is_none(), "nothing is kept of an uncommitted suspend: {:?}", c.kept);
+    assert_eq!(c.new.cmd("get"), "0", "the new pod starts cold");
+    let st = status(c.new.shim());
+    assert_eq!(st["state"], "RUNNING", "{st}");
+    assert!(st["recovered_from"].is_null(), "{st}");
+    one_counter(&c.new.pod.name);
+}
+
+/// The crash kept the checkpoint: the new pod continues from it.
+#[track_caller]
+fn assert_restored(c: &AfterCrash, kept_state: &str) {
+    let kept = c.kept.as_ref().unwrap_or_else(|| panic!("the checkpoint was not kept"));
+    assert_eq!(kept["state"], kept_state, "{kept}");
+    assert_eq!(kept["generation"], 1, "{kept}");
+    let got = c.new.cmd("get");
+    assert_eq!(
+        got,
+        "3",
+        "the new pod continues from the kept checkpoint\n{}",
+        log_about(&[&c.old_shim, c.new.shim(), &c.new.container])
+    );
+    assert_eq!(c.new.cmd("sum"), c.sum, "the 64 MiB came back intact");
+    assert_eq!(c.new.cmd("inc"), "4");
+    let st = status(c.new.shim());
+    assert_eq!(st["state"], "RUNNING", "{st}");
+    assert_eq!(st["recovered_from"], format!("{}/gen-1", c.old_shim), "{st}");
+    assert!(!actor_dir(&c.old_shim).exists(), "the kept checkpoint is consumed once the restored container runs");
+    assert_eq!(container_state(&c.new.container), "CONTAINER_RUNNING");
+    one_counter(&c.new.pod.name);
+    // And it is a full actor again: it suspends and resumes.
+    let out = torporctl(&["--json", "suspend", c.new.shim()]);
+    assert!(out.success(), "suspend of the restored actor: {out}");
+    let out = torporctl(&["--json", "resume", c.new.shim()]);
+    assert!(out.success(), "resume of the restored actor: {out}");
+    assert_eq!(c.new.cmd("inc"), "5");
+}
+
+// -------------------------------------------------------------- suspend
+
+#[test]
+fn crash_suspend_after_persist() {
+    if !torpor_only() {
+        return;
+    }
+    assert_cold(&crash_at("crash-sp", "suspend-after-persist", PodOptions::default(), None));
+}
+
+#[test]
+fn crash_suspend_after_freeze() {
+    if !torpor_only() {
+        return;
+    }
+    assert_cold(&crash_at("crash-sf", "suspend-after-freeze", PodOptions::default(), None));
+}
+
+#[test]
+fn crash_suspend_during_dump() {
+    if !torpor_only() {
+        return;
+    }
+    assert_cold(&crash_at("crash-sd", "suspend-during-dump", PodOptions::default(), None));
+}
+
+#[test]
+fn crash_suspend_after_dump() {
+    if !torpor_only() {
+        return;
+    }
+    // Every dump completed and was marked: the cleanup commits the suspend.
+    assert_restored(&crash_at("crash-sa", "suspend-after-dump", PodOptions::default(), None), "SUSPENDED");
+}
+
+// --------------------------------------------------------------- resume
+
+#[test]
+fn crash_resume_after_persist() {
+    if !torpor_only() {
+        return;
+    }
+    assert_restored(&crash_at("crash-rp", "resume-after-persist", PodOptions::default(), None), "RESUMING");
+}
+
+#[test]
+fn crash_resume_during_restore() {
+    if !torpor_only() {
+        return;
+    }
+    assert_restored(&crash_at("crash-rd", "resume-during-restore", PodOptions::default(), None), "RESUMING");
+}
+
+#[test]
+fn crash_resume_after_restore() {
+    if !torpor_only() {
+        return;
+    }
+    assert_restored(&crash_at("crash-ra", "resume-after-restore", PodOptions::default(), None), "RESUMING");
+}
+
+/// The checkpoint holds an established connection of the old pod's IP,
+/// which does not exist in the new pod: it comes back closed.
+#[test]
+fn crash_resume_with_an_open_connection() {
+    if !torpor_only() {
+        return;
+    }
+    let c = crash_with("crash-rc", "resume-after-persist", PodOptions::default(), None, true);
+    assert_restored(&c, "RESUMING");
+}
+
+// ------------------------------------------------------------- identity
+
+/// By `torpor.dev/actor`, a pod of another name gets the checkpoint; a
+/// second pod of the same actor created while the first runs starts cold:
+/// a kept checkpoint is restored once.
+#[test]
+fn kept_checkpoint_is_restored_once_by_actor_id() {
+    if !torpor_only() {
+        return;
+    }
+    let actor = format!("crash-test/{}", unique_name("actor"));
+    let opts = PodOptions {
+        annotations: BTreeMap::from([("torpor.dev/actor".to_string(), actor.clone())]),
+        runtime: None,
+    };
+    let c = crash_at("crash-id", "resume-after-persist", opts.clone(), Some("crash-id-new"));
+    assert_restored(&c, "RESUMING");
+    assert_eq!(status(c.new.shim())["actor"], actor.as_str());
+
+    let second = Counter::start(Pod::run_with("crash-id-second", opts), 0);
+    assert_eq!(second.cmd("get"), "0", "a second pod of the actor does not get the checkpoint again");
+    assert_eq!(c.new.cmd("get"), "5", "the restored one keeps its state");
+}
