@@ -44,8 +44,17 @@ struct FileSnapshotter {
 #[serde(deny_unknown_fields)]
 struct FileStore {
     address: Option<PathBuf>,
+    root: Option<PathBuf>,
     local_budget: Option<String>,
     remote_url: Option<String>,
+    remote_options: Option<std::collections::BTreeMap<String, String>>,
+    keep_local: Option<String>,
+    upload_concurrency: Option<usize>,
+    fetch_concurrency: Option<usize>,
+    retry_initial: Option<String>,
+    retry_max: Option<String>,
+    zstd_level: Option<i32>,
+    verify_local_on_checkout: Option<bool>,
 }
 
 /// Command-line overrides (each `None` when the flag was not given).
@@ -76,16 +85,65 @@ pub struct SnapshotterConfig {
     pub upperdir_label: bool,
 }
 
-/// The snapshot store (placeholder: parsed and validated, served once the
-/// store is wired into the daemon).
+/// The snapshot store: its API socket and the tiered store's settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreConfig {
-    /// Unix socket of the store's gRPC API.
+    /// Unix socket of the store's API (ttrpc).
     pub address: PathBuf,
-    /// Byte budget of the local tier (`None`: no limit).
+    /// The local tier (`None`: `<root>/store`).
+    pub root: Option<PathBuf>,
+    /// Byte budget of the local tier (`None`: the store's default, 20 GiB).
     pub local_budget: Option<u64>,
-    /// Object tier URL (`s3://bucket/prefix`, `gs://…`, `az://…`, `file:///dir`).
+    /// Object tier URL (`s3://bucket/prefix`, `gs://…`, `az://…`, `file:///dir`;
+    /// `None`: the store's default, `file:///var/lib/torpor/objects`).
     pub remote_url: Option<String>,
+    /// object_store client options (`endpoint`, `region`, `allow_http`, …).
+    pub remote_options: Vec<(String, String)>,
+    pub keep_local: Option<Duration>,
+    pub upload_concurrency: Option<usize>,
+    pub fetch_concurrency: Option<usize>,
+    pub retry_initial: Option<Duration>,
+    pub retry_max: Option<Duration>,
+    pub zstd_level: Option<i32>,
+    pub verify_local_on_checkout: Option<bool>,
+}
+
+impl Config {
+    /// The tiered store's configuration: the store's defaults, overridden by
+    /// what the `[store]` section sets.
+    pub fn store_config(&self) -> crate::store::StoreConfig {
+        let s = &self.store;
+        let mut c = crate::store::StoreConfig::new(s.root.clone().unwrap_or_else(|| self.root.join("store")));
+        if let Some(b) = s.local_budget {
+            c.local_budget_bytes = b;
+        }
+        if let Some(u) = &s.remote_url {
+            c.remote_url = u.clone();
+        }
+        c.remote_options = s.remote_options.clone();
+        if let Some(d) = s.keep_local {
+            c.default_keep_local = d;
+        }
+        if let Some(n) = s.upload_concurrency {
+            c.upload_concurrency = n;
+        }
+        if let Some(n) = s.fetch_concurrency {
+            c.fetch_concurrency = n;
+        }
+        if let Some(d) = s.retry_initial {
+            c.retry.initial = d;
+        }
+        if let Some(d) = s.retry_max {
+            c.retry.max = d;
+        }
+        if let Some(l) = s.zstd_level {
+            c.zstd_level = l;
+        }
+        if let Some(v) = s.verify_local_on_checkout {
+            c.verify_local_on_checkout = v;
+        }
+        c
+    }
 }
 
 impl Default for Config {
@@ -101,8 +159,17 @@ impl Default for Config {
             },
             store: StoreConfig {
                 address: PathBuf::from(DEFAULT_STORE_ADDRESS),
+                root: None,
                 local_budget: None,
                 remote_url: None,
+                remote_options: Vec::new(),
+                keep_local: None,
+                upload_concurrency: None,
+                fetch_concurrency: None,
+                retry_initial: None,
+                retry_max: None,
+                zstd_level: None,
+                verify_local_on_checkout: None,
             },
         }
     }
@@ -222,6 +289,9 @@ impl Config {
     /// Parses and validates a config file's text.
     pub fn parse(text: &str) -> std::result::Result<Self, String> {
         let f: FileConfig = toml::from_str(text).map_err(|e| e.to_string())?;
+        let dur = |v: Option<String>, key: &str| -> std::result::Result<Option<Duration>, String> {
+            v.map(|s| parse_duration(&s).map_err(|e| format!("{key}: {e}"))).transpose()
+        };
         let d = Config::default();
         let cfg = Config {
             root: f.root.unwrap_or(d.root),
@@ -244,6 +314,15 @@ impl Config {
                     None => None,
                 },
                 remote_url: f.store.remote_url,
+                remote_options: f.store.remote_options.unwrap_or_default().into_iter().collect(),
+                root: f.store.root,
+                keep_local: dur(f.store.keep_local, "store.keep_local")?,
+                upload_concurrency: f.store.upload_concurrency,
+                fetch_concurrency: f.store.fetch_concurrency,
+                retry_initial: dur(f.store.retry_initial, "store.retry_initial")?,
+                retry_max: dur(f.store.retry_max, "store.retry_max")?,
+                zstd_level: f.store.zstd_level,
+                verify_local_on_checkout: f.store.verify_local_on_checkout,
             },
         };
         cfg.validate().map_err(|e| match e {
@@ -286,6 +365,14 @@ impl Config {
                 )));
             }
         }
+        if let Some(r) = &self.store.root {
+            if !r.is_absolute() {
+                return Err(Error::Config(format!("store.root = {r:?} must be an absolute path")));
+            }
+        }
+        // The store's own checks (concurrency ranges, retry, zstd level…),
+        // named by their [store] keys.
+        self.store_config().validate().map_err(|e| Error::Config(format!("[store]: {e}")))?;
         if let Some(u) = &self.store.remote_url {
             let ok = u
                 .split_once("://")

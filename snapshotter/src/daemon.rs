@@ -4,8 +4,9 @@
 //!
 //! Services:
 //! - containerd's snapshots API (proxy plugin) on `snapshotter.address`;
-//! - the snapshot store's API on `store.address`: not served yet — see the
-//!   `STORE HOOK` in [`run`].
+//! - the snapshot store's API (ttrpc, [`crate::store_api`]) on `store.address`,
+//!   over the tiered store ([`crate::store`]) whose background uploads and
+//!   evictions run on the same runtime.
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -149,14 +150,21 @@ pub async fn run(cfg: Config) -> Result<()> {
         stop_rx.clone(),
     ));
 
-    // STORE HOOK: the snapshot store's gRPC API is served the same way, on
-    // its own socket and this same runtime:
-    //
-    //   let listener = bind_socket(&cfg.store.address)?;
-    //   let router = Server::builder().add_service(<store service>);
-    //   served.push(serve_on("store", cfg.store.address.clone(), listener, router, stop_rx.clone()));
-    //
-    // (tonic is containerd_snapshots::tonic, 0.9, for every service.)
+    // The tiered snapshot store and its API (ttrpc: the shim's transport).
+    let store_cfg = cfg.store_config();
+    info!(root = %store_cfg.root.display(), remote = %store_cfg.remote_url, budget = store_cfg.local_budget_bytes, "opening the snapshot store");
+    let store = crate::store::Store::open(store_cfg)
+        .await
+        .map_err(|e| Error::Daemon(format!("opening the snapshot store: {e}")))?;
+    let store_listener = bind_socket(&cfg.store.address)?;
+    let mut store_server = torpor_api::ttrpc::asynchronous::Server::new()
+        .add_listener(store_listener.into())
+        .register_service(crate::store_api::StoreService::new(store.clone()).into_service());
+    store_server
+        .start()
+        .await
+        .map_err(|e| Error::Daemon(format!("serving the store API on {}: {e}", cfg.store.address.display())))?;
+    info!(service = "store", socket = %cfg.store.address.display(), "serving");
 
     if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
         warn!(error = %e, "could not notify systemd of readiness");
@@ -208,6 +216,17 @@ pub async fn run(cfg: Config) -> Result<()> {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => warn!(socket = %s.path.display(), error = %e, "could not remove socket"),
         }
+    }
+
+    // The store API: stop accepting, let connections end, stop background work.
+    if let Err(e) = store_server.shutdown().await {
+        warn!(error = %e, "store API shutdown");
+    }
+    store.shutdown().await;
+    match std::fs::remove_file(&cfg.store.address) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => warn!(socket = %cfg.store.address.display(), error = %e, "could not remove socket"),
     }
 
     // Close the database: the last reference goes with the snapshotter

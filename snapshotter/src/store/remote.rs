@@ -36,7 +36,9 @@ impl Remote {
     /// Open the object store a URL names (see `StoreConfig::remote_url`):
     /// `file:///dir` (created if missing), `memory://`, `s3://`, `gs://`,
     /// `az://`/`abfs://`… with client `options` as object_store names them (an
-    /// unknown option is an error, not ignored). `max_retries` and
+    /// unknown option is an error, not ignored), on top of the provider's
+    /// standard environment variables (`AWS_*`, `GOOGLE_*`, `AZURE_*`: the
+    /// usual way to hand a daemon its credentials). `max_retries` and
     /// `retry_timeout` bound the client's own retries of one request; the
     /// store retries failed uploads on top with its own backoff.
     pub fn open(url: &str, options: &[(String, String)], max_retries: usize, retry_timeout: std::time::Duration) -> Result<Remote> {
@@ -67,21 +69,21 @@ impl Remote {
                 Arc::new(object_store::memory::InMemory::new())
             }
             ObjectStoreScheme::AmazonS3 => {
-                let mut b = object_store::aws::AmazonS3Builder::new().with_url(url);
+                let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url);
                 for (k, v) in options {
                     b = b.with_config(k.to_ascii_lowercase().parse().map_err(|e| opt_err(k, e))?, v.clone());
                 }
                 Arc::new(b.with_retry(retry).build().map_err(|e| bad(e.to_string()))?)
             }
             ObjectStoreScheme::GoogleCloudStorage => {
-                let mut b = object_store::gcp::GoogleCloudStorageBuilder::new().with_url(url);
+                let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url);
                 for (k, v) in options {
                     b = b.with_config(k.to_ascii_lowercase().parse().map_err(|e| opt_err(k, e))?, v.clone());
                 }
                 Arc::new(b.with_retry(retry).build().map_err(|e| bad(e.to_string()))?)
             }
             ObjectStoreScheme::MicrosoftAzure => {
-                let mut b = object_store::azure::MicrosoftAzureBuilder::new().with_url(url);
+                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url);
                 for (k, v) in options {
                     b = b.with_config(k.to_ascii_lowercase().parse().map_err(|e| opt_err(k, e))?, v.clone());
                 }
