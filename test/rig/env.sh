@@ -36,6 +36,8 @@ export TORPOR_SNAPSHOTTER_BIN="${TORPOR_SNAPSHOTTER_BIN:-$TORPOR_REPO_ROOT/targe
 export TORPOR_RIG_SNAPSHOTTER_ROOT="$TORPOR_RIG_ROOT/snapshotter"
 export TORPOR_RIG_SNAPSHOTTER_SOCKET="$TORPOR_RIG_STATE/torpor/snapshotter.sock"
 export TORPOR_RIG_STORE_SOCKET="$TORPOR_RIG_STATE/torpor/store.sock"
+# The shims (through containerd's environment) and torporctl use the rig's store.
+export TORPOR_STORE_SOCKET="$TORPOR_RIG_STORE_SOCKET"
 export TORPOR_RIG_SNAPSHOTTER_CONFIG="$TORPOR_RIG_STATE/snapshotter.toml"
 export TORPOR_RIG_SNAPSHOTTER_LOG="$TORPOR_RIG_STATE/snapshotter.log"
 export TORPOR_RIG_SNAPSHOTTER_PIDFILE="$TORPOR_RIG_STATE/snapshotter.pid"

@@ -186,6 +186,12 @@ upperdir_label = true
 
 [store]
 address = '$TORPOR_RIG_STORE_SOCKET'
+# the object tier: the rig's S3 server (credentials in the daemon's AWS_* env)
+remote_url = 's3://$TORPOR_RIG_S3_BUCKET/objects'
+remote_options = { endpoint = '$TORPOR_RIG_S3_ENDPOINT', region = '$TORPOR_RIG_S3_REGION', allow_http = 'true' }
+# retry a down object tier quickly (the tests stop and restart it)
+retry_initial = '500ms'
+retry_max = '3s'
 TOML
 	mv "$TORPOR_RIG_SNAPSHOTTER_CONFIG.tmp" "$TORPOR_RIG_SNAPSHOTTER_CONFIG"
 }
@@ -204,7 +210,8 @@ start_snapshotter() {
 	write_snapshotter_config
 	log "starting torpor-snapshotter ($TORPOR_SNAPSHOTTER_BIN); log: $TORPOR_RIG_SNAPSHOTTER_LOG"
 	echo "---- $(date -Is) rig/up.sh starting torpor-snapshotter" >>"$TORPOR_RIG_SNAPSHOTTER_LOG"
-	setsid "$TORPOR_SNAPSHOTTER_BIN" --config "$TORPOR_RIG_SNAPSHOTTER_CONFIG" \
+	AWS_ACCESS_KEY_ID="$TORPOR_RIG_S3_ACCESS_KEY" AWS_SECRET_ACCESS_KEY="$TORPOR_RIG_S3_SECRET_KEY" \
+		setsid "$TORPOR_SNAPSHOTTER_BIN" --config "$TORPOR_RIG_SNAPSHOTTER_CONFIG" \
 		</dev/null >>"$TORPOR_RIG_SNAPSHOTTER_LOG" 2>&1 9>&- &
 	pid=$!
 	echo "$pid" >"$TORPOR_RIG_SNAPSHOTTER_PIDFILE"
@@ -264,7 +271,9 @@ import_images() {
 }
 
 # ---------------------------------------------------------------------- main
-# The snapshotter first: containerd's proxy plugin connects to its socket.
+# The S3 server first (the store's object tier), then the snapshotter
+# (containerd's proxy plugin connects to its socket), then containerd.
+"$TORPOR_RIG_DIR/s3.sh" start || die "the rig's S3 server did not start (see $TORPOR_RIG_S3_LOG)"
 start_snapshotter
 
 if pid="$(rig_containerd_pid)"; then
@@ -304,6 +313,5 @@ else
 	log "containerd up (pid $pid)"
 fi
 
-"$TORPOR_RIG_DIR/s3.sh" start || die "the rig's S3 server did not start (see $TORPOR_RIG_S3_LOG)"
 import_images
 log "ready: CONTAINERD_ADDRESS=$TORPOR_RIG_ADDRESS CONTAINER_RUNTIME_ENDPOINT=unix://$TORPOR_RIG_ADDRESS"
