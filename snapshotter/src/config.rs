@@ -55,6 +55,8 @@ struct FileStore {
     retry_max: Option<String>,
     zstd_level: Option<i32>,
     verify_local_on_checkout: Option<bool>,
+    gc_interval: Option<String>,
+    gc_keep: Option<usize>,
 }
 
 /// Command-line overrides (each `None` when the flag was not given).
@@ -106,7 +108,14 @@ pub struct StoreConfig {
     pub retry_max: Option<Duration>,
     pub zstd_level: Option<i32>,
     pub verify_local_on_checkout: Option<bool>,
+    /// How often superseded snapshots are collected (`None`: never; `torporctl snapshots gc` still works).
+    pub gc_interval: Option<Duration>,
+    /// Snapshots kept per actor by the periodic gc (≥ 1).
+    pub gc_keep: usize,
 }
+
+pub const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(3600);
+pub const DEFAULT_GC_KEEP: usize = 2;
 
 impl Config {
     /// The tiered store's configuration: the store's defaults, overridden by
@@ -170,6 +179,8 @@ impl Default for Config {
                 retry_max: None,
                 zstd_level: None,
                 verify_local_on_checkout: None,
+                gc_interval: Some(DEFAULT_GC_INTERVAL),
+                gc_keep: DEFAULT_GC_KEEP,
             },
         }
     }
@@ -323,6 +334,12 @@ impl Config {
                 retry_max: dur(f.store.retry_max, "store.retry_max")?,
                 zstd_level: f.store.zstd_level,
                 verify_local_on_checkout: f.store.verify_local_on_checkout,
+                gc_interval: match f.store.gc_interval.as_deref() {
+                    None => d.store.gc_interval,
+                    Some("off") => None,
+                    Some(v) => Some(parse_duration(v).map_err(|e| format!("store.gc_interval: {e} (or \"off\")"))?),
+                },
+                gc_keep: f.store.gc_keep.unwrap_or(d.store.gc_keep),
             },
         };
         cfg.validate().map_err(|e| match e {
@@ -364,6 +381,12 @@ impl Config {
                     "snapshotter.mount_options: {o:?}: {name} is set by the snapshotter"
                 )));
             }
+        }
+        if self.store.gc_keep == 0 {
+            return Err(Error::Config("store.gc_keep must be at least 1 (the newest snapshot is never collected)".into()));
+        }
+        if self.store.gc_interval.is_some_and(|d| d.is_zero()) {
+            return Err(Error::Config("store.gc_interval must be more than 0 (or \"off\")".into()));
         }
         if let Some(r) = &self.store.root {
             if !r.is_absolute() {

@@ -159,12 +159,27 @@ pub async fn run(cfg: Config) -> Result<()> {
     let store_listener = bind_socket(&cfg.store.address)?;
     let mut store_server = torpor_api::ttrpc::asynchronous::Server::new()
         .add_listener(store_listener.into())
-        .register_service(crate::store_api::StoreService::new(store.clone()).into_service());
+        .register_service(crate::store_api::StoreService::new(store.clone(), cfg.store.gc_keep).into_service());
     store_server
         .start()
         .await
         .map_err(|e| Error::Daemon(format!("serving the store API on {}: {e}", cfg.store.address.display())))?;
     info!(service = "store", socket = %cfg.store.address.display(), "serving");
+    let gc_task = cfg.store.gc_interval.map(|every| {
+        let store = store.clone();
+        let keep = cfg.store.gc_keep;
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            loop {
+                tick.tick().await;
+                let policy = crate::store::GcPolicy { keep_newest: keep, ..Default::default() };
+                match store.gc(policy).await {
+                    Ok(r) => info!(removed = r.removed.len(), chunks = r.chunks_deleted, errors = r.errors.len(), "periodic gc"),
+                    Err(e) => warn!(error = %e, "periodic gc failed"),
+                }
+            }
+        })
+    });
 
     if let Err(e) = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]) {
         warn!(error = %e, "could not notify systemd of readiness");
@@ -219,6 +234,9 @@ pub async fn run(cfg: Config) -> Result<()> {
     }
 
     // The store API: stop accepting, let connections end, stop background work.
+    if let Some(t) = gc_task {
+        t.abort();
+    }
     if let Err(e) = store_server.shutdown().await {
         warn!(error = %e, "store API shutdown");
     }

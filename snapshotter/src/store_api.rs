@@ -21,13 +21,15 @@ use crate::store::{self, ActorName, CommitOptions, GcPolicy, SnapshotId, Store};
 /// The service: the store plus the transfers in flight (for `Status`).
 pub struct StoreService {
     store: Arc<Store>,
+    /// Snapshots kept per actor by `Gc` without an explicit `keep`.
+    gc_keep: usize,
     transfers: Mutex<HashMap<u64, (String, SnapshotId, tokio::sync::watch::Receiver<(u64, u64)>)>>,
     next: std::sync::atomic::AtomicU64,
 }
 
 impl StoreService {
-    pub fn new(store: Arc<Store>) -> Self {
-        Self { store, transfers: Mutex::new(HashMap::new()), next: 0.into() }
+    pub fn new(store: Arc<Store>, gc_keep: usize) -> Self {
+        Self { store, gc_keep, transfers: Mutex::new(HashMap::new()), next: 0.into() }
     }
 
     /// The ttrpc service map to register on a server.
@@ -237,7 +239,7 @@ impl api::Store for StoreService {
     }
 
     async fn gc(&self, _: &TtrpcContext, req: api::GcRequest) -> ttrpc::Result<api::GcResponse> {
-        let mut policy = GcPolicy::default();
+        let mut policy = GcPolicy { keep_newest: self.gc_keep, ..Default::default() };
         if req.keep > 0 {
             policy.keep_newest = req.keep as usize;
         }
