@@ -30,7 +30,10 @@ def ratio(e):
 
 
 def goal_status(e):
-    """'met', 'not met' or None (no goal or no numbers)."""
+    """'met', 'not met' or None (no goal or no numbers). An absolute goal
+    (no baseline ratio) carries its verdict in `goal_met`."""
+    if isinstance(e.get("goal_met"), bool) and e.get("goal_max_ratio") is None and e.get("goal_min_ratio") is None:
+        return "met" if e["goal_met"] else "not met"
     r = ratio(e)
     if r is None:
         return None
@@ -233,7 +236,8 @@ def render_markdown(data: dict, env: dict, svg_rel: str) -> str:
         "those pods (matched by binary name, the rig's containerd address and the pod/container id "
         "on their command line) is summed and divided by N. PSS (`smaps_rollup`, shared pages "
         "divided among the processes sharing them) is given in the details.",
-        "- ratio = torpor / baseline; a goal is met when the ratio is within its bound.",
+        "- ratio = torpor / baseline; a ratio goal is met when the ratio is within its bound; an "
+        "absolute goal (e.g. a p99 bound) is judged by the script that measured it (`goal_met`).",
         "- Timings depend on whatever else runs on the machine (the load average at the start is "
         "listed above): compare the ratio, measured in one run with interleaved samples, rather "
         "than absolute times across runs.", "",

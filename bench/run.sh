@@ -52,6 +52,7 @@ export PYTHONDONTWRITEBYTECODE=1
 SCRIPTS="${TORPOR_BENCH_ONLY:-pod_start shim_rss}"
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS checkpoint_restore" # checkpoint_<size>_ms, restore_<size>_ms
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS suspend_resume" # resume_256mib_ms, resume_1gib_ms, suspend_1gib_ms
+[ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS store" # upload_mib_per_s, resuspend_upload_fraction, resume_remote_256mib_ms
 SCRIPT_TIMEOUT="${TORPOR_BENCH_SCRIPT_TIMEOUT:-420}"
 started=$SECONDS
 rig_started=0

@@ -1,0 +1,204 @@
+#!/usr/bin/env python3
+"""The tiered snapshot store: upload_mib_per_s, resume_remote_256mib_ms and
+resuspend_upload_fraction, measured on the rig's real S3 server (versitygw on
+loopback) through torpor-snapshotter, the shim and torporctl.
+
+One 256 MiB actor (`/actor counter --alloc-mib 256`, distinct non-zero
+pseudo-random pages) in a CRI pod of runtime torpor. Every round:
+
+1. suspend (`torporctl suspend`), wait until the process is gone and the
+   snapshot is committed in the store (`torporctl snapshots ls` shows the new
+   generation, local);
+2. `torporctl snapshots upload <actor>@<gen>` (timed), the store's
+   `uploaded_bytes` counter read before and after (`snapshots status`);
+3. `torporctl snapshots evict <actor>@<gen>`: the local copy is dropped, the
+   snapshot is only in the object tier;
+4. RESUME, TIMED (the trigger): connect to POD_IP:8080, send `inc`, until the
+   first byte of the answer: the shim checks the snapshot out (fetched from
+   S3, every chunk's sha256 verified), restores it and hands the held
+   connection over. The answer must be the previous counter + 1.
+
+Round 0 uploads the full snapshot: `upload_mib_per_s` = the snapshot's bytes
+over the upload's wall time (`torporctl snapshots upload` until it returns,
+the manifest read back); it is also the warm-up and its resume is not kept.
+Before round 1 the actor rewrites 1% of its memory (`touch`: one contiguous
+run of pages): `resuspend_upload_fraction` = bytes round 1's upload sent
+over the bytes round 0's sent. Rounds 1..N give `resume_remote_256mib_ms`
+(p50, p99; ≥ 30 runs).
+
+No baseline: containerd-shim-runc-v2 has no object tier (its checkpoints
+are images in containerd's content store; moving one to another node is a
+registry push/pull outside containerd).
+
+Goals (absolute): resume_remote_256mib_ms p99 <= 500 ms; resuspend_upload_fraction <= 0.10.
+
+    bench/store.py [--runs N]
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
+import suspend_resume as sr  # noqa: E402
+from bench import log  # noqa: E402
+
+MIB = 256
+COMMIT_TIMEOUT_S = 300.0
+
+
+def ctl(*args, timeout=sr.CALL_TIMEOUT_S):
+    """torporctl --json against the rig's store (TORPOR_STORE_SOCKET from env.sh)."""
+    out = bench.run([sr.TORPORCTL, "--json", *args], timeout=timeout)
+    return json.loads(out)
+
+
+def store_status() -> dict:
+    return ctl("snapshots", "status")
+
+
+def wait_committed(actor: str, after_gen: int) -> dict:
+    """The actor's newest snapshot once it is newer than `after_gen` and local."""
+    deadline = time.monotonic() + COMMIT_TIMEOUT_S
+    while True:
+        snaps = ctl("snapshots", "ls", actor)
+        newest = max(snaps, key=lambda s: int(s["snapshot"].rsplit("@", 1)[1]), default=None)
+        if newest and int(newest["snapshot"].rsplit("@", 1)[1]) > after_gen and newest["local"]:
+            return newest
+        if time.monotonic() > deadline:
+            raise sr.RunError(f"no committed snapshot of {actor} newer than generation {after_gen} "
+                              f"{COMMIT_TIMEOUT_S:.0f}s after the suspend: {snaps}")
+        time.sleep(0.02)
+
+
+class Round:
+    def __init__(self, a: "sr.TorporActor", actor: str):
+        self.a = a
+        self.actor = actor
+        self.gen = 0
+
+    def suspend_upload_evict(self) -> dict:
+        a = self.a
+        a.wait_settled()
+        reply = sr.torporctl(a.ctl_dir, "suspend", a.pod.id)
+        if str(reply[0]["actor"].get("state")).lower() not in ("suspended", "committing"):
+            raise sr.RunError(f"after torporctl suspend the actor is {reply[0]['actor'].get('state')!r}")
+        sr.wait_gone(a.netns_ino, a.mib)
+        snap = wait_committed(self.actor, self.gen)
+        self.gen = int(snap["snapshot"].rsplit("@", 1)[1])
+        ref = f"{self.actor}@{self.gen}"
+        before = store_status()["uploaded_bytes"]
+        t0 = sr.now_ns()
+        ctl("snapshots", "upload", ref, timeout=1800)
+        t1 = sr.now_ns()
+        sent = store_status()["uploaded_bytes"] - before
+        ctl("snapshots", "evict", ref)
+        return {"bytes": int(snap["bytes"]), "upload_ms": sr.ms(t0, t1), "uploaded_bytes": sent}
+
+    def resume(self) -> float:
+        a = self.a
+        t0 = sr.now_ns()
+        try:
+            _, t1, got = sr.inc_first_byte(a.ip, t0, retry_refused=False)
+            sr.check_counter(got, a.counter + 1)
+        except (OSError, sr.RunError, sr.RunFailed) as e:
+            raise sr.RunFailed(f"request to the suspended actor (snapshot only in S3): {e}; {a.recover()}") from None
+        a.counter += 1
+        st = a.status()
+        if str(st.get("state")).lower() != "running":
+            raise sr.RunError(f"after the request the actor is {st.get('state')!r}: {st.get('last_error')}")
+        return sr.ms(t0, t1)
+
+
+def measure(runs: int, budget_s: float) -> list:
+    started = time.monotonic()
+    upload = fraction = None
+    resumes, failures = [], []
+    err = None
+    extra = {}
+    a = None
+    try:
+        a = sr.TorporActor(MIB)
+        actor = a.status()["actor"]
+        r = Round(a, actor)
+        # round 0: the full upload (and the warm-up)
+        full = r.suspend_upload_evict()
+        upload = full
+        r.resume()
+        # round 1: after the actor changed 1% of its memory
+        touched = int(sr.actor_call(a.ip, ["touch"])[0])
+        extra["touched_bytes"] = touched
+        second = r.suspend_upload_evict()
+        fraction = second["uploaded_bytes"] / full["uploaded_bytes"] if full["uploaded_bytes"] else None
+        extra["resuspend_uploaded_bytes"] = second["uploaded_bytes"]
+        extra["full_uploaded_bytes"] = full["uploaded_bytes"]
+        resumes.append(r.resume())
+        while len(resumes) < runs:
+            if time.monotonic() - started > budget_s:
+                err = f"stopped after {len(resumes)} of {runs} runs (time budget)"
+                break
+            r.suspend_upload_evict()
+            try:
+                resumes.append(r.resume())
+            except sr.RunFailed as e:
+                failures.append(str(e))
+                log(f"store: run FAILED: {e}")
+                if len(failures) > runs:
+                    err = f"more than {runs} failed runs"
+                    break
+        if a is not None:
+            crc = sr.actor_call(a.ip, ["sum"])[0]
+            if crc != a.crc:
+                err = f"memory checksum {crc} after the last resume, {a.crc} before the first suspend"
+    except Exception as e:  # noqa: BLE001 - reported in results.json
+        err = f"{type(e).__name__}: {e}"
+        log(f"store: {err}")
+    finally:
+        if a is not None:
+            a.remove()
+    entries = []
+    up_rate = (upload["bytes"] / (1 << 20)) / (upload["upload_ms"] / 1000) if upload and upload["upload_ms"] else None
+    entries.append(bench.entry(
+        "upload_mib_per_s", "MiB/s", bench.rnd(up_rate, 1), None, lower_is_better=False,
+        error=None if up_rate else err,
+        baseline_error="containerd-shim-runc-v2 has no object tier",
+        torpor_note=(f"full upload of a {MIB} MiB actor's snapshot ({upload['bytes'] / (1 << 20):.0f} MiB, "
+                     f"{upload['uploaded_bytes'] / (1 << 20):.0f} MiB sent after compression) to versitygw on "
+                     f"loopback in {upload['upload_ms']:.0f} ms") if upload else None))
+    entries.append(bench.entry(
+        "resuspend_upload_fraction", "ratio", bench.rnd(fraction, 4), None,
+        goal="<= 0.10 (absolute)", goal_met=(fraction is not None and fraction <= 0.10),
+        error=None if fraction is not None else err,
+        baseline_error="containerd-shim-runc-v2 has no object tier",
+        **extra))
+    p50, p99 = sr.pct(resumes, 50), sr.pct(resumes, 99)
+    entries.append(bench.entry(
+        "resume_remote_256mib_ms", "ms", p50, None,
+        goal="p99 <= 500 ms (absolute)", goal_met=(p99 is not None and p99 <= 500 and not failures),
+        torpor_p99=p99, torpor_runs=len(resumes), torpor_samples=[bench.rnd(x, 1) for x in resumes],
+        torpor_failures=failures or None,
+        error=err if (err or failures) else None,
+        baseline_error="containerd-shim-runc-v2 has no object tier"))
+    return entries
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=int(os.environ.get("TORPOR_BENCH_STORE_RUNS", str(sr.MIN_RUNS))))
+    args = ap.parse_args()
+    budget = float(os.environ.get("TORPOR_BENCH_SCRIPT_TIMEOUT", "420")) - 60
+    with bench.bench_session():
+        sr.ensure_torporctl()
+        entries = measure(args.runs, budget)
+    bench.merge_results(entries)
+    for e in entries:
+        log(f"{e['name']}: torpor={e['torpor']} (p99 {e.get('torpor_p99')}) {e['unit']}"
+            + (f"  [error: {e['error']}]" if e.get("error") else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
