@@ -121,36 +121,29 @@ if pid="$(rig_containerd_pid)"; then
 	fi
 fi
 
-# ---------------------------------------------------------- 2. stop containerd
-if pid="$(rig_containerd_pid)"; then
-	log "stopping containerd (pid $pid)"
-	kill -TERM "$pid" 2>/dev/null
+# stop_pid NAME PID: SIGTERM, up to 10 s for it to exit, then SIGKILL.
+stop_pid() {
+	log "stopping $1 (pid $2)"
+	kill -TERM "$2" 2>/dev/null
 	for _ in $(seq 100); do
-		[ -d "/proc/$pid" ] || break
+		[ -d "/proc/$2" ] || return 0
 		sleep 0.1
 	done
-	if [ -d "/proc/$pid" ]; then
-		log "containerd ignored SIGTERM, killing"
-		kill -KILL "$pid" 2>/dev/null
-		sleep 0.2
-	fi
+	log "$1 ignored SIGTERM for 10s, killing"
+	kill -KILL "$2" 2>/dev/null
+	sleep 0.2
+}
+
+# ---------------------------------------------------------- 2. stop containerd
+if pid="$(rig_containerd_pid)"; then
+	stop_pid containerd "$pid"
 fi
 rm -f "$TORPOR_RIG_PIDFILE"
 
 # ------------------------------------------------- 2b. stop torpor-snapshotter
 # After containerd (which may still remove snapshots through it above).
 if pid="$(rig_snapshotter_pid)"; then
-	log "stopping torpor-snapshotter (pid $pid)"
-	kill -TERM "$pid" 2>/dev/null
-	for _ in $(seq 100); do
-		[ -d "/proc/$pid" ] || break
-		sleep 0.1
-	done
-	if [ -d "/proc/$pid" ]; then
-		log "torpor-snapshotter ignored SIGTERM for 10s, killing"
-		kill -KILL "$pid" 2>/dev/null
-		sleep 0.2
-	fi
+	stop_pid torpor-snapshotter "$pid"
 fi
 rm -f "$TORPOR_RIG_SNAPSHOTTER_PIDFILE"
 
