@@ -482,7 +482,10 @@ fn kept_checkpoint_is_restored_once_by_actor_id() {
     assert_eq!(status(c.new.shim())["actor"], actor.as_str());
 
     let second = Pod::run_with("crash-id-second", opts);
-    let out = second.try_create(&container_config("counter", ALLOC)).expect_err("a second pod of a running actor must be refused");
+    // (CRI creates the task, and the shim sees the container, at its start.)
+    let created = second.try_create(&container_config("counter", ALLOC)).unwrap_or_else(|o| panic!("crictl create: {o}"));
+    let out = crictl(&["start", &created]);
+    assert!(!out.success(), "a second pod of a running actor must be refused: {out}");
     assert!(
         out.all_output().contains(&format!("actor {actor} already runs on this node")) && out.all_output().contains(c.new.shim()),
         "the refusal names the actor and the shim holding it: {out}"

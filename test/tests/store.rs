@@ -424,9 +424,10 @@ fn restore_by_identity_through_the_store() {
 
     // A third pod of the actor while the second runs: refused.
     let third = Pod::run_with("store-id-c", pod_opts(Some(&actor)));
-    let out = third
-        .try_create(&container_config("counter", &["counter", "--port", "8080"]))
-        .expect_err("a second pod of a running actor must be refused");
+    // (CRI creates the task, and the shim sees the container, at its start.)
+    let created = third.try_create(&container_config("counter", &["counter", "--port", "8080"])).unwrap_or_else(|o| panic!("crictl create: {o}"));
+    let out = crictl(&["start", &created]);
+    assert!(!out.success(), "a second pod of a running actor must be refused: {out}");
     let text = out.all_output();
     assert!(text.contains(&format!("actor {actor} already runs on this node")) && text.contains(second.shim()), "the refusal names the actor and its holder: {out}");
     assert_eq!(second.cmd("get"), "4", "the running one is untouched");
