@@ -164,6 +164,15 @@ fn s3_sh() -> String {
     concat!(env!("CARGO_MANIFEST_DIR"), "/rig/s3.sh").to_string()
 }
 
+/// Starts S3 on drop (a failed test must not leave it stopped).
+struct S3Up;
+
+impl Drop for S3Up {
+    fn drop(&mut self) {
+        let _ = run(&s3_sh(), ["start"]);
+    }
+}
+
 /// SIGKILL of the rig's torpor-snapshotter, and its restart (up.sh reuses
 /// everything else).
 fn kill_daemon() {
@@ -441,21 +450,22 @@ fn daemon_killed_mid_upload_and_mid_fetch() {
     let _serial = serial();
     let _daemon = DaemonUp;
     let (c, sum, _g) = counter("store-kill", 256);
+    let _s3 = S3Up;
     let name = c.suspend();
 
-    // Mid-upload.
-    let bin = torporctl_path();
-    let mut upload = std::process::Command::new(&bin)
-        .args(["snapshots", "upload", &name])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| panic!("spawn {bin}: {e}"));
-    wait_for("the upload to be under way", LIVENESS, || {
-        transfers("upload", &name).iter().any(|t| t["done_bytes"].as_u64().unwrap_or(0) > 0).then_some(())
-    });
+    // Mid-upload. The actors' memory is the same pseudo-random pattern in
+    // every test (test/images/actor), so on a rig that uploaded it before
+    // every chunk is deduplicated and an upload is over in milliseconds:
+    // the upload is held in flight by a stopped S3 instead (persisted
+    // `Uploading`, chunk PUTs failing and retried) when the daemon dies.
+    let down = S3Down::stop();
+    let out = torporctl_run(&["snapshots", "upload", &name]);
+    assert!(!out.success(), "an upload with S3 down must fail: {out}");
+    let s = snapshot(&name);
+    assert_eq!(s["durable"], false, "{s}");
+    assert_eq!(s["state"], "uploading", "the upload is pending: {s}");
     kill_daemon();
-    let _ = upload.wait();
+    drop(down);
     start_daemon();
     // The interrupted upload resumes by itself after the restart.
     wait_durable(&name, LIVENESS);
