@@ -101,7 +101,7 @@ fn run(cli: &Cli) -> Result<(), String> {
             match m.len() {
                 0 if op != "status" && kept_actors(&cli.state_root).iter().any(|v| matches(v, n)) => {
                     return Err(format!(
-                        "the shim of {n:?} died: its checkpoint is kept and is restored when a container of the same identity is created"
+                        "the shim of {n:?} died: its checkpoint is kept (in the snapshot store) and is restored when a container of the same identity is created"
                     ))
                 }
                 0 => return Err(format!("no actor named {n:?} on this node (see `torporctl status`)")),
@@ -202,7 +202,7 @@ fn print(results: &[Value], as_json: bool) {
         println!("{}", serde_json::to_string_pretty(results).unwrap_or_default());
         return;
     }
-    println!("{:<32} {:<11} {:>4} {:>10} {:>10}  {:<14} ERROR", "ACTOR", "STATE", "GEN", "SUSPEND_MS", "RESUME_MS", "SHIM");
+    println!("{:<32} {:<11} {:>4} {:>10} {:>10}  {:<14} {:<24} ERROR", "ACTOR", "STATE", "GEN", "SUSPEND_MS", "RESUME_MS", "SHIM", "SNAPSHOT");
     let mut any_kept = false;
     for r in results {
         let a = &r["actor"];
@@ -214,19 +214,27 @@ fn print(results: &[Value], as_json: bool) {
         if let Some(from) = a["recovered_from"].as_str() {
             note = format!("recovered from {from} {note}");
         }
+        // The store snapshot holding the state; "committing" while a
+        // suspend's dumps are being committed to the store.
+        let snapshot = match (&a["snapshot"], &a["staging"]) {
+            (s, _) if s.is_object() => format!("{}@{}", s["actor"].as_str().unwrap_or("?"), s["generation"].as_u64().unwrap_or(0)),
+            (_, st) if st.is_object() && a["state"] == json!("SUSPENDED") => "committing".to_string(),
+            _ => "-".to_string(),
+        };
         println!(
-            "{:<32} {:<11} {:>4} {:>10} {:>10}  {:<14} {}",
+            "{:<32} {:<11} {:>4} {:>10} {:>10}  {:<14} {:<24} {}",
             a["actor"].as_str().unwrap_or("?"),
             a["state"].as_str().unwrap_or("?"),
             a["generation"].as_u64().unwrap_or(0),
             ms("last_suspend_ms"),
             ms("last_resume_ms"),
             format!("{}{}", &shim[..shim.len().min(12)], if kept { "*" } else { "" }),
+            snapshot,
             note.trim_end(),
         );
     }
     if any_kept {
-        println!("* shim dead: the checkpoint is kept, and restored when a container of the same identity is created");
+        println!("* shim dead: its snapshot stays in the store, and is restored when a container of the same identity is created");
     }
 }
 

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
+use crate::snapshots::{SnapshotRef, Staging};
 
 /// Where torpor keeps node state (suspended images, actor records).
 pub const STATE_ROOT: &str = "/var/lib/torpor";
@@ -72,10 +73,60 @@ pub struct Record {
     /// record and its checkpoint are kept for a restore by identity.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub orphaned: bool,
-    /// The kept checkpoint this actor was restored from after a shim died
-    /// (`<old shim id>/gen-<n>`).
+    /// The snapshot (`actor@generation`) this actor was restored from by
+    /// identity, when a new pod of the actor was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovered_from: Option<String>,
+    /// The actor id was set explicitly (`torpor.dev/actor`), not defaulted
+    /// to the pod: its snapshots outlive the removal of a running actor.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub explicit_actor: bool,
+    /// The store's staging directory of a suspend under way (SUSPENDING),
+    /// or of one whose dumps are complete but not yet committed (SUSPENDED
+    /// with no `snapshot` yet: "committing").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staging: Option<StagingRecord>,
+    /// The snapshot in the node's store that holds the actor's state
+    /// (SUSPENDED), or that it was last resumed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotRef>,
+    /// A checkout lease of the store this shim holds (a resume whose lazy
+    /// pages are still being served, or a restore by identity): released
+    /// by the cleanup if the shim dies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leases: Vec<String>,
+    /// `torpor.dev/keep-local` in seconds, passed to the store's commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_local_s: Option<u64>,
+    /// The store was asked for a snapshot to restore this actor from (by
+    /// the create of its first app container); later containers follow
+    /// that answer (`restore_snapshot`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restore_checked: bool,
+    /// The snapshot the pod's containers are restored from by identity
+    /// (the same generation for all of them), until the next suspend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_snapshot: Option<SnapshotRef>,
+    /// An app container of the actor was started by this shim (the actor
+    /// ran: snapshots older than its state are stale).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ran: bool,
+    /// Container names already restored from `restore_snapshot`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub restored_names: std::collections::BTreeSet<String>,
+}
+
+/// A staging directory of the snapshot store (see [`crate::snapshots`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StagingRecord {
+    pub id: String,
+    pub path: PathBuf,
+}
+
+impl StagingRecord {
+    pub fn to_staging(&self) -> Staging {
+        Staging { id: self.id.clone(), path: self.path.clone() }
+    }
 }
 
 impl Record {
@@ -94,7 +145,21 @@ impl Record {
             committed_at_ms: None,
             orphaned: false,
             recovered_from: None,
+            explicit_actor: false,
+            staging: None,
+            snapshot: None,
+            leases: Vec::new(),
+            keep_local_s: None,
+            restore_checked: false,
+            restore_snapshot: None,
+            ran: false,
+            restored_names: Default::default(),
         }
+    }
+
+    /// SUSPENDED, dumps complete, the snapshot not yet committed.
+    pub fn committing(&self) -> bool {
+        self.state == Lifecycle::Suspended && self.staging.is_some() && self.snapshot.is_none()
     }
 }
 
@@ -133,30 +198,16 @@ impl Store {
         self.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
     }
 
-    /// Marks the dump of `container` in `generation` as complete, durably:
-    /// a suspend interrupted after every container's marker was written can
-    /// be committed by the recovery (see [`crate::recovery`]).
-    pub fn mark_dumped(&self, generation: u64, container: &str) -> Result<()> {
-        let dir = self.generation_dir(generation);
-        let p = dir.join(format!("{container}.done"));
-        let f = File::create(&p).io_context(|| format!("create {p:?}"))?;
-        f.sync_all().io_context(|| format!("fsync {p:?}"))?;
-        sync_dir(&dir)
+    /// CRIU's work directory (logs, lazy-pages socket) for container
+    /// `container` in `generation`: outside the snapshot's staging
+    /// directory, so it is not part of the snapshot. `what`: dump, restore, lazy.
+    pub fn work_dir(&self, generation: u64, container: &str, what: &str) -> PathBuf {
+        self.dir.join("work").join(format!("gen-{generation}")).join(format!("{container}.{what}"))
     }
 
-    /// Whether the dump of `container` in `generation` completed.
-    pub fn is_dumped(&self, generation: u64, container: &str) -> bool {
-        self.generation_dir(generation).join(format!("{container}.done")).is_file()
-            && self.image_dir(generation, container).join("inventory.img").is_file()
-    }
-
-    /// Image directory of a generation's checkpoint of one container.
-    pub fn image_dir(&self, generation: u64, container: &str) -> PathBuf {
-        self.dir.join(format!("gen-{generation}")).join(container)
-    }
-
-    pub fn generation_dir(&self, generation: u64) -> PathBuf {
-        self.dir.join(format!("gen-{generation}"))
+    /// All CRIU work directories of the actor.
+    pub fn work_root(&self) -> PathBuf {
+        self.dir.join("work")
     }
 
     fn record_path(&self) -> PathBuf {
@@ -234,20 +285,19 @@ mod tests {
         rec.orphaned = true;
         s.save(&rec).unwrap();
         assert_eq!(s.load().unwrap(), Some(rec));
-        assert!(s.image_dir(3, "c1").ends_with("actors/abc/gen-3/c1"));
+        assert!(s.work_dir(3, "c1", "dump").ends_with("actors/abc/work/gen-3/c1.dump"));
         assert_eq!(s.key(), "abc");
-        // Records written before the recovery fields existed still load.
+        // Records written before the recovery and store fields existed still load.
         let old = r#"{"actor":"a","state":"SUSPENDED","generation":1,"containers":[],"last_error":null,"last_suspend_ms":null,"last_resume_ms":null}"#;
         std::fs::write(s.dir().join("actor.json"), old).unwrap();
         let r = s.load().unwrap().unwrap();
         assert!(!r.orphaned && r.names.is_empty() && r.committed_at_ms.is_none());
-        // A dump counts as complete with its marker and its CRIU inventory.
-        assert!(!s.is_dumped(3, "c1"));
-        std::fs::create_dir_all(s.image_dir(3, "c1")).unwrap();
-        s.mark_dumped(3, "c1").unwrap();
-        assert!(!s.is_dumped(3, "c1"));
-        std::fs::write(s.image_dir(3, "c1").join("inventory.img"), b"x").unwrap();
-        assert!(s.is_dumped(3, "c1"));
+        assert!(r.staging.is_none() && r.snapshot.is_none() && !r.committing());
+        let mut c = r.clone();
+        c.staging = Some(StagingRecord { id: "x".into(), path: "/s/x".into() });
+        assert!(c.committing());
+        c.snapshot = Some(SnapshotRef { actor: "a".into(), generation: 1 });
+        assert!(!c.committing());
         s.remove().unwrap();
         assert_eq!(s.load().unwrap(), None);
         for bad in ["", "..", "a/b", "."] {

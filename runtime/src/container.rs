@@ -136,6 +136,10 @@ pub struct Runtime {
     pub(crate) lazy: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
     namespace: String,
     pub(crate) events: mpsc::UnboundedSender<Event>,
+    /// The node-local claim on the actor, held while the shim runs it.
+    pub(crate) claim: Arc<std::sync::Mutex<Option<crate::claim::Claim>>>,
+    /// The background commit of the last suspend's snapshot.
+    pub(crate) commit: Arc<std::sync::Mutex<Option<tokio::sync::watch::Receiver<crate::lifecycle::CommitState>>>>,
 }
 
 impl Runtime {
@@ -154,6 +158,8 @@ impl Runtime {
                 .unwrap_or_else(|| PathBuf::from(actor::STATE_ROOT)),
             namespace: namespace.to_string(),
             events,
+            claim: Arc::default(),
+            commit: Arc::default(),
         };
         let me = rt.clone();
         tokio::spawn(async move {
@@ -289,7 +295,8 @@ impl Runtime {
         let mut adopted = None;
         if !sandbox {
             let group = annotations.get(CRI_SANDBOX_ID).cloned().unwrap_or_else(|| req.id.clone());
-            self.actor_init(&group, actor.actor.clone()).await?;
+            let explicit = annotations.contains_key(crate::spec::ACTOR);
+            self.actor_init(&group, &actor, explicit).await?;
             crate::policy::adapt_spec(&req.bundle, &group)?;
             let identity = Identity::of(actor.actor.as_deref(), &annotations, &req.id);
             let name = identity.as_ref().map(|i| i.container.clone()).unwrap_or_else(|| req.id.clone());
@@ -397,11 +404,17 @@ impl Runtime {
                         Err(e) => self.give_back(id, &a, pending, e).await,
                     }
                 }
+                if restored.is_ok() {
+                    self.actor_ran(id).await;
+                }
                 return restored;
             }
             c.runc.start(id).await?;
             c.init.status = Status::Running;
-            return Ok(c.init.pid);
+            let pid = c.init.pid;
+            drop(inner);
+            self.actor_ran(id).await;
+            return Ok(pid);
         }
         if c.init.status != Status::Running {
             return Err(Error::FailedPrecondition(format!("container {id} is not running")));

@@ -6,18 +6,17 @@
 //! else the container id). A pod that kubelet creates again after its shim
 //! died has the same identity, and gets the dead shim's checkpoint back.
 //!
-//! Today the kept checkpoints are the records a dead shim left under
-//! `<state root>/actors/<shim id>/` (see [`crate::recovery`]);
-//! [`find_restorable`] is the one place that looks them up, so that it can
-//! later ask the node daemon's snapshot store instead.
+//! The checkpoints live in the node's snapshot store, one snapshot per actor
+//! generation with one `<container name>/` image directory per container:
+//! [`find_restorable`] is the one place that looks them up (the store's
+//! newest snapshot of the actor, in either tier).
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use log::warn;
-
-use crate::actor::{Lifecycle, Record, Store};
-use crate::error::{IoContext, Result};
+use crate::actor::Store;
+use crate::error::Result;
+use crate::snapshots::{SnapshotRef, SnapshotStore};
 
 /// CRI's annotation with the container's name in its pod.
 pub const CRI_CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
@@ -48,122 +47,28 @@ impl std::fmt::Display for Identity {
     }
 }
 
-/// A complete checkpoint kept for an identity.
-#[derive(Debug, Clone)]
-pub struct Kept {
-    /// The store that holds it (the dead shim's).
-    pub store: Store,
-    pub generation: u64,
-    /// The id the container had in the dead shim.
-    pub container_id: String,
-    /// The CRIU image directory.
-    pub image: PathBuf,
-    pub committed_at_ms: u64,
+/// The snapshot to restore a new container of `identity` from: the
+/// actor's newest snapshot in the node's store (local or object tier).
+/// Whether it holds an image of the container (`<name>/`) is seen once it
+/// is checked out.
+pub async fn find_restorable(store: &SnapshotStore, identity: &Identity) -> Result<Option<SnapshotRef>> {
+    store.latest(&identity.actor).await
 }
 
-impl Kept {
-    /// `<old shim id>/gen-<n>`, for logs and the record.
-    pub fn source(&self) -> String {
-        format!("{}/gen-{}", self.store.key(), self.generation)
-    }
-}
-
-/// The checkpoint to restore a new container of `identity` from: the newest
-/// committed one that a dead shim kept (its processes are known to be gone).
-/// None when there is none, or when the newest was already taken by another
-/// container (it is never handed out twice, and an older one is never used
-/// in its place).
-pub fn find_restorable(root: &Path, identity: &Identity) -> Result<Option<Kept>> {
-    let dir = root.join("actors");
-    let entries = match std::fs::read_dir(&dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e).io_context(|| format!("read {dir:?}")),
-    };
-    // (committed at, image present, generation) orders the candidates.
-    let mut best: Option<((u64, bool, u64), Kept)> = None;
-    for e in entries.flatten() {
-        let key = e.file_name().to_string_lossy().into_owned();
-        let Ok(store) = Store::new(root, &key) else { continue };
-        let rec = match store.load() {
-            Ok(Some(r)) => r,
-            Ok(None) => continue,
-            Err(err) => {
-                warn!("skipping an unreadable actor record: {err}");
-                continue;
-            }
-        };
-        let Some(kept) = candidate(&store, &rec, identity) else { continue };
-        let present = kept.image.join("inventory.img").is_file();
-        let rank = (kept.committed_at_ms, present, kept.generation);
-        if best.as_ref().is_none_or(|(r, _)| rank > *r) {
-            best = Some((rank, kept));
-        }
-    }
-    Ok(best.and_then(|((_, present, _), k)| present.then_some(k)))
-}
-
-/// The checkpoint of `identity` in `rec`, if `rec` is a kept one.
-fn candidate(store: &Store, rec: &Record, identity: &Identity) -> Option<Kept> {
-    if !rec.orphaned || rec.actor != identity.actor || !matches!(rec.state, Lifecycle::Suspended | Lifecycle::Resuming) {
-        return None;
-    }
-    let (cid, _) = rec.names.iter().find(|(_, name)| **name == identity.container)?;
-    Some(Kept {
-        store: store.clone(),
-        generation: rec.generation,
-        container_id: cid.clone(),
-        image: store.image_dir(rec.generation, cid),
-        committed_at_ms: rec.committed_at_ms.unwrap_or(0),
-    })
-}
-
-/// Takes the kept image for a new container: moves it to `dest` (a rename on
-/// one file system, so exactly one taker wins). False if it was gone (taken
-/// by another container meanwhile).
-pub fn claim(kept: &Kept, dest: &Path) -> Result<bool> {
-    move_image(&kept.image, dest)
-}
-
-/// Gives a claimed image back to the store it came from (the restore did
-/// not happen): it is restorable again.
-pub fn release(kept: &Kept, from: &Path) -> Result<bool> {
-    move_image(from, &kept.image)
-}
-
-fn move_image(from: &Path, to: &Path) -> Result<bool> {
-    let parent = to.parent().unwrap_or(Path::new("/"));
-    std::fs::create_dir_all(parent).io_context(|| format!("create {parent:?}"))?;
-    match std::fs::rename(from, to) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(e).io_context(|| format!("move checkpoint image {from:?} to {to:?}")),
-    }
-    crate::actor::sync_dir(parent)?;
-    if let Some(p) = from.parent() {
-        crate::actor::sync_dir(p)?;
-    }
-    Ok(true)
-}
-
-/// After a container of `identity` was restored and runs: every checkpoint
-/// dead shims kept for it is superseded. Removes their images of that
-/// container, and each store left without an image. Returns what went.
-pub fn supersede(root: &Path, identity: &Identity) -> Vec<String> {
+/// After a container of `actor` was restored and runs: the records dead
+/// shims kept of the actor (for an operator to see, `torporctl status`)
+/// are superseded. Removes them; returns their shim ids.
+pub fn supersede(root: &Path, actor: &str) -> Vec<String> {
     let mut gone = Vec::new();
     let Ok(entries) = std::fs::read_dir(root.join("actors")) else { return gone };
     for e in entries.flatten() {
         let key = e.file_name().to_string_lossy().into_owned();
         let Ok(store) = Store::new(root, &key) else { continue };
         let Ok(Some(rec)) = store.load() else { continue };
-        let Some(kept) = candidate(&store, &rec, identity) else { continue };
-        let _ = std::fs::remove_dir_all(&kept.image);
-        let _ = std::fs::remove_file(store.generation_dir(rec.generation).join(format!("{}.done", kept.container_id)));
-        let left = rec.containers.iter().chain(rec.names.keys()).any(|c| store.image_dir(rec.generation, c).exists());
-        if !left {
+        if rec.orphaned && rec.actor == actor {
             let _ = store.remove();
+            gone.push(key);
         }
-        gone.push(kept.source());
     }
     gone
 }
@@ -171,24 +76,7 @@ pub fn supersede(root: &Path, identity: &Identity) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn kept_record(root: &Path, key: &str, actor: &str, name: &str, at: u64, image: bool) -> Store {
-        let s = Store::new(root, key).unwrap();
-        let mut r = Record::new(actor.into());
-        r.state = Lifecycle::Suspended;
-        r.generation = 2;
-        let cid = format!("{key}-c");
-        r.containers = vec![cid.clone()];
-        r.names.insert(cid.clone(), name.into());
-        r.committed_at_ms = Some(at);
-        r.orphaned = true;
-        s.save(&r).unwrap();
-        if image {
-            std::fs::create_dir_all(s.image_dir(2, &cid)).unwrap();
-            std::fs::write(s.image_dir(2, &cid).join("inventory.img"), b"x").unwrap();
-        }
-        s
-    }
+    use crate::actor::{Lifecycle, Record};
 
     #[test]
     fn identity_from_annotations() {
@@ -201,45 +89,18 @@ mod tests {
     }
 
     #[test]
-    fn newest_kept_checkpoint_is_found_once() {
+    fn kept_records_of_the_actor_are_superseded() {
         let root = tempfile::tempdir().unwrap();
         let root = root.path();
-        let id = Identity { actor: "ns/pod".into(), container: "web".into() };
-        assert!(find_restorable(root, &id).unwrap().is_none());
-        kept_record(root, "old", "ns/pod", "web", 100, true);
-        kept_record(root, "new", "ns/pod", "web", 200, true);
-        kept_record(root, "other", "ns/other", "web", 300, true);
-        kept_record(root, "side", "ns/pod", "sidecar", 400, true);
-        // A live shim's record is never a candidate.
-        let live = kept_record(root, "live", "ns/pod", "web", 500, true);
-        let mut r = live.load().unwrap().unwrap();
-        r.orphaned = false;
-        live.save(&r).unwrap();
-
-        let k = find_restorable(root, &id).unwrap().unwrap();
-        assert_eq!(k.source(), "new/gen-2");
-        let dest = root.join("actors/mine/gen-1/c9");
-        assert!(claim(&k, &dest).unwrap());
-        assert!(dest.join("inventory.img").is_file());
-        assert!(!claim(&k, &root.join("actors/thief/gen-1/c9")).unwrap(), "taken once");
-        // The newest was taken: the older one is not handed out instead.
-        assert!(find_restorable(root, &id).unwrap().is_none());
-        // Given back, it is restorable again.
-        assert!(release(&k, &dest).unwrap());
-        assert_eq!(find_restorable(root, &id).unwrap().unwrap().source(), "new/gen-2");
-
-        let gone = supersede(root, &id);
-        assert_eq!(gone.len(), 2, "{gone:?}");
-        assert!(!root.join("actors/old").exists() && !root.join("actors/new").exists());
-        assert!(root.join("actors/side").exists() && root.join("actors/other").exists() && root.join("actors/live").exists());
-        assert!(find_restorable(root, &id).unwrap().is_none());
-    }
-
-    #[test]
-    fn a_record_without_its_image_is_not_restorable() {
-        let root = tempfile::tempdir().unwrap();
-        kept_record(root.path(), "k", "ns/pod", "web", 1, false);
-        let id = Identity { actor: "ns/pod".into(), container: "web".into() };
-        assert!(find_restorable(root.path(), &id).unwrap().is_none());
+        for (key, actor, orphaned) in [("old", "ns/pod", true), ("other", "ns/other", true), ("live", "ns/pod", false)] {
+            let s = Store::new(root, key).unwrap();
+            let mut r = Record::new(actor.into());
+            r.state = Lifecycle::Suspended;
+            r.orphaned = orphaned;
+            s.save(&r).unwrap();
+        }
+        assert_eq!(supersede(root, "ns/pod"), vec!["old".to_string()]);
+        assert!(!root.join("actors/old").exists());
+        assert!(root.join("actors/other").exists() && root.join("actors/live").exists());
     }
 }

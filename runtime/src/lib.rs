@@ -11,11 +11,13 @@
 //! - [`snapshots`]: the client of the node's snapshot store (torpor-snapshotter);
 //! - [`recovery`] and [`identity`]: what a shim's death leaves, and the
 //!   restore of a kept checkpoint into a new container of the same identity;
+//! - [`claim`]: an actor runs at most once on the node (a flock per actor);
 //! - [`failpoint`]: test-only crash points (feature `failpoints`).
 
 pub mod activation;
 pub mod actor;
 pub mod cgroup;
+pub mod claim;
 pub mod container;
 pub mod criu;
 pub mod error;

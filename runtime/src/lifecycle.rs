@@ -12,28 +12,37 @@
 //! part-way restores or thaws what it already touched: the actor is RUNNING
 //! again, and the reason is kept in its record.
 
-use std::time::Instant;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use log::{info, warn};
 
-use crate::actor::{Lifecycle, Record, Store};
+use crate::actor::{Lifecycle, Record, StagingRecord, Store};
 use crate::container::{container_mut, Runtime};
 use crate::error::{Error, IoContext, Result};
 use crate::failpoint;
 use crate::process::Status;
 use crate::runc::{CheckpointOpts, RestoreFrom};
+use crate::snapshots::{self, SnapshotRef, SnapshotStore};
 use crate::stdio;
 
 impl Runtime {
-    /// Sets up the actor record when the first app container is created.
-    pub(crate) async fn actor_init(&self, group: &str, actor_id: Option<String>) -> Result<()> {
+    /// Sets up the actor record when the first app container is created,
+    /// after claiming the actor on this node (see [`crate::claim`]): a
+    /// second shim of the same actor is refused here.
+    pub(crate) async fn actor_init(&self, group: &str, spec: &crate::spec::ActorSpec, explicit: bool) -> Result<()> {
         let mut slot = self.actor.lock().await;
         if slot.is_some() {
             return Ok(());
         }
         let store = Store::new(&self.state_root, group)?;
-        let record = Record::new(actor_id.unwrap_or_else(|| group.to_string()));
+        let mut record = Record::new(spec.actor.clone().unwrap_or_else(|| group.to_string()));
+        record.explicit_actor = explicit;
+        record.keep_local_s = spec.keep_local.map(|d| d.as_secs().max(1));
+        let claim = crate::claim::Claim::take(&record.actor, group)?;
         store.save(&record)?;
+        *self.claim.lock().unwrap_or_else(|p| p.into_inner()) = Some(claim);
         *slot = Some((store, record));
         Ok(())
     }
@@ -48,6 +57,19 @@ impl Runtime {
             rec.cgroups.insert(id.to_string(), cg);
         }
         store.save(rec)
+    }
+
+    /// App container `id` started (cold or restored): the actor ran.
+    pub(crate) async fn actor_ran(&self, id: &str) {
+        let mut slot = self.actor.lock().await;
+        let Some((store, rec)) = slot.as_mut() else { return };
+        if rec.ran || !rec.names.contains_key(id) {
+            return;
+        }
+        rec.ran = true;
+        if let Err(e) = store.save(rec) {
+            warn!(actor = rec.actor.as_str(); "save the actor record: {e}");
+        }
     }
 
     /// The actor's record, if the shim has app containers.
@@ -94,7 +116,10 @@ impl Runtime {
         Ok(rec.clone())
     }
 
-    /// SUSPENDED: checkpoint every app container and free its memory.
+    /// SUSPENDED: checkpoint every app container into a staging directory
+    /// of the node's snapshot store and free its memory; the snapshot is
+    /// committed in the background (the suspend returns once the memory is
+    /// freed).
     pub async fn suspend(&self) -> Result<Record> {
         let started = Instant::now();
         let mut slot = self.actor.lock().await;
@@ -109,24 +134,44 @@ impl Runtime {
         let was = rec.state;
         self.wait_lazy_daemons().await;
         let (netns, ports) = self.activation_target(&ids).await;
+        // Where the checkpoint goes: without the store there is nowhere to
+        // put it, and the actor keeps running.
+        let staging = match begin_staging(&rec.actor).await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(actor = rec.actor.as_str(); "suspend refused, actor keeps running: {e}");
+                rec.last_error = Some(e.to_string());
+                store.save(rec)?;
+                return Err(e);
+            }
+        };
         rec.generation += 1;
         rec.state = Lifecycle::Suspending;
         rec.containers = ids.clone();
-        store.save(rec)?;
+        rec.staging = Some(StagingRecord { id: staging.id.clone(), path: staging.path.clone() });
+        if let Err(e) = store.save(rec) {
+            abort_staging(&staging).await;
+            return Err(e);
+        }
         let generation = rec.generation;
         failpoint::hit(&store.key(), failpoint::SUSPEND_AFTER_PERSIST);
 
-        let result = self.checkpoint_all(store, generation, &ids, was == Lifecycle::Frozen).await;
+        let images: Vec<(String, PathBuf)> = ids.iter().map(|id| (id.clone(), staging.path.join(name_of(rec, id)))).collect();
+        let result = self.checkpoint_all(store, generation, &images, was == Lifecycle::Frozen).await;
         match result {
             Ok(()) => {
-                failpoint::hit(&store.key(), failpoint::SUSPEND_AFTER_DUMP);
+                // Every dump is complete: recorded before anything else, so
+                // that a shim death from here on commits the staging.
                 rec.state = Lifecycle::Suspended;
+                rec.snapshot = None;
                 rec.last_error = None;
+                rec.restore_snapshot = None;
+                rec.restored_names.clear();
                 rec.committed_at_ms = Some(crate::actor::now_ms());
                 rec.last_suspend_ms = Some(started.elapsed().as_millis() as u64);
                 store.save(rec)?;
-                // An older generation is superseded only once this one is complete.
-                remove_other_generations(store, generation);
+                failpoint::hit(&store.key(), failpoint::SUSPEND_AFTER_DUMP);
+                let _ = std::fs::remove_dir_all(store.work_root());
                 if let Some(ns) = &netns {
                     if let Err(e) = crate::activation::unlock_criu_network(ns).await {
                         warn!(actor = rec.actor.as_str(); "{e}");
@@ -138,35 +183,114 @@ impl Runtime {
                         Err(e) => warn!(actor = rec.actor.as_str(); "no activation on inbound connections: {e}"),
                     }
                 }
+                self.start_commit(store, rec);
                 info!(actor = rec.actor.as_str(), ms = rec.last_suspend_ms; "actor suspended");
                 Ok(rec.clone())
             }
             Err(e) => {
                 warn!(actor = rec.actor.as_str(); "suspend failed, actor keeps running: {e}");
+                abort_staging(&staging).await;
                 rec.state = if was == Lifecycle::Frozen { Lifecycle::Frozen } else { Lifecycle::Running };
                 rec.last_error = Some(e.to_string());
                 rec.generation -= 1;
-                let _ = std::fs::remove_dir_all(store.generation_dir(generation));
+                rec.staging = None;
+                let _ = std::fs::remove_dir_all(store.work_root());
                 store.save(rec)?;
                 Err(e)
             }
         }
     }
 
-    /// Freeze all, dump each; on a failure, bring back what was touched, to
-    /// the state it had (`was_frozen`: paused).
-    async fn checkpoint_all(&self, store: &Store, generation: u64, ids: &[String], was_frozen: bool) -> Result<()> {
+    /// Commits the suspend's staging directory in the background, retrying
+    /// until it is committed (the processes are gone: the staging is the
+    /// actor). A failure is kept in `last_error` (`torporctl status`).
+    fn start_commit(&self, store: &Store, rec: &Record) {
+        let Some(staging) = rec.staging.as_ref().map(StagingRecord::to_staging) else { return };
+        let (tx, rx) = tokio::sync::watch::channel(CommitState::Running);
+        *self.commit.lock().unwrap_or_else(|p| p.into_inner()) = Some(rx);
+        let labels = commit_labels(&store.key(), rec);
+        let keep_local = rec.keep_local_s.map(Duration::from_secs);
+        let actor = rec.actor.clone();
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(500);
+            loop {
+                let _ = tx.send(CommitState::Running);
+                let t = Instant::now();
+                match commit_staging(&actor, &staging, labels.clone(), keep_local).await {
+                    Ok(snap) => {
+                        info!(actor = actor.as_str(), snapshot:% = snap, ms = t.elapsed().as_millis() as u64; "suspend committed to the snapshot store");
+                        me.commit_settled(&staging, Ok(snap)).await;
+                        let _ = tx.send(CommitState::Done);
+                        return;
+                    }
+                    Err(e) => {
+                        let lost = matches!(e, Error::NotFound(_));
+                        warn!(actor = actor.as_str(), staging = staging.id.as_str(); "commit of the suspend failed{}: {e}", if lost { "" } else { " (retrying)" });
+                        me.commit_settled(&staging, Err(&e)).await;
+                        let _ = tx.send(CommitState::Failed(e.to_string()));
+                        if lost {
+                            return;
+                        }
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(30));
+                    }
+                }
+            }
+        });
+    }
+
+    /// Records the outcome of a commit attempt.
+    async fn commit_settled(&self, staging: &crate::snapshots::Staging, r: std::result::Result<SnapshotRef, &Error>) {
+        let mut slot = self.actor.lock().await;
+        let Some((store, rec)) = slot.as_mut() else { return };
+        if rec.staging.as_ref().map(|s| s.id.as_str()) != Some(staging.id.as_str()) {
+            return;
+        }
+        match r {
+            Ok(snap) => {
+                rec.snapshot = Some(snap);
+                rec.staging = None;
+                if rec.last_error.as_deref().is_some_and(|e| e.starts_with(COMMIT_FAILED)) {
+                    rec.last_error = None;
+                }
+            }
+            Err(e) => rec.last_error = Some(format!("{COMMIT_FAILED} (retrying): {e}")),
+        }
+        if let Err(e) = store.save(rec) {
+            warn!(actor = rec.actor.as_str(); "save the actor record after a commit: {e}");
+        }
+    }
+
+    /// Waits for the attempt of a background commit under way; an error if
+    /// it failed (it is retried; the actor stays SUSPENDED meanwhile).
+    pub(crate) async fn wait_commit(&self) -> Result<()> {
+        let rx = self.commit.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let Some(mut rx) = rx else { return Ok(()) };
+        let state = match rx.wait_for(|s| *s != CommitState::Running).await {
+            Ok(s) => s.clone(),
+            Err(_) => return Ok(()), // the task ended
+        };
+        match state {
+            CommitState::Failed(e) => Err(Error::Store(format!("the suspend's snapshot is not committed: {e}"))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Freeze all, dump each into its image directory; on a failure, bring
+    /// back what was touched, to the state it had (`was_frozen`: paused).
+    async fn checkpoint_all(&self, store: &Store, generation: u64, images: &[(String, PathBuf)], was_frozen: bool) -> Result<()> {
         let mut inner = self.inner.lock().await;
-        for id in ids {
+        for (id, _) in images {
             let c = container_mut(&mut inner, id)?;
             if !c.execs.values().all(|p| p.exit_info().is_some() || p.status == Status::Created) {
                 return Err(Error::FailedPrecondition(format!("container {id} has exec sessions running")));
             }
         }
         let mut frozen = Vec::new();
-        let mut dumped = Vec::new();
+        let mut dumped: Vec<(String, PathBuf)> = Vec::new();
         let mut failure = None;
-        for id in ids {
+        for (id, _) in images {
             let c = container_mut(&mut inner, id)?;
             if c.init.status == Status::Running {
                 if let Err(e) = c.runc.pause(id).await {
@@ -179,11 +303,11 @@ impl Runtime {
         }
         if failure.is_none() {
             failpoint::hit(&store.key(), failpoint::SUSPEND_AFTER_FREEZE);
-            for id in ids {
+            for (id, image) in images {
                 let c = container_mut(&mut inner, id)?;
-                let image = store.image_dir(generation, id);
-                let work = store.generation_dir(generation).join(format!("{id}.work"));
-                let mkdirs = std::fs::create_dir_all(&image)
+                // CRIU's work dir (logs) stays outside the snapshot.
+                let work = store.work_dir(generation, id, "dump");
+                let mkdirs = std::fs::create_dir_all(image)
                     .and_then(|_| std::fs::create_dir_all(&work))
                     .io_context(|| format!("create {image:?}"));
                 if let Err(e) = mkdirs {
@@ -196,7 +320,7 @@ impl Runtime {
                     external_unix_sockets: true,
                     file_locks: true,
                     terminal: c.init.stdio.terminal,
-                    image_path: image,
+                    image_path: image.clone(),
                     work_path: work,
                     ..Default::default()
                 };
@@ -211,12 +335,7 @@ impl Runtime {
                         let c = container_mut(&mut inner, id)?;
                         // To containerd the container is still running.
                         c.init.status = Status::Running;
-                        dumped.push(id.clone());
-                        // Durably complete: a shim death from here on keeps this dump.
-                        if let Err(e) = store.mark_dumped(generation, id) {
-                            failure = Some(e);
-                            break;
-                        }
+                        dumped.push((id.clone(), image.clone()));
                     }
                     Err(e) => {
                         c.suspended = false;
@@ -229,15 +348,15 @@ impl Runtime {
         let Some(e) = failure else { return Ok(()) };
         // Roll back: restore what was dumped, thaw what was only frozen.
         drop(inner);
-        for id in &dumped {
-            if let Err(re) = self.restore_one(store, generation, id).await {
+        for (id, image) in &dumped {
+            if let Err(re) = self.restore_one(store, generation, id, image).await {
                 warn!(container = id.as_str(); "rollback restore after a failed suspend: {re}");
             }
         }
         let mut inner = self.inner.lock().await;
         if was_frozen {
             // A frozen actor goes back to frozen: re-pause what was restored.
-            for id in &dumped {
+            for (id, _) in &dumped {
                 if let Ok(c) = container_mut(&mut inner, id) {
                     if c.init.status == Status::Running && c.runc.pause(id).await.is_ok() {
                         c.init.status = Status::Paused;
@@ -245,7 +364,7 @@ impl Runtime {
                 }
             }
         }
-        for id in frozen.iter().filter(|id| !dumped.contains(id)) {
+        for id in frozen.iter().filter(|id| !dumped.iter().any(|(d, _)| d == *id)) {
             if let Ok(c) = container_mut(&mut inner, id) {
                 if let Err(re) = c.runc.resume(id).await {
                     warn!(container = id.as_str(); "rollback thaw after a failed suspend: {re}");
@@ -256,15 +375,15 @@ impl Runtime {
         Err(e)
     }
 
-    /// `runc restore` of one suspended container from generation `generation`:
-    /// with lazy pages (memory served on demand over userfaultfd by a `criu
+    /// `runc restore` of one suspended container from `image`: with lazy
+    /// pages (memory served on demand over userfaultfd by a `criu
     /// lazy-pages` daemon, the rest prefetched in the background), falling
-    /// back to a full restore when that cannot be used.
-    async fn restore_one(&self, store: &Store, generation: u64, id: &str) -> Result<i32> {
-        let image = store.image_dir(generation, id);
-        let gen_dir = store.generation_dir(generation);
+    /// back to a full restore when that cannot be used. CRIU's work
+    /// directories are the shim's, outside the (read-only) snapshot.
+    async fn restore_one(&self, store: &Store, generation: u64, id: &str, image: &Path) -> Result<i32> {
+        let image = image.to_path_buf();
         if lazy_pages_enabled() {
-            let work = gen_dir.join(format!("{id}.lazy-work"));
+            let work = store.work_dir(generation, id, "lazy");
             match LazyDaemon::start(&image, &work).await {
                 Ok(daemon) => {
                     let from = RestoreFrom { image: image.clone(), work, lazy: true };
@@ -282,7 +401,7 @@ impl Runtime {
                 Err(e) => warn!(container = id; "no lazy pages ({e}): restoring in full"),
             }
         }
-        let work = gen_dir.join(format!("{id}.restore-work"));
+        let work = store.work_dir(generation, id, "restore");
         self.restore_container(id, &RestoreFrom { image, work, lazy: false }).await
     }
 
@@ -295,8 +414,12 @@ impl Runtime {
         }
     }
 
-    /// RUNNING again: restore a suspended actor, or thaw a frozen one.
+    /// RUNNING again: restore a suspended actor from its snapshot (checked
+    /// out of the node's store: verified, fetched from the object tier if
+    /// it was evicted), or thaw a frozen one.
     pub async fn resume_actor(&self) -> Result<Record> {
+        // A commit under way: the snapshot to restore is the one it makes.
+        self.wait_commit().await?;
         let started = Instant::now();
         let mut slot = self.actor.lock().await;
         let (store, rec) = slot.as_mut().ok_or_else(no_actor)?;
@@ -319,15 +442,41 @@ impl Runtime {
             Lifecycle::Suspended => {}
             s => return Err(Error::FailedPrecondition(format!("actor {} is {s}, not SUSPENDED or FROZEN", rec.actor))),
         }
+        let Some(snap) = rec.snapshot.clone() else {
+            return Err(Error::FailedPrecondition(format!(
+                "actor {} is SUSPENDED but its snapshot is not committed yet{}",
+                rec.actor,
+                rec.last_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()
+            )));
+        };
         rec.state = Lifecycle::Resuming;
         store.save(rec)?;
         failpoint::hit(&store.key(), failpoint::RESUME_AFTER_PERSIST);
+        // The snapshot's verified files; nothing is started from bad data.
+        let co = match checkout(&snap).await {
+            Ok(co) => co,
+            Err(e) => {
+                let e = with_context(e, &format!("resume of actor {} from snapshot {snap}", rec.actor));
+                warn!(actor = rec.actor.as_str(), snapshot:% = snap; "resume refused, the actor stays SUSPENDED: {e}");
+                rec.state = Lifecycle::Suspended;
+                rec.last_error = Some(e.to_string());
+                store.save(rec)?;
+                return Err(e);
+            }
+        };
+        rec.leases.push(co.lease.clone());
+        if let Err(e) = store.save(rec) {
+            release_checkout(&co).await;
+            rec.leases.retain(|l| *l != co.lease);
+            rec.state = Lifecycle::Suspended;
+            return Err(e);
+        }
         let armed = self.activation.lock().await.take();
         let handover = match armed {
             Some(a) => Some(a.begin_handover().await),
             None => None,
         };
-        let result = self.restore_all(store, rec).await;
+        let result = self.restore_all(store, rec, &co.path).await;
         if result.is_ok() {
             failpoint::hit(&store.key(), failpoint::RESUME_AFTER_RESTORE);
             // RUNNING is recorded before the held connections are let in:
@@ -343,21 +492,39 @@ impl Runtime {
         if let Some(h) = handover {
             h.finish().await;
         }
-        result?;
-        // The images go once the lazy-pages daemons are done with them.
-        let gen_dir = store.generation_dir(rec.generation);
+        if let Err(e) = result {
+            self.wait_lazy_daemons().await;
+            release_checkout(&co).await;
+            rec.leases.retain(|l| *l != co.lease);
+            let _ = store.save(rec);
+            return Err(e);
+        }
+        // The checkout is released once the lazy-pages daemons are done
+        // with it; the store's gc and retention remove the snapshot.
         let pending: Vec<_> = std::mem::take(&mut *self.lazy.lock().await);
+        let me = self.clone();
         self.lazy.lock().await.push(tokio::spawn(async move {
             for h in pending {
                 let _ = h.await;
             }
-            let _ = std::fs::remove_dir_all(gen_dir);
+            release_checkout(&co).await;
+            me.forget_lease(&co.lease).await;
         }));
-        info!(actor = rec.actor.as_str(), ms = rec.last_resume_ms; "actor resumed");
+        info!(actor = rec.actor.as_str(), snapshot:% = snap, ms = rec.last_resume_ms; "actor resumed");
         Ok(rec.clone())
     }
 
-    async fn restore_all(&self, store: &Store, rec: &mut Record) -> Result<()> {
+    /// A checkout lease was released: drop it from the record.
+    pub(crate) async fn forget_lease(&self, lease: &str) {
+        let mut slot = self.actor.lock().await;
+        let Some((store, rec)) = slot.as_mut() else { return };
+        if rec.leases.iter().any(|l| l == lease) {
+            rec.leases.retain(|l| l != lease);
+            let _ = store.save(rec);
+        }
+    }
+
+    async fn restore_all(&self, store: &Store, rec: &mut Record, images: &Path) -> Result<()> {
         for id in rec.containers.clone() {
             let suspended = {
                 let inner = self.inner.lock().await;
@@ -367,7 +534,8 @@ impl Runtime {
                 continue;
             }
             failpoint::hit(&store.key(), failpoint::RESUME_DURING_RESTORE);
-            if let Err(e) = self.restore_one(store, rec.generation, &id).await {
+            let image = images.join(name_of(rec, &id));
+            if let Err(e) = self.restore_one(store, rec.generation, &id, &image).await {
                 warn!(actor = rec.actor.as_str(), container = id.as_str(); "resume failed: {e}");
                 rec.state = Lifecycle::Suspended;
                 rec.last_error = Some(e.to_string());
@@ -452,8 +620,23 @@ impl Runtime {
         if !empty {
             return;
         }
+        // A suspend's commit under way lands in the store first.
+        if let Err(e) = self.wait_commit().await {
+            warn!("the actor is removed while its suspend's commit fails: {e}");
+        }
+        self.wait_lazy_daemons().await;
         let mut slot = self.actor.lock().await;
-        if let Some((store, _)) = slot.take() {
+        if let Some((store, rec)) = slot.take() {
+            for lease in &rec.leases {
+                release_lease(lease).await;
+            }
+            // Retention: a SUSPENDED actor's snapshots stay (restorable by
+            // identity; the store's gc keeps the newest). A running actor
+            // has moved past them: with the default id (its pod) they are
+            // stale; an explicit actor id keeps them (resume anywhere).
+            if matches!(rec.state, Lifecycle::Running | Lifecycle::Frozen) && rec.ran && !rec.explicit_actor {
+                remove_snapshots(&rec.actor).await;
+            }
             if let Err(e) = store.remove() {
                 warn!("remove actor state: {e}");
             }
@@ -461,6 +644,8 @@ impl Runtime {
                 let _ = std::fs::remove_dir_all(crate::policy::request_dir(&key.to_string_lossy()));
             }
         }
+        self.claim.lock().unwrap_or_else(|p| p.into_inner()).take();
+        self.commit.lock().unwrap_or_else(|p| p.into_inner()).take();
     }
 }
 
@@ -531,14 +716,130 @@ fn no_actor() -> Error {
     Error::FailedPrecondition("this shim has no actor (no app container)".into())
 }
 
-fn remove_other_generations(store: &Store, keep: u64) {
-    let Ok(entries) = std::fs::read_dir(store.dir()) else { return };
-    let keep = format!("gen-{keep}");
-    for e in entries.flatten() {
-        let name = e.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with("gen-") && name != keep {
-            let _ = std::fs::remove_dir_all(e.path());
+
+/// The state of a background commit (see [`Runtime::wait_commit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CommitState {
+    Running,
+    Failed(String),
+    Done,
+}
+
+/// How `last_error` starts while a suspend's commit fails.
+const COMMIT_FAILED: &str = "commit of the suspend's snapshot failed";
+
+/// The container's name in the actor (its image directory in a snapshot).
+pub(crate) fn name_of<'a>(rec: &'a Record, id: &'a str) -> &'a str {
+    rec.names.get(id).map(String::as_str).unwrap_or(id)
+}
+
+/// The labels a suspend's snapshot is committed with.
+pub(crate) fn commit_labels(shim: &str, rec: &Record) -> HashMap<String, String> {
+    let mut names: Vec<&str> = rec.containers.iter().map(|id| name_of(rec, id)).collect();
+    names.sort_unstable();
+    let mut l = HashMap::new();
+    l.insert(snapshots::LABEL_SHIM.to_string(), shim.to_string());
+    l.insert(snapshots::LABEL_CONTAINERS.to_string(), names.join(","));
+    l.insert(snapshots::LABEL_RUNTIME.to_string(), format!("torpor-runtime {}", env!("CARGO_PKG_VERSION")));
+    if let Some(s) = &rec.staging {
+        l.insert(snapshots::LABEL_STAGING.to_string(), s.id.clone());
+    }
+    l
+}
+
+/// An error with what was being done in front of its message.
+pub(crate) fn with_context(e: Error, what: &str) -> Error {
+    match e {
+        Error::Corrupt(m) => Error::Corrupt(format!("{what}: {m}")),
+        Error::Store(m) => Error::Store(format!("{what}: {m}")),
+        Error::NotFound(m) => Error::NotFound(format!("{what}: {m}")),
+        Error::FailedPrecondition(m) => Error::FailedPrecondition(format!("{what}: {m}")),
+        Error::InvalidArgument(m) => Error::InvalidArgument(format!("{what}: {m}")),
+        e => Error::Store(format!("{what}: {e}")),
+    }
+}
+
+/// A staging directory for a new snapshot of `actor`.
+async fn begin_staging(actor: &str) -> Result<crate::snapshots::Staging> {
+    let r = async { SnapshotStore::connect().await?.begin(actor).await }.await;
+    r.map_err(|e| with_context(e, &format!("suspend of actor {actor}: no staging directory in the snapshot store")))
+}
+
+/// Drops a staging directory (a failed suspend); logged, never fails.
+pub(crate) async fn abort_staging(staging: &crate::snapshots::Staging) {
+    let r = async { SnapshotStore::connect().await?.abort(staging).await }.await;
+    match r {
+        Ok(()) | Err(Error::NotFound(_)) => {}
+        Err(e) => warn!(staging = staging.id.as_str(); "abort of the staging directory {:?}: {e}", staging.path),
+    }
+}
+
+/// Commits a suspend's staging directory. A staging the store no longer
+/// has was either committed by an attempt whose answer was lost (found by
+/// its label) or is gone: `NotFound`, the checkpoint is lost.
+pub(crate) async fn commit_staging(
+    actor: &str,
+    staging: &crate::snapshots::Staging,
+    labels: HashMap<String, String>,
+    keep_local: Option<Duration>,
+) -> Result<SnapshotRef> {
+    let snaps = SnapshotStore::connect().await?;
+    match snaps.commit(staging, labels, keep_local).await {
+        Ok(s) => Ok(s),
+        Err(Error::NotFound(msg)) => {
+            let found = snaps.list(actor).await?.into_iter().find(|(_, l)| l.get(snapshots::LABEL_STAGING) == Some(&staging.id));
+            match found {
+                Some((s, _)) => Ok(s),
+                None => Err(Error::NotFound(format!(
+                    "the staging directory {} ({}) of actor {actor}'s suspend is gone from the snapshot store ({msg}): the checkpoint is lost",
+                    staging.id,
+                    staging.path.display()
+                ))),
+            }
         }
+        Err(e) => Err(e),
+    }
+}
+
+/// A verified local copy of `snap`, pinned until [`release_checkout`].
+pub(crate) async fn checkout(snap: &SnapshotRef) -> Result<crate::snapshots::Checkout> {
+    SnapshotStore::connect().await?.checkout(snap).await
+}
+
+/// Releases a checkout; logged, never fails.
+pub(crate) async fn release_checkout(co: &crate::snapshots::Checkout) {
+    release_lease(&co.lease).await
+}
+
+pub(crate) async fn release_lease(lease: &str) {
+    let co = crate::snapshots::Checkout {
+        snapshot: SnapshotRef { actor: String::new(), generation: 0 },
+        path: PathBuf::new(),
+        lease: lease.to_string(),
+    };
+    let r = async { SnapshotStore::connect().await?.release(&co).await }.await;
+    match r {
+        Ok(()) | Err(Error::NotFound(_)) => {}
+        Err(e) => warn!(lease; "release of a snapshot checkout: {e}"),
+    }
+}
+
+/// Removes every snapshot of `actor` from the store (a default-id actor
+/// removed while RUNNING: they are stale). Logged, never fails.
+pub(crate) async fn remove_snapshots(actor: &str) {
+    let r = async {
+        let snaps = SnapshotStore::connect().await?;
+        let mut gone = Vec::new();
+        for (s, _) in snaps.list(actor).await? {
+            snaps.remove(&s).await?;
+            gone.push(s.to_string());
+        }
+        Ok::<_, Error>(gone)
+    }
+    .await;
+    match r {
+        Ok(gone) if gone.is_empty() => {}
+        Ok(gone) => info!(actor, removed:? = gone; "stale snapshots of the actor removed"),
+        Err(e) => warn!(actor; "removal of the actor's stale snapshots: {e}"),
     }
 }

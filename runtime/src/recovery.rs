@@ -10,19 +10,21 @@
 //!
 //! | record                          | outcome                                  |
 //! |---------------------------------|------------------------------------------|
-//! | RUNNING, FROZEN                 | removed: the containers died (as with runc-v2) |
-//! | SUSPENDING, every dump marked done | committed as SUSPENDED, kept          |
-//! | SUSPENDING, a dump missing      | removed: nothing committed to restore    |
-//! | SUSPENDED, RESUMING             | kept (its checkpoint is complete)        |
+//! | RUNNING, FROZEN                 | removed: the containers died (as with runc-v2); a default-id actor's snapshots are removed (stale) |
+//! | SUSPENDING (dumps incomplete)   | removed, the staging aborted: nothing to restore |
+//! | SUSPENDED, dumps done, not committed | the staging committed by the cleanup, kept |
+//! | SUSPENDED, RESUMING             | kept (its snapshot is in the store)      |
 //!
-//! A kept record is marked `orphaned`: it is restorable by identity.
+//! Checkout leases the dead shim held are released. A kept record is
+//! marked `orphaned` (for an operator: `torporctl status`); the state
+//! itself is in the node's snapshot store.
 //!
-//! **The way back**: when an app container is created whose
-//! [`Identity`] matches a kept checkpoint, [`Runtime::adopt_kept`] moves the
-//! checkpoint into the new shim's store (RESUMING persisted first), and the
-//! container's start restores it instead of starting cold. Only once it runs
-//! are the dead shim's records of that identity removed
-//! ([`Runtime::recovered`]); a restore that fails gives the checkpoint back.
+//! **The way back**: when the first app container of a pod of the actor is
+//! created, [`Runtime::adopt_kept`] asks the store for the actor's newest
+//! snapshot; each container whose name it holds is restored from it at
+//! start (RESUMING persisted first) instead of starting cold. Once it runs,
+//! the dead shims' records of the actor are removed ([`Runtime::recovered`]);
+//! a restore that fails leaves the snapshot in the store.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -32,16 +34,20 @@ use log::{info, warn};
 use crate::actor::{Lifecycle, Record, Store};
 use crate::container::Runtime;
 use crate::error::{Error, Result};
-use crate::identity::{self, Identity, Kept};
+use crate::identity::{self, Identity};
+use crate::lifecycle::{checkout, release_checkout, with_context};
 use crate::runc::Runc;
+use crate::snapshots::{Checkout, SnapshotRef, SnapshotStore};
 
-/// A container being restored from a kept checkpoint (between its create
-/// and its start).
+/// A container being restored by identity from a snapshot of the store
+/// (between its create and its start).
 #[derive(Debug, Clone)]
 pub struct Adopted {
     pub identity: Identity,
-    pub kept: Kept,
-    /// Where the image is now (in this shim's store).
+    pub snapshot: SnapshotRef,
+    /// The snapshot's verified files, pinned until the restore is done.
+    pub checkout: Checkout,
+    /// `<checkout>/<container name>`: the CRIU image.
     pub image: PathBuf,
 }
 
@@ -83,39 +89,58 @@ pub async fn after_shim_death(namespace: &str, shim: &str, id: &str, bundle: &Pa
         kill_container(&runc, c, rec.cgroups.get(c).map(String::as_str)).await;
     }
     let _ = std::fs::remove_dir_all(crate::policy::request_dir(shim));
-    settle(&store, rec);
+    settle(&store, rec).await;
 }
 
 /// Decides what is kept of a dead shim's actor (see the module doc).
-fn settle(store: &Store, mut rec: Record) {
-    let dir = store.dir();
-    let members: Vec<String> = rec.containers.clone();
-    let complete = !members.is_empty() && members.iter().all(|c| store.is_dumped(rec.generation, c));
+async fn settle(store: &Store, mut rec: Record) {
+    let dir = store.dir().to_path_buf();
+    // Checkouts the dead shim held pin snapshots against eviction.
+    for lease in std::mem::take(&mut rec.leases) {
+        crate::lifecycle::release_lease(&lease).await;
+    }
     let keep = match rec.state {
         Lifecycle::Running | Lifecycle::Frozen => {
             info!(actor = rec.actor.as_str(), state:% = rec.state; "the shim died with the actor {}: its containers were killed, nothing to keep", rec.state);
+            // Retention as for a removal: a running actor with the default
+            // id has moved past its snapshots.
+            if rec.ran && !rec.explicit_actor {
+                crate::lifecycle::remove_snapshots(&rec.actor).await;
+            }
             false
-        }
-        Lifecycle::Suspending if complete => {
-            rec.state = Lifecycle::Suspended;
-            rec.committed_at_ms = Some(crate::actor::now_ms());
-            rec.last_error = Some("the shim died after the dump, before the suspend was recorded: committed by the cleanup".into());
-            warn!(actor = rec.actor.as_str(), generation = rec.generation; "the shim died during a suspend, after every dump completed: the suspend is committed, the checkpoint kept in {dir:?}");
-            true
         }
         Lifecycle::Suspending => {
-            warn!(actor = rec.actor.as_str(), generation = rec.generation; "the shim died during a suspend, before every dump completed: no checkpoint to keep, the actor's containers were killed");
+            warn!(actor = rec.actor.as_str(), generation = rec.generation; "the shim died during a suspend, before every dump completed: nothing to commit, the actor's containers were killed");
+            if let Some(st) = &rec.staging {
+                crate::lifecycle::abort_staging(&st.to_staging()).await;
+            }
             false
         }
-        Lifecycle::Suspended | Lifecycle::Resuming => {
-            let images = !members.is_empty()
-                && members.iter().all(|c| store.image_dir(rec.generation, c).join("inventory.img").is_file());
-            if images {
-                warn!(actor = rec.actor.as_str(), generation = rec.generation, state:% = rec.state; "the shim died with the actor {}: its checkpoint is kept in {dir:?}, restorable by its identity", rec.state);
-            } else {
-                warn!(actor = rec.actor.as_str(), generation = rec.generation, state:% = rec.state; "the shim died with the actor {}, but its checkpoint is incomplete: nothing to keep", rec.state);
+        Lifecycle::Suspended if rec.snapshot.is_none() => match rec.staging.clone() {
+            Some(st) => {
+                // Every dump had completed: commit them now.
+                let labels = crate::lifecycle::commit_labels(&store.key(), &rec);
+                let keep_local = rec.keep_local_s.map(Duration::from_secs);
+                match crate::lifecycle::commit_staging(&rec.actor, &st.to_staging(), labels, keep_local).await {
+                    Ok(snap) => {
+                        warn!(actor = rec.actor.as_str(), snapshot:% = snap; "the shim died after its suspend's dumps, before the commit: committed by the cleanup, restorable by identity");
+                        rec.snapshot = Some(snap);
+                        rec.staging = None;
+                        rec.last_error = Some("the shim died before its suspend was committed: committed by the cleanup".into());
+                    }
+                    Err(e) => {
+                        warn!(actor = rec.actor.as_str(), staging = st.id.as_str(); "the shim died before its suspend was committed, and the commit by the cleanup failed: {e}");
+                        rec.last_error = Some(format!("the shim died before its suspend was committed; the commit by the cleanup failed: {e}"));
+                    }
+                }
+                true
             }
-            images
+            None => false,
+        },
+        Lifecycle::Suspended | Lifecycle::Resuming => {
+            let snap = rec.snapshot.as_ref().map(|s| s.to_string()).unwrap_or_default();
+            warn!(actor = rec.actor.as_str(), snapshot = snap.as_str(), state:% = rec.state; "the shim died with the actor {}: its snapshot stays in the store, restorable by identity", rec.state);
+            rec.snapshot.is_some()
         }
     };
     if !keep {
@@ -124,9 +149,12 @@ fn settle(store: &Store, mut rec: Record) {
         }
         return;
     }
+    // The record stays (marked orphaned) for an operator to see, until a
+    // container of the actor is restored; the state is in the store.
+    let _ = std::fs::remove_dir_all(store.work_root());
     rec.orphaned = true;
     if let Err(e) = store.save(&rec) {
-        warn!(actor = rec.actor.as_str(); "cannot mark the kept checkpoint restorable: {e}");
+        warn!(actor = rec.actor.as_str(); "cannot mark the kept record in {dir:?}: {e}");
     }
 }
 
@@ -263,111 +291,113 @@ pub fn kill_tagged(shim: &str) {
 }
 
 impl Runtime {
-    /// At the create of app container `id` of `identity`: takes the newest
-    /// kept checkpoint of that identity, if there is one, for the start to
-    /// restore. The actor goes RESUMING (persisted before the checkpoint is
-    /// moved into its store).
+    /// At the create of app container `id` of `identity`: the snapshot to
+    /// restore it from, if the store has one. The first app container's
+    /// create asks the store ([`identity::find_restorable`]) and records the
+    /// answer; every container of the pod is restored from that same
+    /// snapshot, each name once. The actor goes RESUMING (persisted, with
+    /// the checkout lease) before the container is created.
     pub(crate) async fn adopt_kept(&self, id: &str, identity: &Identity) -> Result<Option<Adopted>> {
-        let Some(kept) = identity::find_restorable(&self.state_root, identity)? else { return Ok(None) };
         let mut slot = self.actor.lock().await;
         let Some((store, rec)) = slot.as_mut() else { return Ok(None) };
-        let joining = rec.state == Lifecycle::Resuming && rec.recovered_from.is_some();
-        if rec.state != Lifecycle::Running && !joining {
-            warn!(actor = rec.actor.as_str(), container = id; "a kept checkpoint of {identity} exists, but the actor is {}: starting cold", rec.state);
+        if rec.actor != identity.actor {
+            return Ok(None);
+        }
+        if !rec.restore_checked {
+            if rec.state != Lifecycle::Running || rec.generation > 0 {
+                return Ok(None);
+            }
+            let found = async {
+                let snaps = SnapshotStore::connect().await?;
+                identity::find_restorable(&snaps, identity).await
+            }
+            .await
+            .map_err(|e| with_context(e, &format!("create of {identity}: looking up its snapshot in the store")))?;
+            rec.restore_checked = true;
+            rec.restore_snapshot = found;
+            store.save(rec)?;
+        }
+        let Some(snap) = rec.restore_snapshot.clone() else { return Ok(None) };
+        if rec.restored_names.contains(&identity.container) || !matches!(rec.state, Lifecycle::Running | Lifecycle::Resuming) {
+            return Ok(None);
+        }
+        let co = match checkout(&snap).await {
+            Ok(co) => co,
+            Err(e) => {
+                // Asked again by the next create; never started from bad data.
+                rec.restore_checked = false;
+                rec.restore_snapshot = None;
+                let e = with_context(e, &format!("restore of {identity} from snapshot {snap}"));
+                rec.last_error = Some(e.to_string());
+                store.save(rec)?;
+                return Err(e);
+            }
+        };
+        let image = co.path.join(&identity.container);
+        if !image.join("inventory.img").is_file() {
+            release_checkout(&co).await;
+            info!(actor = rec.actor.as_str(), container = id, snapshot:% = snap; "the snapshot holds no image of {identity}: starting it cold");
             return Ok(None);
         }
         let before = rec.clone();
-        if !joining {
-            rec.generation += 1;
+        if rec.state == Lifecycle::Running {
             rec.state = Lifecycle::Resuming;
-            rec.recovered_from = Some(kept.source());
-            rec.committed_at_ms = Some(kept.committed_at_ms);
+            rec.recovered_from = Some(snap.to_string());
         }
+        rec.leases.push(co.lease.clone());
         if !rec.containers.iter().any(|c| c == id) {
             rec.containers.push(id.to_string());
         }
-        store.save(rec)?;
-        let image = store.image_dir(rec.generation, id);
-        match identity::claim(&kept, &image) {
-            Ok(true) => {
-                info!(actor = rec.actor.as_str(), container = id, from = kept.source().as_str(); "restoring {identity} from the checkpoint its dead shim kept");
-                Ok(Some(Adopted { identity: identity.clone(), kept, image }))
-            }
-            Ok(false) => {
-                warn!(actor = rec.actor.as_str(), container = id; "the kept checkpoint of {identity} was taken by another container: starting cold");
-                *rec = before;
-                store.save(rec)?;
-                Ok(None)
-            }
-            Err(e) => {
-                *rec = before;
-                let _ = store.save(rec);
-                Err(e)
-            }
+        if let Err(e) = store.save(rec) {
+            *rec = before;
+            release_checkout(&co).await;
+            return Err(e);
         }
+        info!(actor = rec.actor.as_str(), container = id, snapshot:% = snap; "restoring {identity} from its snapshot in the store");
+        Ok(Some(Adopted { identity: identity.clone(), snapshot: snap, checkout: co, image }))
     }
 
-    /// The container restored from a kept checkpoint runs: the checkpoint
-    /// is consumed, the dead shims' records of the identity are superseded,
-    /// and the actor is RUNNING once no other container waits for its
-    /// restore.
+    /// The container restored by identity runs: its checkout is released,
+    /// the dead shims' records of the actor are superseded, and the actor
+    /// is RUNNING once no other container waits for its restore.
     pub(crate) async fn recovered(&self, id: &str, adopted: &Adopted, pending: bool, ms: u64) -> Result<()> {
+        release_checkout(&adopted.checkout).await;
         let mut slot = self.actor.lock().await;
         let Some((store, rec)) = slot.as_mut() else { return Ok(()) };
+        rec.restored_names.insert(adopted.identity.container.clone());
+        rec.leases.retain(|l| *l != adopted.checkout.lease);
         if !pending {
             rec.state = Lifecycle::Running;
             rec.last_error = None;
             rec.last_resume_ms = Some(ms);
-            store.save(rec)?;
         }
-        let _ = std::fs::remove_dir_all(&adopted.image);
-        if !pending {
-            let _ = std::fs::remove_dir_all(store.generation_dir(rec.generation));
-        }
-        let gone = identity::supersede(&self.state_root, &adopted.identity);
-        // The store it came from holds nothing else of this identity now.
-        let src = &adopted.kept.store;
-        if src.dir().exists() && !has_images(src) {
-            let _ = src.remove();
-        }
-        info!(actor = rec.actor.as_str(), container = id, from = adopted.kept.source().as_str(), ms, superseded:? = gone; "{} recovered from the checkpoint its dead shim kept", adopted.identity);
+        store.save(rec)?;
+        let gone = identity::supersede(&self.state_root, &rec.actor);
+        info!(actor = rec.actor.as_str(), container = id, from:% = adopted.snapshot, ms, superseded:? = gone; "{} restored from its snapshot", adopted.identity);
         Ok(())
     }
 
-    /// The restore from a kept checkpoint did not happen (it failed, or the
-    /// container was deleted before its start): the checkpoint goes back to
-    /// where it was kept, restorable again.
+    /// The restore by identity did not happen (it failed, or the container
+    /// was deleted before its start): the checkout is released; the
+    /// snapshot stays in the store, and the next create of that name tries
+    /// again.
     pub(crate) async fn give_back(&self, id: &str, adopted: &Adopted, pending: bool, why: &Error) {
-        match identity::release(&adopted.kept, &adopted.image) {
-            Ok(true) => warn!(container = id, to = adopted.kept.source().as_str(); "{} not restored ({why}): the kept checkpoint is restorable again", adopted.identity),
-            Ok(false) => warn!(container = id; "{} not restored ({why}), and its checkpoint is gone", adopted.identity),
-            Err(e) => warn!(container = id; "{} not restored ({why}); giving its checkpoint back failed: {e}", adopted.identity),
-        }
+        warn!(container = id, snapshot:% = adopted.snapshot; "{} not restored: {why}", adopted.identity);
+        release_checkout(&adopted.checkout).await;
         let mut slot = self.actor.lock().await;
         let Some((store, rec)) = slot.as_mut() else { return };
         rec.containers.retain(|c| c != id);
-        if !pending {
-            let _ = std::fs::remove_dir_all(store.generation_dir(rec.generation));
+        rec.leases.retain(|l| *l != adopted.checkout.lease);
+        if !pending && rec.state == Lifecycle::Resuming {
             rec.state = Lifecycle::Running;
             rec.recovered_from = None;
             rec.committed_at_ms = None;
-            rec.last_error = Some(format!("restore of {} from a kept checkpoint failed: {why}", adopted.identity));
         }
+        rec.last_error = Some(format!("restore of {} from snapshot {} failed: {why}", adopted.identity, adopted.snapshot));
         if let Err(e) = store.save(rec) {
             warn!("save actor record: {e}");
         }
     }
-}
-
-/// Whether any generation directory of `store` still holds a CRIU image.
-fn has_images(store: &Store) -> bool {
-    let Ok(gens) = std::fs::read_dir(store.dir()) else { return false };
-    gens.flatten()
-        .filter(|g| g.file_name().to_string_lossy().starts_with("gen-"))
-        .any(|g| {
-            std::fs::read_dir(g.path())
-                .is_ok_and(|mut it| it.any(|e| e.is_ok_and(|e| e.path().join("inventory.img").is_file())))
-        })
 }
 
 #[cfg(test)]
@@ -383,55 +413,56 @@ mod tests {
         r
     }
 
-    fn image(store: &Store, gen: u64, c: &str) {
-        std::fs::create_dir_all(store.image_dir(gen, c)).unwrap();
-        std::fs::write(store.image_dir(gen, c).join("inventory.img"), b"x").unwrap();
-    }
-
-    #[test]
-    fn what_is_kept_after_a_shim_died() {
+    #[tokio::test]
+    async fn what_is_kept_after_a_shim_died() {
         let root = tempfile::tempdir().unwrap();
+        // No snapshot store answers in a unit test.
+        std::env::set_var(torpor_api::STORE_SOCKET_ENV, root.path().join("no-store.sock"));
         let s = Store::new(root.path(), "k").unwrap();
+        let staging = crate::actor::StagingRecord { id: "st".into(), path: root.path().join("st") };
+        let snap = SnapshotRef { actor: "ns/pod".into(), generation: 4 };
 
         for state in [Lifecycle::Running, Lifecycle::Frozen] {
             s.save(&record(state)).unwrap();
-            settle(&s, record(state));
+            settle(&s, record(state)).await;
             assert!(!s.dir().exists(), "{state}: removed");
         }
 
         // A suspend cut before every dump completed: nothing is kept.
-        let r = record(Lifecycle::Suspending);
+        let mut r = record(Lifecycle::Suspending);
+        r.staging = Some(staging.clone());
         s.save(&r).unwrap();
-        image(&s, 1, "c1");
-        settle(&s, r);
+        settle(&s, r).await;
         assert!(!s.dir().exists(), "partial suspend removed");
 
-        // A suspend whose dumps all completed is committed.
-        let r = record(Lifecycle::Suspending);
+        // Dumps complete, commit not done, and the store unreachable: the
+        // record stays, saying so.
+        let mut r = record(Lifecycle::Suspended);
+        r.staging = Some(staging.clone());
+        r.leases = vec!["l1".into()];
         s.save(&r).unwrap();
-        image(&s, 1, "c1");
-        s.mark_dumped(1, "c1").unwrap();
-        settle(&s, r);
+        settle(&s, r).await;
         let kept = s.load().unwrap().unwrap();
-        assert_eq!(kept.state, Lifecycle::Suspended);
-        assert!(kept.orphaned && kept.committed_at_ms.is_some());
+        assert!(kept.orphaned && kept.snapshot.is_none() && kept.leases.is_empty());
+        assert!(kept.last_error.unwrap().contains("commit by the cleanup failed"));
         s.remove().unwrap();
 
         for state in [Lifecycle::Suspended, Lifecycle::Resuming] {
-            let r = record(state);
+            let mut r = record(state);
+            r.snapshot = Some(snap.clone());
             s.save(&r).unwrap();
-            image(&s, 1, "c1");
-            settle(&s, r);
+            settle(&s, r).await;
             let kept = s.load().unwrap().unwrap();
             assert_eq!(kept.state, state);
             assert!(kept.orphaned, "{state}: kept");
+            assert_eq!(kept.snapshot.as_ref(), Some(&snap));
             s.remove().unwrap();
 
-            // ... but not without its image.
+            // ... but not without a snapshot.
             let r = record(state);
             s.save(&r).unwrap();
-            settle(&s, r);
-            assert!(!s.dir().exists(), "{state} without an image: removed");
+            settle(&s, r).await;
+            assert!(!s.dir().exists(), "{state} without a snapshot: removed");
         }
     }
 

@@ -22,7 +22,7 @@ const QUICK: Duration = Duration::from_secs(30);
 const LONG: Duration = Duration::from_secs(900);
 
 /// A snapshot's identity in the store.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct SnapshotRef {
     pub actor: String,
     pub generation: u64,
@@ -33,6 +33,14 @@ impl std::fmt::Display for SnapshotRef {
         write!(f, "{}@{}", self.actor, self.generation)
     }
 }
+
+/// Label of a committed snapshot: the staging id it was committed from
+/// (finds the snapshot of a commit whose answer was lost).
+pub const LABEL_STAGING: &str = "torpor.dev/staging";
+/// Labels: the shim that suspended, the container names, the versions.
+pub const LABEL_SHIM: &str = "torpor.dev/shim";
+pub const LABEL_CONTAINERS: &str = "torpor.dev/containers";
+pub const LABEL_RUNTIME: &str = "torpor.dev/runtime";
 
 /// A staging directory to write a new snapshot into.
 #[derive(Debug, Clone)]
@@ -138,6 +146,14 @@ impl SnapshotStore {
         req.lease = checkout.lease.clone();
         self.client.release(ctx(QUICK), &req).await.map_err(|e| self.err("release", e))?;
         Ok(())
+    }
+
+    /// The snapshots of `actor` this node's store knows (with their labels).
+    pub async fn list(&self, actor: &str) -> Result<Vec<(SnapshotRef, HashMap<String, String>)>> {
+        let mut req = api::ListRequest::new();
+        req.actor = actor.to_string();
+        let r = self.client.list(ctx(QUICK), &req).await.map_err(|e| self.err("list", e))?;
+        Ok(r.snapshots.iter().filter_map(|i| Some((snapshot_ref(i)?, i.labels.clone()))).collect())
     }
 
     /// Deletes a snapshot from both tiers.

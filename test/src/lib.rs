@@ -893,3 +893,52 @@ pub fn connect_with_retry(addr: &str) -> std::net::TcpStream {
         Err(_) => panic!("cannot connect to {addr}: {last_err}"),
     }
 }
+
+// ------------------------------------------------------- snapshot store
+
+/// The torporctl binary: `$TORPOR_CTL` or the build tree's.
+pub fn torporctl_path() -> String {
+    match std::env::var("TORPOR_CTL") {
+        Ok(v) if !v.is_empty() => v,
+        _ => concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release/torporctl").to_string(),
+    }
+}
+
+/// `torporctl <args>` (not checked; it talks to the rig's store through
+/// `$TORPOR_STORE_SOCKET`). A missing binary fails the test.
+#[track_caller]
+pub fn torporctl_run(args: &[&str]) -> Output {
+    let bin = torporctl_path();
+    assert!(Path::new(&bin).is_file(), "torporctl not found at {bin} (cargo build --release -p torporctl)");
+    run(&bin, args)
+}
+
+/// The default actor id of a test pod: `<namespace>/<pod name>`.
+pub fn default_actor(pod_name: &str) -> String {
+    format!("{POD_NAMESPACE}/{pod_name}")
+}
+
+/// The snapshots of `actor` the rig's store knows (`torporctl --json snapshots ls ACTOR`).
+#[track_caller]
+pub fn store_snapshots(actor: &str) -> Vec<Value> {
+    let out = torporctl_run(&["--json", "snapshots", "ls", actor]);
+    let text = out.clone().ok();
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("snapshots ls is not JSON ({e}): {out}"));
+    v.as_array().cloned().unwrap_or_default()
+}
+
+/// Removes every snapshot of an actor from the rig's store on drop (tests
+/// that leave snapshots by policy, e.g. a suspended actor removed).
+pub struct SnapshotsGuard(pub String);
+
+impl Drop for SnapshotsGuard {
+    fn drop(&mut self) {
+        let Ok(out) = std::panic::catch_unwind(|| torporctl_run(&["--json", "snapshots", "ls", &self.0])) else { return };
+        let Ok(v) = serde_json::from_str::<Value>(&out.stdout) else { return };
+        for s in v.as_array().into_iter().flatten() {
+            if let Some(name) = s["snapshot"].as_str() {
+                let _ = run(&torporctl_path(), ["snapshots", "rm", name]);
+            }
+        }
+    }
+}

@@ -223,7 +223,10 @@ struct AfterCrash {
     old_shim: String,
     new: Counter,
     sum: String,
+    /// The actor id (its snapshots in the store).
+    actor: String,
     _guard: KeptGuard,
+    _snapshots: SnapshotsGuard,
     /// The old pod (NotReady), removed last, as kubelet would.
     _old: Pod,
 }
@@ -256,6 +259,8 @@ fn crash_with(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&s
         s
     });
     let guard = KeptGuard(a.shim().to_string());
+    let actor = opts.annotations.get("torpor.dev/actor").cloned().unwrap_or_else(|| default_actor(&a.pod.name));
+    let snapshots = SnapshotsGuard(actor.clone());
     let op = if point.starts_with("resume") { "resume" } else { "suspend" };
     if op == "resume" {
         let out = torporctl(&["--json", "suspend", a.shim()]);
@@ -320,7 +325,9 @@ fn crash_with(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&s
         old_shim: shim,
         new,
         sum,
+        actor,
         _guard: guard,
+        _snapshots: snapshots,
         _old: old,
     }
 }
@@ -340,6 +347,8 @@ fn one_counter(name: &str) {
 #[track_caller]
 fn assert_cold(c: &AfterCrash) {
     assert!(c.kept.is_none(), "nothing is kept of an uncommitted suspend: {:?}", c.kept);
+    let snaps = store_snapshots(&c.actor);
+    assert!(snaps.is_empty(), "nothing of the suspend reached the store (its staging was aborted): {snaps:?}");
     assert_eq!(c.new.cmd("get"), "0", "the new pod starts cold");
     let st = status(c.new.shim());
     assert_eq!(st["state"], "RUNNING", "{st}");
@@ -353,6 +362,11 @@ fn assert_restored(c: &AfterCrash, kept_state: &str) {
     let kept = c.kept.as_ref().unwrap_or_else(|| panic!("the checkpoint was not kept"));
     assert_eq!(kept["state"], kept_state, "{kept}");
     assert_eq!(kept["generation"], 1, "{kept}");
+    // The state is in the node's snapshot store.
+    let snap = format!("{}@{}", kept["snapshot"]["actor"].as_str().unwrap_or("?"), kept["snapshot"]["generation"]);
+    assert_eq!(kept["snapshot"]["actor"], c.actor.as_str(), "{kept}");
+    let snaps = store_snapshots(&c.actor);
+    assert!(snaps.iter().any(|s| s["snapshot"] == snap.as_str()), "{snap} in the store: {snaps:?}");
     let got = c.new.cmd("get");
     assert_eq!(
         got,
@@ -364,7 +378,7 @@ fn assert_restored(c: &AfterCrash, kept_state: &str) {
     assert_eq!(c.new.cmd("inc"), "4");
     let st = status(c.new.shim());
     assert_eq!(st["state"], "RUNNING", "{st}");
-    assert_eq!(st["recovered_from"], format!("{}/gen-1", c.old_shim), "{st}");
+    assert_eq!(st["recovered_from"], snap.as_str(), "{st}");
     assert!(!actor_dir(&c.old_shim).exists(), "the kept checkpoint is consumed once the restored container runs");
     assert_eq!(container_state(&c.new.container), "CONTAINER_RUNNING");
     one_counter(&c.new.pod.name);
@@ -451,8 +465,8 @@ fn crash_resume_with_an_open_connection() {
 // ------------------------------------------------------------- identity
 
 /// By `torpor.dev/actor`, a pod of another name gets the checkpoint; a
-/// second pod of the same actor created while the first runs starts cold:
-/// a kept checkpoint is restored once.
+/// second pod of the same actor created while the first runs is refused
+/// (the actor's node-local claim): an actor never runs twice.
 #[test]
 fn kept_checkpoint_is_restored_once_by_actor_id() {
     if !torpor_only() {
@@ -467,7 +481,14 @@ fn kept_checkpoint_is_restored_once_by_actor_id() {
     assert_restored(&c, "RESUMING");
     assert_eq!(status(c.new.shim())["actor"], actor.as_str());
 
-    let second = Counter::start(Pod::run_with("crash-id-second", opts), 0);
-    assert_eq!(second.cmd("get"), "0", "a second pod of the actor does not get the checkpoint again");
+    let second = Pod::run_with("crash-id-second", opts);
+    // (CRI creates the task, and the shim sees the container, at its start.)
+    let created = second.try_create(&container_config("counter", ALLOC)).unwrap_or_else(|o| panic!("crictl create: {o}"));
+    let out = crictl(&["start", &created]);
+    assert!(!out.success(), "a second pod of a running actor must be refused: {out}");
+    assert!(
+        out.all_output().contains(&format!("actor {actor} already runs on this node")) && out.all_output().contains(c.new.shim()),
+        "the refusal names the actor and the shim holding it: {out}"
+    );
     assert_eq!(c.new.cmd("get"), "5", "the restored one keeps its state");
 }

@@ -598,6 +598,8 @@ fn stop_and_remove_suspended() {
         "exit code of a stopped suspended container: {code} ({reason})"
     );
     crictl_ok(&["rm", &a.container]);
+    let actor = default_actor(&a.pod.name);
+    let _snapshots = SnapshotsGuard(actor.clone());
     let Actor { pod, container, .. } = a;
     pod.remove();
 
@@ -606,6 +608,10 @@ fn stop_and_remove_suspended() {
         LIVENESS,
         || (!dir.exists()).then_some(()),
     );
+    // Retention: the removal of a SUSPENDED actor keeps its snapshot in
+    // the store (restorable by identity later).
+    let snaps = store_snapshots(&actor);
+    assert_eq!(snaps.len(), 1, "the suspended actor's snapshot stays in the store: {snaps:?}");
     let mut shims = Vec::new();
     let gone = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wait_for("the pod's shim to exit", LIVENESS, || {
@@ -1121,17 +1127,13 @@ fn failed_checkpoint_rolls_back() {
         Some("THAWED"),
         "ghost container"
     );
-    // No half-written generation is left.
+    // Nothing of the failed suspend reached the snapshot store (its
+    // staging was aborted), and no CRIU work files are left.
+    let snaps = store_snapshots(&default_actor(&a.pod.name));
+    assert!(snaps.is_empty(), "snapshots of a failed suspend: {snaps:?}");
     let mut files = Vec::new();
-    find_files(&actor_dir(a.sandbox()), &mut files, 0);
-    let gens: Vec<_> = files
-        .iter()
-        .filter(|p| p.to_string_lossy().contains("/gen-"))
-        .collect();
-    assert!(
-        gens.is_empty(),
-        "files of the failed generation left: {gens:?}"
-    );
+    find_files(&actor_dir(a.sandbox()).join("work"), &mut files, 0);
+    assert!(files.is_empty(), "CRIU work files of the failed suspend left: {files:?}");
 
     // The restored counter is a proper container process: stop reports its exit.
     crictl_ok(&["stop", "-t", "60", &counter]);
