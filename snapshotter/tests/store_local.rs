@@ -390,24 +390,31 @@ async fn interrupted_commit_and_eviction_are_repaired_at_open() {
     let store = Store::open(cfg.clone()).await.unwrap();
     let s = commit_tree(&store, "k/evict", 8, 200_000).await;
     store.upload(&s.id, None).await.unwrap();
-    // Leftovers of a crash: a staging dir, an orphaned snapshot dir (a commit
+    // Leftovers of a crash: a writer's staging (dumped, not committed yet), a
+    // fetch's staging (no actor sidecar), an orphaned snapshot dir (a commit
     // that crashed after the rename but before its record), trash.
     let st = store.begin(&actor("k/evict")).await.unwrap();
     write_tree(&st.path, 1, 10);
+    let fetch_staging = e.root.join("staging/0123456789abcdef0123456789abcdef");
+    std::fs::create_dir_all(&fetch_staging).unwrap();
     let orphan = e.root.join("snapshots/k/evict/_gen/00000000000000000009");
     std::fs::create_dir_all(&orphan).unwrap();
     std::fs::write(orphan.join("x"), b"x").unwrap();
     std::fs::write(e.root.join("trash/leftover"), b"x").unwrap();
     drop(store);
     let store = Store::open(cfg).await.unwrap();
-    assert!(!st.path.exists() && !orphan.exists() && !e.root.join("trash/leftover").exists());
-    assert!(matches!(store.commit(&st.id, CommitOptions::default()).await, Err(Error::StagingNotFound(_))));
+    assert!(!fetch_staging.exists() && !orphan.exists() && !e.root.join("trash/leftover").exists());
+    // The writer's staging survived the restart and commits.
+    assert!(st.path.exists());
+    let s1 = store.commit(&st.id, CommitOptions::default()).await.unwrap();
+    assert_eq!(s1.id.generation, 2);
+    assert!(!e.root.join(format!("staging/{}.actor", st.id)).exists(), "sidecar removed by the commit");
     let l = store.list(None).await.unwrap();
-    assert_eq!(l.len(), 1);
+    assert_eq!(l.len(), 2);
     assert!(l[0].local && l[0].durable);
     // Generations are never reused, even after an interrupted commit.
     let s2 = commit_tree(&store, "k/evict", 8, 10).await;
-    assert_eq!(s2.id.generation, 2);
+    assert_eq!(s2.id.generation, 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -199,6 +199,17 @@ fn ms_to_time(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
+/// A writer's staging untouched for this long is abandoned (gc drops it).
+const STALE_STAGING: Duration = Duration::from_secs(24 * 3600);
+
+fn remove_file_if_present(p: &Path) -> Result<()> {
+    match std::fs::remove_file(p) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("remove", p, e)),
+    }
+}
+
 fn random_id() -> String {
     format!("{:032x}", fastrand::u128(..))
 }
@@ -283,7 +294,7 @@ impl Store {
     /// Bring every record to a resting state after a crash: clean staging and
     /// trash, finish or undo commits, fetches and evictions, delete orphans.
     fn recover(&self) -> Result<()> {
-        local::clear_dir(&self.paths.staging)?;
+        self.recover_stagings()?;
         local::clear_dir(&self.paths.trash)?;
         for rec in db::records(&self.db, None)? {
             let id = rec.id();
@@ -442,6 +453,9 @@ impl Store {
         let id = random_id();
         let path = self.paths.staging.join(&id);
         std::fs::create_dir(&path).map_err(|e| Error::io("create staging directory", &path, e))?;
+        // The sidecar names the actor: a staging survives a restart of the
+        // daemon (a shim may have dumped an actor into it and not committed yet).
+        local::write_atomic(&self.staging_sidecar(&id), actor.as_str().as_bytes())?;
         lock(&self.stagings).insert(id.clone(), (actor.clone(), false));
         debug!(actor = %actor, staging = %id, "staging begun");
         Ok(Staging { id, path, actor: actor.clone() })
@@ -459,7 +473,51 @@ impl Store {
                 }
             }
         }
-        local::remove_tree(&self.paths.staging.join(staging_id), &self.paths.trash)
+        local::remove_tree(&self.paths.staging.join(staging_id), &self.paths.trash)?;
+        remove_file_if_present(&self.staging_sidecar(staging_id))
+    }
+
+    /// `<root>/staging/<id>.actor`: the actor a writer's staging belongs to.
+    fn staging_sidecar(&self, staging_id: &str) -> PathBuf {
+        self.paths.staging.join(format!("{staging_id}.actor"))
+    }
+
+    /// After a restart: writers' stagings (those with an actor sidecar) are
+    /// kept and can still be committed or aborted; anything else there (a
+    /// fetch or commit cut short) is removed.
+    fn recover_stagings(&self) -> Result<()> {
+        let dir = &self.paths.staging;
+        let rd = std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))?;
+        let mut kept = HashMap::new();
+        let mut remove = Vec::new();
+        for entry in rd {
+            let entry = entry.map_err(|e| Error::io("list", dir, e))?;
+            let p = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if p.is_dir() {
+                let actor = std::fs::read_to_string(self.staging_sidecar(&name)).ok().and_then(|a| ActorName::new(a).ok());
+                match actor {
+                    Some(a) => {
+                        kept.insert(name, (a, false));
+                    }
+                    None => remove.push(p),
+                }
+            } else if !(name.ends_with(".actor") && self.paths.staging.join(name.trim_end_matches(".actor")).is_dir()) {
+                remove.push(p);
+            }
+        }
+        for p in remove {
+            if p.is_dir() {
+                local::remove_tree(&p, &self.paths.trash)?;
+            } else {
+                remove_file_if_present(&p)?;
+            }
+        }
+        if !kept.is_empty() {
+            info!(stagings = kept.len(), "recovery: kept writers' stagings (not committed yet)");
+        }
+        *lock(&self.stagings) = kept;
+        Ok(())
     }
 
     /// Turn a staging directory into the actor's next generation: chunk and
@@ -478,6 +536,11 @@ impl Store {
             }
         };
         let res = self.commit_inner(staging_id, &actor, opts).await;
+        if res.is_ok() {
+            if let Err(e) = remove_file_if_present(&self.staging_sidecar(staging_id)) {
+                warn!(staging = staging_id, error = %e, "committed, but its staging sidecar stays");
+            }
+        }
         let mut st = lock(&self.stagings);
         match &res {
             Ok(_) => {
@@ -1205,6 +1268,25 @@ impl Store {
         }
         self.refresh(policy.actor.as_ref()).await?;
         let mut report = GcReport::default();
+        // Stagings no writer committed or aborted within a day (its shim died
+        // and its cleanup could not settle it) are dropped.
+        let stale: Vec<String> = lock(&self.stagings)
+            .iter()
+            .filter(|(id, (actor, busy))| {
+                !busy
+                    && policy.actor.as_ref().is_none_or(|a| a == actor)
+                    && std::fs::metadata(self.paths.staging.join(id))
+                        .and_then(|m| m.modified())
+                        .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > STALE_STAGING))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in stale {
+            warn!(staging = %id, "gc: dropping a staging nobody committed for a day");
+            if let Err(e) = self.abort(&id).await {
+                report.errors.push(format!("staging {id}: {e}"));
+            }
+        }
         let mut by_actor: BTreeMap<ActorName, Vec<Record>> = BTreeMap::new();
         for r in db::records(&self.db, policy.actor.as_ref())? {
             if !r.removing {
