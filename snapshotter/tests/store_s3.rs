@@ -146,6 +146,13 @@ async fn s3_down_during_upload_commit_succeeds_upload_retries_until_back() {
 /// Issue 6's lease relies on conditional writes: record that this S3 server
 /// honours object_store's PutMode::Create and PutMode::Update (etag).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_over_budget_evicts_lru_durable_never_undurable() {
+    let gw = VersityGw::start("budget").await;
+    let tmp = tempfile::tempdir().unwrap();
+    eviction_scenario(s3_config(&gw, &tmp.path().join("store"), "budget")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s3_server_honours_conditional_put() {
     let gw = VersityGw::start("torpor-store-cas").await;
     let s3 = gw.builder().build().unwrap();

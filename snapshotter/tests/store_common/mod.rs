@@ -252,3 +252,54 @@ pub async fn open_faulty(cfg: StoreConfig, objects: &Path) -> (Arc<Store>, Arc<F
     let (f, r) = Faulty::over_dir(objects, None);
     (Store::open_with_remote(cfg, r).await.unwrap(), f)
 }
+
+#[allow(dead_code)]
+pub async fn commit_tree(store: &Store, a: &str, seed: u64, pages: usize) -> torpor_snapshotter::store::SnapshotInfo {
+    let st = store.begin(&actor(a)).await.unwrap();
+    write_tree(&st.path, seed, pages);
+    store.commit(&st.id, torpor_snapshotter::store::CommitOptions::default()).await.unwrap()
+}
+
+/// Over the local budget: the least recently used *durable* snapshot is
+/// evicted first; a snapshot not yet durable is never evicted (disk pressure
+/// uploads it first). Run against each kind of object tier.
+#[allow(dead_code)] // not every test binary that includes store_common uses it
+pub async fn eviction_scenario(mut cfg: torpor_snapshotter::store::StoreConfig) {
+    const MIB: usize = 1024 * 1024;
+    // Each tree is 1 MiB of pages + 5006 bytes.
+    cfg.local_budget_bytes = (2 * MIB + MIB / 2) as u64;
+    let store = Store::open(cfg).await.unwrap();
+    let a = commit_tree(&store, "t/a", 1, MIB).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let b = commit_tree(&store, "t/b", 2, MIB).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let c = commit_tree(&store, "t/c", 3, MIB).await;
+    store.upload(&a.id, None).await.unwrap();
+    store.upload(&c.id, None).await.unwrap();
+    // Touch a: c becomes the least recently used durable snapshot.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let co = store.checkout(&a.id, None).await.unwrap();
+    store.release(&co.lease).await.unwrap();
+
+    store.run_background_pass().await.unwrap();
+    let local = |s: &Store| -> Vec<String> { futures::executor::block_on(s.list(None)).unwrap().into_iter().filter(|i| i.local).map(|i| i.id.actor.to_string()).collect() };
+    assert_eq!(local(&store), ["t/a", "t/b"], "c (LRU durable) evicted, b (not durable, oldest) kept");
+    assert!(!store.status().disk_pressure);
+
+    let _d = commit_tree(&store, "t/d", 4, MIB).await;
+    store.run_background_pass().await.unwrap();
+    assert_eq!(local(&store), ["t/b", "t/d"], "a was the only durable local snapshot");
+
+    // Now only undurable snapshots are local: over budget → pressure → they
+    // are uploaded regardless of keep-local, then the LRU one is evicted.
+    let _e = commit_tree(&store, "t/e", 5, MIB).await;
+    let status = store.status();
+    assert_eq!(status.pending_uploads, 3);
+    store.run_background_pass().await.unwrap();
+    let st = store.status();
+    assert!(st.disk_pressure || st.local_bytes <= st.local_budget_bytes);
+    assert_eq!(local(&store), ["t/d", "t/e"], "b (least recently used) evicted once durable");
+    assert!(store.list(None).await.unwrap().iter().all(|i| i.durable));
+    assert!(!store.status().disk_pressure);
+    let _ = b;
+}
