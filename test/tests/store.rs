@@ -111,9 +111,11 @@ impl Counter {
         for e in rd.flatten() {
             let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
             let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default();
-            if cg.contains(&self.container) && cmd.contains("/actor counter") {
-                found.push(format!("pid {pid}: {}", cmd.trim()));
+            // comm, not cmdline: cmdline is read from the process's memory,
+            // which right after a lazy-pages restore may not be there yet.
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if cg.contains(&self.container) && comm.trim() == "actor" {
+                found.push(format!("pid {pid}: {}", comm.trim()));
             }
         }
         found
