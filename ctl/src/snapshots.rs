@@ -110,12 +110,20 @@ async fn run_async(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String
         Cmd::Evict { .. } => {
             let id = resolve(&client, target.as_ref()).await?;
             client.evict(ctx(QUICK), &id).await.map_err(|e| rpc_err("evict", e))?;
-            println!("evicted the local copy of {}", name(&id));
+            if as_json {
+                println!("{}", json!({ "evicted": name(&id) }));
+            } else {
+                println!("evicted the local copy of {}", name(&id));
+            }
         }
         Cmd::Rm { .. } => {
             let id = resolve(&client, target.as_ref()).await?;
             client.remove(ctx(TRANSFER), &id).await.map_err(|e| rpc_err("remove", e))?;
-            println!("removed {}", name(&id));
+            if as_json {
+                println!("{}", json!({ "removed": name(&id) }));
+            } else {
+                println!("removed {}", name(&id));
+            }
         }
         Cmd::Gc { keep, actor } => {
             let mut req = api::GcRequest::new();
