@@ -870,6 +870,27 @@ pub fn mounts_mentioning(needle: &str) -> Vec<String> {
         .collect()
 }
 
+/// One command of the actor counter's line protocol on a fresh connection
+/// to `addr` (connect retried, liveness-limited); the reply line, trimmed.
+#[track_caller]
+pub fn counter_cmd(addr: &str, cmd: &str) -> String {
+    use std::io::{BufRead, Write};
+    let stream = connect_with_retry(addr);
+    stream.set_read_timeout(Some(LIVENESS)).unwrap();
+    let mut w = stream.try_clone().unwrap();
+    w.write_all(format!("{cmd}\n").as_bytes())
+        .unwrap_or_else(|e| panic!("send {cmd:?} to {addr}: {e}"));
+    let mut line = String::new();
+    std::io::BufReader::new(stream)
+        .read_line(&mut line)
+        .unwrap_or_else(|e| panic!("reply to {cmd:?} from {addr}: {e}"));
+    assert!(
+        line.ends_with('\n'),
+        "counter at {addr} closed the connection instead of answering {cmd:?} (got {line:?})"
+    );
+    line.trim().to_string()
+}
+
 /// A TCP connect to `addr` with retries until it succeeds (liveness-limited).
 #[track_caller]
 pub fn connect_with_retry(addr: &str) -> std::net::TcpStream {

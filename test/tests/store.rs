@@ -9,7 +9,6 @@
 //! returns early.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -58,15 +57,7 @@ impl Counter {
 
     #[track_caller]
     fn cmd(&self, cmd: &str) -> String {
-        let addr = format!("{}:8080", self.ip);
-        let stream = connect_with_retry(&addr);
-        stream.set_read_timeout(Some(LIVENESS)).unwrap();
-        let mut w = stream.try_clone().unwrap();
-        w.write_all(format!("{cmd}\n").as_bytes()).unwrap_or_else(|e| panic!("send {cmd:?} to {addr}: {e}"));
-        let mut line = String::new();
-        BufReader::new(stream).read_line(&mut line).unwrap_or_else(|e| panic!("reply to {cmd:?} from {addr}: {e}"));
-        assert!(line.ends_with('\n'), "counter at {addr} closed the connection on {cmd:?} (got {line:?})");
-        line.trim().to_string()
+        counter_cmd(&format!("{}:8080", self.ip), cmd)
     }
 
     fn shim(&self) -> &str {

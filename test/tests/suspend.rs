@@ -115,21 +115,7 @@ impl Actor {
     /// One line-protocol command on a fresh connection; the reply, trimmed.
     #[track_caller]
     fn cmd(&self, cmd: &str) -> String {
-        let stream = connect_with_retry(&self.addr());
-        stream.set_read_timeout(Some(LIVENESS)).unwrap();
-        let mut w = stream.try_clone().unwrap();
-        w.write_all(format!("{cmd}\n").as_bytes())
-            .unwrap_or_else(|e| panic!("send {cmd:?} to {}: {e}", self.addr()));
-        let mut line = String::new();
-        BufReader::new(stream)
-            .read_line(&mut line)
-            .unwrap_or_else(|e| panic!("reply to {cmd:?} from {}: {e}", self.addr()));
-        assert!(
-            line.ends_with('\n'),
-            "counter at {} closed the connection instead of answering {cmd:?} (got {line:?})",
-            self.addr()
-        );
-        line.trim().to_string()
+        counter_cmd(&self.addr(), cmd)
     }
 
     #[track_caller]
