@@ -72,13 +72,7 @@ pub fn adapt_spec(bundle: &Path, group: &str) -> Result<()> {
             ann.entry("org.criu.config").or_insert_with(|| json!(criu_conf));
         }
     }
-    let tmp = bundle.join(".config.json.tmp");
-    let out = serde_json::to_vec(&spec).map_err(|source| Error::Json {
-        context: "encode config.json".into(),
-        source,
-    })?;
-    std::fs::write(&tmp, out).io_context(|| format!("write {tmp:?}"))?;
-    std::fs::rename(&tmp, &path).io_context(|| format!("rename {tmp:?}"))
+    write_spec(bundle, &path, &spec)
 }
 
 /// CRIU options added for the restore of a checkpoint a dead shim kept into
@@ -112,13 +106,7 @@ pub fn recovery_criu_config(bundle: &Path, restoring: bool) -> Result<()> {
     }
     std::fs::write(&own, format!("{CRIU_CONFIG}{CRIU_RECOVERY}")).io_context(|| format!("write {own:?}"))?;
     *ann = json!(own);
-    let tmp = bundle.join(".config.json.tmp");
-    let out = serde_json::to_vec(&spec).map_err(|source| Error::Json {
-        context: "encode config.json".into(),
-        source,
-    })?;
-    std::fs::write(&tmp, out).io_context(|| format!("write {tmp:?}"))?;
-    std::fs::rename(&tmp, &path).io_context(|| format!("rename {tmp:?}"))
+    write_spec(bundle, &path, &spec)
 }
 
 /// Takes a pending `suspend` request of shim `group`, if there is one.
@@ -243,6 +231,17 @@ impl Runtime {
         }
         any.then_some(s)
     }
+}
+
+/// Replaces the bundle's config.json (`path`) with `spec` (tmp file + rename).
+fn write_spec(bundle: &Path, path: &Path, spec: &Value) -> Result<()> {
+    let tmp = bundle.join(".config.json.tmp");
+    let out = serde_json::to_vec(spec).map_err(|source| Error::Json {
+        context: "encode config.json".into(),
+        source,
+    })?;
+    std::fs::write(&tmp, out).io_context(|| format!("write {tmp:?}"))?;
+    std::fs::rename(&tmp, path).io_context(|| format!("rename {tmp:?}"))
 }
 
 #[cfg(test)]
