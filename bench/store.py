@@ -3,8 +3,8 @@
 resuspend_upload_fraction, measured on the rig's real S3 server (versitygw on
 loopback) through torpor-snapshotter, the shim and torporctl.
 
-One 256 MiB actor (`/actor counter --alloc-mib 256`, distinct non-zero
-pseudo-random pages) in a CRI pod of runtime torpor. Every round:
+One 256 MiB actor (`/actor counter --alloc-mib 256 --seed <random>`,
+distinct non-zero pseudo-random pages, a pattern no earlier run uploaded) in a CRI pod of runtime torpor. Every round:
 
 1. suspend (`torporctl suspend`), wait until the process is gone and the
    snapshot is committed in the store (`torporctl snapshots ls` shows the new
@@ -121,7 +121,9 @@ def measure(runs: int, budget_s: float) -> list:
     extra = {}
     a = None
     try:
-        a = sr.TorporActor(MIB)
+        # A pattern of its own: no chunk of an earlier run's snapshots (still
+        # in the object tier) deduplicates this run's full upload.
+        a = sr.TorporActor(MIB, seed=int.from_bytes(os.urandom(7), "little"))
         actor = a.status()["actor"]
         r = Round(a, actor)
         # round 0: the full upload (and the warm-up)

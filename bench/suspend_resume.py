@@ -270,14 +270,14 @@ class TorporActor:
 
     key = TORPOR
 
-    def __init__(self, mib: int):
+    def __init__(self, mib: int, seed: int = 0):
         self.mib = mib
         self.pod = BenchPod(TORPOR, prefix="sr")
         self.ctl_dir = None
         try:
             self.pod.run()
             self.cid = self.pod.start_container(
-                "actor", ["counter", "--port", str(PORT), "--alloc-mib", str(mib)])
+                "actor", ["counter", "--port", str(PORT), "--alloc-mib", str(mib), "--seed", str(seed)])
             info = bench.crictl_json("inspectp", "-o", "json", self.pod.id)
             self.ip = info["status"]["network"]["ip"]
             nss = info["info"]["runtimeSpec"]["linux"]["namespaces"]

@@ -122,7 +122,16 @@ impl Runtime {
     /// freed).
     pub async fn suspend(&self) -> Result<Record> {
         let started = Instant::now();
-        let mut slot = self.actor.lock().await;
+        // The lazy-pages daemons of the last resume must be done (a process
+        // with pages still missing cannot be dumped). Waited for without the
+        // actor lock: the task releasing their checkout takes it.
+        let mut slot = loop {
+            self.wait_lazy_daemons().await;
+            let slot = self.actor.lock().await;
+            if self.lazy.lock().await.is_empty() {
+                break slot;
+            }
+        };
         let (store, rec) = slot.as_mut().ok_or_else(no_actor)?;
         if !matches!(rec.state, Lifecycle::Running | Lifecycle::Frozen) {
             return Err(Error::FailedPrecondition(format!("actor {} is {}: only a RUNNING or FROZEN actor can be suspended", rec.actor, rec.state)));
@@ -132,7 +141,6 @@ impl Runtime {
             return Err(Error::FailedPrecondition(format!("actor {} has no running container", rec.actor)));
         }
         let was = rec.state;
-        self.wait_lazy_daemons().await;
         let (netns, ports) = self.activation_target(&ids).await;
         // Where the checkpoint goes: without the store there is nowhere to
         // put it, and the actor keeps running.
@@ -418,9 +426,20 @@ impl Runtime {
     /// out of the node's store: verified, fetched from the object tier if
     /// it was evicted), or thaw a frozen one.
     pub async fn resume_actor(&self) -> Result<Record> {
-        // A commit under way: the snapshot to restore is the one it makes.
-        self.wait_commit().await?;
         let started = Instant::now();
+        loop {
+            if let Some(r) = self.resume_once(started).await? {
+                return Ok(r);
+            }
+            // The commit finished between the suspend's record and the
+            // view of its staging: its outcome is recorded once we let go.
+            self.wait_commit().await?;
+        }
+    }
+
+    /// One attempt of [`Runtime::resume_actor`]; `None` when the suspend's
+    /// staging was committed meanwhile (try again with the snapshot).
+    async fn resume_once(&self, started: Instant) -> Result<Option<Record>> {
         let mut slot = self.actor.lock().await;
         let (store, rec) = slot.as_mut().ok_or_else(no_actor)?;
         match rec.state {
@@ -437,27 +456,50 @@ impl Runtime {
                 rec.state = Lifecycle::Running;
                 rec.last_resume_ms = Some(started.elapsed().as_millis() as u64);
                 store.save(rec)?;
-                return Ok(rec.clone());
+                return Ok(Some(rec.clone()));
             }
             Lifecycle::Suspended => {}
             s => return Err(Error::FailedPrecondition(format!("actor {} is {s}, not SUSPENDED or FROZEN", rec.actor))),
         }
-        let Some(snap) = rec.snapshot.clone() else {
-            return Err(Error::FailedPrecondition(format!(
-                "actor {} is SUSPENDED but its snapshot is not committed yet{}",
-                rec.actor,
-                rec.last_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()
-            )));
+        let snap = match (&rec.snapshot, &rec.staging) {
+            (Some(snap), _) => snap.clone(),
+            // Resumed before the background commit is done: restored from
+            // the dump this shim just wrote (a view of its staging), which
+            // the commit goes on turning into the snapshot.
+            (None, Some(_)) => SnapshotRef { actor: rec.actor.clone(), generation: rec.generation },
+            (None, None) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "actor {} is SUSPENDED but has neither a snapshot nor a staging{}",
+                    rec.actor,
+                    rec.last_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()
+                )))
+            }
+        };
+        let from = match (&rec.snapshot, &rec.staging) {
+            (None, Some(st)) => format!("the dump of its suspend (staging {}, commit under way)", st.id),
+            _ => format!("snapshot {snap}"),
         };
         rec.state = Lifecycle::Resuming;
         store.save(rec)?;
         failpoint::hit(&store.key(), failpoint::RESUME_AFTER_PERSIST);
         // The snapshot's verified files; nothing is started from bad data.
-        let co = match checkout(&snap).await {
+        let co = match &rec.staging {
+            Some(st) if rec.snapshot.is_none() => match view_staging(&st.to_staging(), &snap).await {
+                Ok(co) => Ok(co),
+                Err(Error::NotFound(_)) => {
+                    rec.state = Lifecycle::Suspended;
+                    store.save(rec)?;
+                    return Ok(None);
+                }
+                Err(e) => Err(e),
+            },
+            _ => checkout(&snap).await,
+        };
+        let co = match co {
             Ok(co) => co,
             Err(e) => {
-                let e = with_context(e, &format!("resume of actor {} from snapshot {snap}", rec.actor));
-                warn!(actor = rec.actor.as_str(), snapshot:% = snap; "resume refused, the actor stays SUSPENDED: {e}");
+                let e = with_context(e, &format!("resume of actor {} from {from}", rec.actor));
+                warn!(actor = rec.actor.as_str(), from = from.as_str(); "resume refused, the actor stays SUSPENDED: {e}");
                 rec.state = Lifecycle::Suspended;
                 rec.last_error = Some(e.to_string());
                 store.save(rec)?;
@@ -510,8 +552,8 @@ impl Runtime {
             release_checkout(&co).await;
             me.forget_lease(&co.lease).await;
         }));
-        info!(actor = rec.actor.as_str(), snapshot:% = snap, ms = rec.last_resume_ms; "actor resumed");
-        Ok(rec.clone())
+        info!(actor = rec.actor.as_str(), from = from.as_str(), ms = rec.last_resume_ms; "actor resumed");
+        Ok(Some(rec.clone()))
     }
 
     /// A checkout lease was released: drop it from the record.
@@ -807,6 +849,15 @@ pub(crate) async fn checkout(snap: &SnapshotRef) -> Result<crate::snapshots::Che
 }
 
 /// Releases a checkout; logged, never fails.
+/// A view of a suspend's staging (not committed yet), as a checkout of the
+/// snapshot it becomes.
+pub(crate) async fn view_staging(staging: &crate::snapshots::Staging, snap: &SnapshotRef) -> Result<crate::snapshots::Checkout> {
+    // `snap` names the actor's generation in this shim's record; the store
+    // numbers the snapshot when the commit completes.
+    let (path, lease) = SnapshotStore::connect().await?.view_staging(staging).await?;
+    Ok(crate::snapshots::Checkout { snapshot: snap.clone(), path, lease })
+}
+
 pub(crate) async fn release_checkout(co: &crate::snapshots::Checkout) {
     release_lease(&co.lease).await
 }

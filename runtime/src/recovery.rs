@@ -13,6 +13,7 @@
 //! | RUNNING, FROZEN                 | removed: the containers died (as with runc-v2); a default-id actor's snapshots are removed (stale) |
 //! | SUSPENDING (dumps incomplete)   | removed, the staging aborted: nothing to restore |
 //! | SUSPENDED, dumps done, not committed | the staging committed by the cleanup, kept |
+//! | RESUMING from a staging not committed yet | the staging committed by the cleanup, kept |
 //! | SUSPENDED, RESUMING             | kept (its snapshot is in the store)      |
 //!
 //! Checkout leases the dead shim held are released. A kept record is
@@ -116,7 +117,7 @@ async fn settle(store: &Store, mut rec: Record) {
             }
             false
         }
-        Lifecycle::Suspended if rec.snapshot.is_none() => match rec.staging.clone() {
+        Lifecycle::Suspended | Lifecycle::Resuming if rec.snapshot.is_none() => match rec.staging.clone() {
             Some(st) => {
                 // Every dump had completed: commit them now.
                 let labels = crate::lifecycle::commit_labels(&store.key(), &rec);

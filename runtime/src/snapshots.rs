@@ -141,6 +141,15 @@ impl SnapshotStore {
         Ok(Checkout { snapshot: snap.clone(), path: PathBuf::from(r.path), lease: r.lease })
     }
 
+    /// The files of `staging` (committed in the background), pinned for a
+    /// restore: `NotFound` once the commit is done (check the snapshot out).
+    pub async fn view_staging(&self, staging: &Staging) -> Result<(PathBuf, String)> {
+        let mut req = api::ViewStagingRequest::new();
+        req.staging_id = staging.id.clone();
+        let r = self.client.view_staging(ctx(QUICK), &req).await.map_err(|e| self.err("view staging", e))?;
+        Ok((PathBuf::from(r.path), r.lease))
+    }
+
     pub async fn release(&self, checkout: &Checkout) -> Result<()> {
         let mut req = api::ReleaseRequest::new();
         req.lease = checkout.lease.clone();

@@ -189,6 +189,14 @@ impl api::Store for StoreService {
         Ok(r)
     }
 
+    async fn view_staging(&self, _: &TtrpcContext, req: api::ViewStagingRequest) -> ttrpc::Result<api::ViewStagingResponse> {
+        let (path, lease) = self.store.view_staging(&req.staging_id).await.map_err(|e| status("view staging", e))?;
+        let mut r = api::ViewStagingResponse::new();
+        r.path = path.to_string_lossy().into_owned();
+        r.lease = lease;
+        Ok(r)
+    }
+
     async fn release(&self, _: &TtrpcContext, req: api::ReleaseRequest) -> ttrpc::Result<api::Empty> {
         self.store.release(&req.lease).await.map_err(|e| status("release", e))?;
         Ok(api::Empty::new())

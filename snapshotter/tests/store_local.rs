@@ -99,6 +99,46 @@ async fn commit_checkout_upload_evict_fetch_round_trip() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_staging_view_outlives_the_commit_and_is_released() {
+    let e = env();
+    let store = Store::open(config(&e.root, &e.objects)).await.unwrap();
+    let st = store.begin(&actor("default/web-0")).await.unwrap();
+    write_tree(&st.path, 3, 2 * 1024 * 1024);
+    let original = read_tree(&st.path);
+    // A reader pins the dump before the commit.
+    let (view, lease) = store.view_staging(&st.id).await.unwrap();
+    assert_eq!(read_tree(&view), original);
+    let info = store.commit(&st.id, CommitOptions::default()).await.unwrap();
+    assert!(!st.path.exists(), "staging renamed into place");
+    // The view is untouched by the commit (MANIFEST aside, same files).
+    let mut seen = read_tree(&view);
+    seen.retain(|k, _| original.contains_key(k));
+    assert_eq!(seen, original);
+    let co = store.checkout(&info.id, None).await.unwrap();
+    store.release(&co.lease).await.unwrap();
+    // Released: the view is gone, its lease with it.
+    store.release(&lease).await.unwrap();
+    assert!(!view.exists());
+    assert!(matches!(store.release(&lease).await, Err(Error::LeaseNotFound(_))));
+    // A committed (or unknown) staging has no view.
+    assert!(matches!(store.view_staging(&st.id).await, Err(Error::StagingNotFound(_))));
+    // An aborted one neither.
+    let st2 = store.begin(&actor("default/web-0")).await.unwrap();
+    store.abort(&st2.id).await.unwrap();
+    assert!(matches!(store.view_staging(&st2.id).await, Err(Error::StagingNotFound(_))));
+    // A view left by a daemon that stopped is removed when the store reopens.
+    let st3 = store.begin(&actor("default/web-0")).await.unwrap();
+    write_tree(&st3.path, 4, 4096);
+    let (view3, _) = store.view_staging(&st3.id).await.unwrap();
+    store.shutdown().await;
+    drop(store);
+    let store = Store::open(config(&e.root, &e.objects)).await.unwrap();
+    assert!(!view3.exists(), "stale view removed at open");
+    assert!(st3.path.exists(), "the writer's staging is kept");
+    store.abort(&st3.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resuspend_after_one_percent_change_uploads_little() {
     let e = env();
     let (store, faulty) = open_faulty(config(&e.root, &e.objects), &e.objects).await;

@@ -63,6 +63,27 @@ pub fn remove_tree(path: &Path, trash: &Path) -> Result<()> {
     fs::remove_dir_all(&target).map_err(|e| Error::io("remove", &target, e))
 }
 
+/// A copy of the tree at `src` made of hard links (directories recreated,
+/// files linked, symlinks copied) at `dst`, which must not exist.
+pub fn link_tree(src: &Path, dst: &Path) -> Result<()> {
+    fs::create_dir(dst).map_err(|e| Error::io("create", dst, e))?;
+    let rd = fs::read_dir(src).map_err(|e| Error::io("list", src, e))?;
+    for entry in rd {
+        let entry = entry.map_err(|e| Error::io("list", src, e))?;
+        let (from, to) = (entry.path(), dst.join(entry.file_name()));
+        let ft = entry.file_type().map_err(|e| Error::io("stat", &from, e))?;
+        if ft.is_dir() {
+            link_tree(&from, &to)?;
+        } else if ft.is_symlink() {
+            let target = fs::read_link(&from).map_err(|e| Error::io("read link", &from, e))?;
+            std::os::unix::fs::symlink(&target, &to).map_err(|e| Error::io("create symlink", &to, e))?;
+        } else {
+            fs::hard_link(&from, &to).map_err(|e| Error::io("hard link", &to, e))?;
+        }
+    }
+    Ok(())
+}
+
 /// Delete everything inside `dir` (not `dir` itself).
 pub fn clear_dir(dir: &Path) -> Result<()> {
     let rd = fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))?;

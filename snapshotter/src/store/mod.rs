@@ -185,6 +185,11 @@ pub struct Store {
     sweep: tokio::sync::RwLock<()>,
     /// staging id → (actor, commit in progress)
     stagings: Mutex<HashMap<String, (ActorName, bool)>>,
+    /// Held while a staging directory is renamed into place or linked into
+    /// a view: a view sees the whole staging or none of it.
+    placing: Arc<Mutex<()>>,
+    /// lease → view directory of a staging ([`Store::view_staging`]).
+    views: Mutex<HashMap<String, PathBuf>>,
     stats: Mutex<Stats>,
     wake: Arc<Notify>,
     shutdown: watch::Sender<bool>,
@@ -252,6 +257,8 @@ impl Store {
             locks: Mutex::new(HashMap::new()),
             sweep: tokio::sync::RwLock::new(()),
             stagings: Mutex::new(HashMap::new()),
+            placing: Arc::new(Mutex::new(())),
+            views: Mutex::new(HashMap::new()),
             stats: Mutex::new(Stats::default()),
             wake: Arc::new(Notify::new()),
             shutdown,
@@ -477,6 +484,40 @@ impl Store {
         remove_file_if_present(&self.staging_sidecar(staging_id))
     }
 
+    /// A reader's view of a writer's staging that is not committed yet (the
+    /// resume of an actor right after its suspend, while the commit hashes
+    /// the dump): hard links to its files in a directory of their own, which
+    /// the commit's rename does not move, released with [`Store::release`].
+    /// The files are the dump the writer made on this node; the commit
+    /// verifies nothing a reader could check sooner. `StagingNotFound` once
+    /// the staging is committed (check the snapshot out instead) or aborted.
+    pub async fn view_staging(&self, staging_id: &str) -> Result<(PathBuf, String)> {
+        let lease = random_id();
+        let view = self.paths.staging.join(format!("{lease}.view"));
+        let src = self.paths.staging.join(staging_id);
+        {
+            let st = lock(&self.stagings);
+            if !st.contains_key(staging_id) {
+                return Err(Error::StagingNotFound(staging_id.to_string()));
+            }
+        }
+        let (placing, v, id) = (self.placing.clone(), view.clone(), staging_id.to_string());
+        let trash = self.paths.trash.clone();
+        blocking(move || {
+            let _placing = lock(&placing);
+            if !src.is_dir() {
+                return Err(Error::StagingNotFound(id));
+            }
+            local::link_tree(&src, &v).inspect_err(|_| {
+                let _ = local::remove_tree(&v, &trash);
+            })
+        })
+        .await?;
+        lock(&self.views).insert(lease.clone(), view.clone());
+        debug!(staging = staging_id, view = %view.display(), "staging viewed");
+        Ok((view, lease))
+    }
+
     /// `<root>/staging/<id>.actor`: the actor a writer's staging belongs to.
     fn staging_sidecar(&self, staging_id: &str) -> PathBuf {
         self.paths.staging.join(format!("{staging_id}.actor"))
@@ -610,7 +651,9 @@ impl Store {
         let placed = {
             let staging = staging.clone();
             let target = target.clone();
+            let placing = self.placing.clone();
             blocking(move || {
+                let _placing = lock(&placing);
                 local::write_atomic(&staging.join(MANIFEST_FILE), &bytes)?;
                 let parent = target.parent().ok_or_else(|| Error::Internal("snapshot dir has no parent".into()))?;
                 local::create_dir_all_durable(parent)?;
@@ -973,6 +1016,11 @@ impl Store {
 
     /// Drop a pin taken by [`Store::checkout`].
     pub async fn release(&self, lease: &str) -> Result<()> {
+        let view = lock(&self.views).remove(lease);
+        if let Some(view) = view {
+            let trash = self.paths.trash.clone();
+            return blocking(move || local::remove_tree(&view, &trash)).await;
+        }
         let tx = Tx::begin(&self.db)?;
         let l = tx.remove_lease(lease)?.ok_or_else(|| Error::LeaseNotFound(lease.to_string()))?;
         if let Some(id) = SnapshotId::from_db_key(&l.key) {

@@ -40,6 +40,7 @@ func runCounter(args []string) {
 	fs := newFlags("counter")
 	port := fs.Int("port", 8080, "TCP port to listen on")
 	allocMiB := fs.Int("alloc-mib", 0, "MiB of memory to allocate, fill and keep live")
+	seed := fs.Uint64("seed", 0, "varies the --alloc-mib pattern (two actors with different seeds share no page)")
 	if rest := parseArgs(fs, args); len(rest) != 0 {
 		fatalf("counter: unexpected arguments %q", rest)
 	}
@@ -47,7 +48,7 @@ func runCounter(args []string) {
 
 	if *allocMiB > 0 {
 		ballast = make([]byte, *allocMiB<<20)
-		fill(ballast)
+		fill(ballast, *seed)
 		fmt.Printf("allocated %d MiB, crc32c %s\n", *allocMiB, checksum())
 	}
 
@@ -65,9 +66,9 @@ func runCounter(args []string) {
 // fill writes distinct, non-zero pseudo-random data to every page of b so
 // that no page is a zero page and no two pages are identical (nothing can
 // be deduplicated or skipped by a checkpoint).
-func fill(b []byte) {
+func fill(b []byte, seed uint64) {
 	for p := 0; p+pageSize <= len(b); p += pageSize {
-		x := uint64(p/pageSize)*0x9E3779B97F4A7C15 | 1
+		x := (uint64(p/pageSize)*0x9E3779B97F4A7C15 ^ seed*0xBF58476D1CE4E5B9) | 1
 		for i := p; i < p+pageSize; i += 8 {
 			// xorshift64: never yields 0 from a non-zero state
 			x ^= x << 13

@@ -14,7 +14,8 @@ import (
 const usage = `usage: actor COMMAND [flags]
 
 commands:
-  counter [--port 8080] [--alloc-mib N]      in-memory counter over TCP and HTTP
+  counter [--port 8080] [--alloc-mib N] [--seed S]
+                                             in-memory counter over TCP and HTTP
   tree [--port 8081] [--children 2] [--threads 4]
                                              process tree + threads, reports itself as JSON
   logs [--lines 10] [--interval-ms 10]       numbered lines to stdout/stderr, then sleeps
