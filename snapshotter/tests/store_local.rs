@@ -44,8 +44,10 @@ async fn commit_checkout_upload_evict_fetch_round_trip() {
     assert_eq!(info.labels["torpor.dev/reason"], "idle");
     assert!(!st.path.exists(), "staging renamed into place");
     assert_eq!(info.path, e.root.join("snapshots/default/web-0/_gen/00000000000000000001"));
-    // Committing the same staging again fails clearly.
-    assert!(matches!(store.commit(&st.id, CommitOptions::default()).await, Err(Error::StagingNotFound(_))));
+    // Committing the same staging again (an answer lost) answers the same snapshot.
+    assert_eq!(store.commit(&st.id, CommitOptions::default()).await.unwrap().id, info.id);
+    // An unknown staging fails clearly.
+    assert!(matches!(store.commit("0123", CommitOptions::default()).await, Err(Error::StagingNotFound(_))));
 
     // Local checkout: files in place, verified, pinned.
     let co = store.checkout(&info.id, None).await.unwrap();
@@ -120,6 +122,11 @@ async fn a_staging_view_outlives_the_commit_and_is_released() {
     store.release(&lease).await.unwrap();
     assert!(!view.exists());
     assert!(matches!(store.release(&lease).await, Err(Error::LeaseNotFound(_))));
+    // Two commits of one staging at once: one snapshot, both answered it.
+    let st4 = store.begin(&actor("default/web-0")).await.unwrap();
+    write_tree(&st4.path, 5, 1024 * 1024);
+    let (a, b) = tokio::join!(store.commit(&st4.id, CommitOptions::default()), store.commit(&st4.id, CommitOptions::default()));
+    assert_eq!(a.unwrap().id, b.unwrap().id);
     // A committed (or unknown) staging has no view.
     assert!(matches!(store.view_staging(&st.id).await, Err(Error::StagingNotFound(_))));
     // An aborted one neither.

@@ -190,6 +190,11 @@ pub struct Store {
     placing: Arc<Mutex<()>>,
     /// lease → view directory of a staging ([`Store::view_staging`]).
     views: Mutex<HashMap<String, PathBuf>>,
+    /// Stagings committed since the daemon started → their snapshot (a
+    /// second commit of one answers what the first made).
+    committed: Mutex<HashMap<String, SnapshotId>>,
+    /// Notified when a commit ends.
+    commit_done: Notify,
     stats: Mutex<Stats>,
     wake: Arc<Notify>,
     shutdown: watch::Sender<bool>,
@@ -259,6 +264,8 @@ impl Store {
             stagings: Mutex::new(HashMap::new()),
             placing: Arc::new(Mutex::new(())),
             views: Mutex::new(HashMap::new()),
+            committed: Mutex::new(HashMap::new()),
+            commit_done: Notify::new(),
             stats: Mutex::new(Stats::default()),
             wake: Arc::new(Notify::new()),
             shutdown,
@@ -564,17 +571,32 @@ impl Store {
     /// Turn a staging directory into the actor's next generation: chunk and
     /// digest its files, fsync them, write the manifest, rename into the local
     /// tier. The snapshot is then local (not yet durable).
+    ///
+    /// Committing a staging again (a writer whose answer was lost, or the
+    /// cleanup after a shim died during its commit) waits for a commit in
+    /// progress and answers the snapshot it made.
     pub async fn commit(&self, staging_id: &str, opts: CommitOptions) -> Result<SnapshotInfo> {
-        let actor = {
-            let mut st = lock(&self.stagings);
-            match st.get_mut(staging_id) {
-                None => return Err(Error::StagingNotFound(staging_id.to_string())),
-                Some((_, true)) => return Err(Error::InvalidArgument(format!("staging {staging_id:?} is already being committed"))),
-                Some((actor, busy)) => {
-                    *busy = true;
-                    actor.clone()
+        let actor = loop {
+            let done = self.commit_done.notified();
+            {
+                let mut st = lock(&self.stagings);
+                match st.get_mut(staging_id) {
+                    None => {
+                        let made = lock(&self.committed).get(staging_id).cloned();
+                        return match made.map(|id| db::record(&self.db, &id)).transpose()?.flatten() {
+                            Some(rec) if !rec.removing => self.info(&rec),
+                            _ => Err(Error::StagingNotFound(staging_id.to_string())),
+                        };
+                    }
+                    Some((actor, busy)) if !*busy => {
+                        *busy = true;
+                        break actor.clone();
+                    }
+                    Some(_) => {}
                 }
             }
+            debug!(staging = staging_id, "waiting for the commit of this staging in progress");
+            done.await;
         };
         let res = self.commit_inner(staging_id, &actor, opts).await;
         if res.is_ok() {
@@ -582,17 +604,25 @@ impl Store {
                 warn!(staging = staging_id, error = %e, "committed, but its staging sidecar stays");
             }
         }
-        let mut st = lock(&self.stagings);
-        match &res {
-            Ok(_) => {
-                st.remove(staging_id);
-            }
-            Err(_) => {
-                if let Some((_, busy)) = st.get_mut(staging_id) {
-                    *busy = false;
+        {
+            let mut st = lock(&self.stagings);
+            match &res {
+                Ok(info) => {
+                    st.remove(staging_id);
+                    let mut made = lock(&self.committed);
+                    if made.len() >= 4096 {
+                        made.clear();
+                    }
+                    made.insert(staging_id.to_string(), info.id.clone());
+                }
+                Err(_) => {
+                    if let Some((_, busy)) = st.get_mut(staging_id) {
+                        *busy = false;
+                    }
                 }
             }
         }
+        self.commit_done.notify_waiters();
         res
     }
 
