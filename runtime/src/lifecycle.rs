@@ -41,7 +41,16 @@ impl Runtime {
         record.explicit_actor = explicit;
         record.keep_local_s = spec.keep_local.map(|d| d.as_secs().max(1));
         let claim = crate::claim::Claim::take(&record.actor, group)?;
-        store.save(&record)?;
+        // One node runs the actor: its lease in the object tier (refused,
+        // naming the holder, while another node has it).
+        let epoch = async { SnapshotStore::connect().await?.acquire(&record.actor, group).await }
+            .await
+            .map_err(|e| with_context(e, &format!("actor {}", record.actor)))?;
+        info!(actor = record.actor.as_str(), epoch; "actor lease held by this node");
+        if let Err(e) = store.save(&record) {
+            surrender_lease(&record.actor, group).await;
+            return Err(e);
+        }
         *self.claim.lock().unwrap_or_else(|p| p.into_inner()) = Some(claim);
         *slot = Some((store, record));
         Ok(())
@@ -679,6 +688,9 @@ impl Runtime {
             if matches!(rec.state, Lifecycle::Running | Lifecycle::Frozen) && rec.ran && !rec.explicit_actor {
                 remove_snapshots(&rec.actor).await;
             }
+            // Another node may take the actor now (once its newest
+            // snapshot is durable: the store uploads it first).
+            surrender_lease(&rec.actor, &store.key()).await;
             if let Err(e) = store.remove() {
                 warn!("remove actor state: {e}");
             }
@@ -805,6 +817,15 @@ pub(crate) fn with_context(e: Error, what: &str) -> Error {
 async fn begin_staging(actor: &str) -> Result<crate::snapshots::Staging> {
     let r = async { SnapshotStore::connect().await?.begin(actor).await }.await;
     r.map_err(|e| with_context(e, &format!("suspend of actor {actor}: no staging directory in the snapshot store")))
+}
+
+/// The actor leaves this node (pod removed, shim dead): its lease goes once
+/// its newest snapshot is durable. Logged, never fails.
+pub(crate) async fn surrender_lease(actor: &str, owner: &str) {
+    let r = async { SnapshotStore::connect().await?.surrender(actor, owner).await }.await;
+    if let Err(e) = r {
+        warn!(actor; "surrender of the actor lease: {e} (it expires unless renewed)");
+    }
 }
 
 /// Drops a staging directory (a failed suspend); logged, never fails.

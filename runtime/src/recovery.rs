@@ -144,6 +144,9 @@ async fn settle(store: &Store, mut rec: Record) {
             rec.snapshot.is_some()
         }
     };
+    // The dead shim's actor leaves this node: a kept snapshot is uploaded
+    // before the lease goes, so any node can restore it.
+    crate::lifecycle::surrender_lease(&rec.actor, &store.key()).await;
     if !keep {
         if let Err(e) = store.remove() {
             warn!("remove actor state: {e}");

@@ -157,6 +157,25 @@ impl SnapshotStore {
         Ok(())
     }
 
+    /// Takes `actor`'s lease in the object tier for this node (`owner`: the
+    /// shim). `FailedPrecondition` naming the holder while another node has it.
+    pub async fn acquire(&self, actor: &str, owner: &str) -> Result<u64> {
+        let mut req = api::AcquireRequest::new();
+        req.actor = actor.to_string();
+        req.owner = owner.to_string();
+        let r = self.client.acquire(ctx(QUICK), &req).await.map_err(|e| self.err("acquire of the actor lease", e))?;
+        Ok(r.epoch)
+    }
+
+    /// `actor` leaves this node: its lease goes once its newest snapshot is durable.
+    pub async fn surrender(&self, actor: &str, owner: &str) -> Result<()> {
+        let mut req = api::SurrenderRequest::new();
+        req.actor = actor.to_string();
+        req.owner = owner.to_string();
+        self.client.surrender(ctx(QUICK), &req).await.map_err(|e| self.err("surrender of the actor lease", e))?;
+        Ok(())
+    }
+
     /// The snapshots of `actor` this node's store knows (with their labels).
     pub async fn list(&self, actor: &str) -> Result<Vec<(SnapshotRef, HashMap<String, String>)>> {
         let mut req = api::ListRequest::new();

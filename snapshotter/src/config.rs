@@ -57,6 +57,8 @@ struct FileStore {
     verify_local_on_checkout: Option<bool>,
     gc_interval: Option<String>,
     gc_keep: Option<usize>,
+    node_id: Option<String>,
+    lease_ttl: Option<String>,
 }
 
 /// Command-line overrides (each `None` when the flag was not given).
@@ -112,6 +114,11 @@ pub struct StoreConfig {
     pub gc_interval: Option<Duration>,
     /// Snapshots kept per actor by the periodic gc (≥ 1).
     pub gc_keep: usize,
+    /// This node's name in actor leases (`None`: `$TORPOR_NODE_ID`, else
+    /// /etc/machine-id, else the host name).
+    pub node_id: Option<String>,
+    /// Actor lease lifetime without renewal (`None`: 30s).
+    pub lease_ttl: Option<Duration>,
 }
 
 pub const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(3600);
@@ -151,6 +158,12 @@ impl Config {
         if let Some(v) = s.verify_local_on_checkout {
             c.verify_local_on_checkout = v;
         }
+        if let Some(n) = &s.node_id {
+            c.node_id = n.clone();
+        }
+        if let Some(d) = s.lease_ttl {
+            c.lease_ttl = d;
+        }
         c
     }
 }
@@ -181,6 +194,8 @@ impl Default for Config {
                 verify_local_on_checkout: None,
                 gc_interval: Some(DEFAULT_GC_INTERVAL),
                 gc_keep: DEFAULT_GC_KEEP,
+                node_id: None,
+                lease_ttl: None,
             },
         }
     }
@@ -340,6 +355,8 @@ impl Config {
                     Some(v) => Some(parse_duration(v).map_err(|e| format!("store.gc_interval: {e} (or \"off\")"))?),
                 },
                 gc_keep: f.store.gc_keep.unwrap_or(d.store.gc_keep),
+                node_id: f.store.node_id,
+                lease_ttl: dur(f.store.lease_ttl, "store.lease_ttl")?,
             },
         };
         cfg.validate().map_err(|e| match e {

@@ -37,18 +37,39 @@ impl StoreService {
         api::create_store(Arc::new(self))
     }
 
-    /// Runs `f` with a progress channel that `Status` reports as a transfer.
+    /// Runs `f` with a progress channel that `Status` reports as a transfer
+    /// (see [`StoreService::detached`]).
     async fn tracked<T, F, Fut>(&self, kind: &str, id: &SnapshotId, f: F) -> store::Result<T>
     where
-        F: FnOnce(store::Progress) -> Fut,
-        Fut: std::future::Future<Output = store::Result<T>>,
+        T: Send + 'static,
+        F: FnOnce(Arc<Store>, store::Progress) -> Fut,
+        Fut: std::future::Future<Output = store::Result<T>> + Send + 'static,
     {
+        struct Entry<'a>(&'a StoreService, u64);
+        impl Drop for Entry<'_> {
+            fn drop(&mut self) {
+                lock(&self.0.transfers).remove(&self.1);
+            }
+        }
         let (tx, rx) = tokio::sync::watch::channel((0, 0));
         let key = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         lock(&self.transfers).insert(key, (kind.to_string(), id.clone(), rx));
-        let r = f(tx).await;
-        lock(&self.transfers).remove(&key);
-        r
+        let _entry = Entry(self, key);
+        self.detached(|store| f(store, tx)).await
+    }
+
+    /// Runs a store operation in a task of its own: a caller that goes away
+    /// (its connection closed, its shim killed) does not cut the operation
+    /// short half-way (a commit, a fetch, an upload run to their end).
+    async fn detached<T, F, Fut>(&self, f: F) -> store::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Store>) -> Fut,
+        Fut: std::future::Future<Output = store::Result<T>> + Send + 'static,
+    {
+        tokio::spawn(f(self.store.clone()))
+            .await
+            .map_err(|e| store::Error::Internal(format!("store task: {e}")))?
     }
 }
 
@@ -64,7 +85,9 @@ fn status(op: &str, e: store::Error) -> ttrpc::Error {
             Code::INVALID_ARGUMENT
         }
         e if e.is_not_found() => Code::NOT_FOUND,
-        E::NotDurable { .. } | E::Pinned { .. } | E::NoLocalCopy { .. } => Code::FAILED_PRECONDITION,
+        E::NotDurable { .. } | E::Pinned { .. } | E::NoLocalCopy { .. } | E::LeaseHeld { .. } | E::LeaseLost { .. } => {
+            Code::FAILED_PRECONDITION
+        }
         E::Conflict { .. } => Code::ABORTED,
         E::Corrupt { .. } => Code::DATA_LOSS,
         E::FetchFailed { source, .. } if matches!(**source, E::Corrupt { .. }) => Code::DATA_LOSS,
@@ -156,13 +179,13 @@ impl api::Store for StoreService {
             labels: req.labels.into_iter().collect(),
             keep_local: req.keep_local_seconds.map(Duration::from_secs),
         };
-        let info = self.store.commit(&req.staging_id, opts).await.map_err(|e| status("commit", e))?;
+        let info = self.detached(|s| async move { s.commit(&req.staging_id, opts).await }).await.map_err(|e| status("commit", e))?;
         info!(snapshot = %info.id, bytes = info.logical_bytes, "snapshot committed");
         Ok(to_api_info(&info))
     }
 
     async fn abort(&self, _: &TtrpcContext, req: api::AbortRequest) -> ttrpc::Result<api::Empty> {
-        self.store.abort(&req.staging_id).await.map_err(|e| status("abort", e))?;
+        self.detached(|s| async move { s.abort(&req.staging_id).await }).await.map_err(|e| status("abort", e))?;
         Ok(api::Empty::new())
     }
 
@@ -175,10 +198,9 @@ impl api::Store for StoreService {
 
     async fn checkout(&self, _: &TtrpcContext, req: api::CheckoutRequest) -> ttrpc::Result<api::CheckoutResponse> {
         let id = snapshot_id(req.id.as_ref())?;
-        let store = self.store.clone();
         let id2 = id.clone();
         let co = self
-            .tracked("fetch", &id, |p| async move { store.checkout(&id2, Some(p)).await })
+            .tracked("fetch", &id, |store, p| async move { store.checkout(&id2, Some(p)).await })
             .await
             .map_err(|e| status("checkout", e))?;
         info!(snapshot = %co.info.id, fetched = co.fetched, verified_bytes = co.verified_bytes, "snapshot checked out");
@@ -190,15 +212,37 @@ impl api::Store for StoreService {
     }
 
     async fn view_staging(&self, _: &TtrpcContext, req: api::ViewStagingRequest) -> ttrpc::Result<api::ViewStagingResponse> {
-        let (path, lease) = self.store.view_staging(&req.staging_id).await.map_err(|e| status("view staging", e))?;
+        let (path, lease) = self.detached(|s| async move { s.view_staging(&req.staging_id).await }).await.map_err(|e| status("view staging", e))?;
         let mut r = api::ViewStagingResponse::new();
         r.path = path.to_string_lossy().into_owned();
         r.lease = lease;
         Ok(r)
     }
 
+    async fn acquire(&self, _: &TtrpcContext, req: api::AcquireRequest) -> ttrpc::Result<api::AcquireResponse> {
+        if req.owner.is_empty() {
+            return Err(invalid("acquire: owner (the shim) must be set".into()));
+        }
+        let a = actor(&req.actor)?;
+        let g = self.detached(|s| async move { s.acquire(&a, &req.owner).await }).await.map_err(|e| status("acquire", e))?;
+        let mut r = api::AcquireResponse::new();
+        r.epoch = g.epoch;
+        r.durable_generation = g.durable_generation;
+        if let Some(p) = g.previous {
+            r.previous_node = p.node;
+            r.previous_expired = !p.released;
+        }
+        Ok(r)
+    }
+
+    async fn surrender(&self, _: &TtrpcContext, req: api::SurrenderRequest) -> ttrpc::Result<api::Empty> {
+        let a = actor(&req.actor)?;
+        self.detached(|s| async move { s.surrender(&a, &req.owner).await }).await.map_err(|e| status("surrender", e))?;
+        Ok(api::Empty::new())
+    }
+
     async fn release(&self, _: &TtrpcContext, req: api::ReleaseRequest) -> ttrpc::Result<api::Empty> {
-        self.store.release(&req.lease).await.map_err(|e| status("release", e))?;
+        self.detached(|s| async move { s.release(&req.lease).await }).await.map_err(|e| status("release", e))?;
         Ok(api::Empty::new())
     }
 
@@ -222,10 +266,9 @@ impl api::Store for StoreService {
 
     async fn upload(&self, _: &TtrpcContext, req: api::SnapshotId) -> ttrpc::Result<api::SnapshotInfo> {
         let id = snapshot_id(Some(&req))?;
-        let store = self.store.clone();
         let id2 = id.clone();
         let info = self
-            .tracked("upload", &id, |p| async move { store.upload(&id2, Some(p)).await })
+            .tracked("upload", &id, |store, p| async move { store.upload(&id2, Some(p)).await })
             .await
             .map_err(|e| status("upload", e))?;
         info!(snapshot = %info.id, "snapshot uploaded on demand");
@@ -234,14 +277,16 @@ impl api::Store for StoreService {
 
     async fn evict(&self, _: &TtrpcContext, req: api::SnapshotId) -> ttrpc::Result<api::Empty> {
         let id = snapshot_id(Some(&req))?;
-        self.store.evict(&id).await.map_err(|e| status("evict", e))?;
+        let id2 = id.clone();
+        self.detached(|s| async move { s.evict(&id2).await }).await.map_err(|e| status("evict", e))?;
         info!(snapshot = %id, "local copy evicted on demand");
         Ok(api::Empty::new())
     }
 
     async fn remove(&self, _: &TtrpcContext, req: api::SnapshotId) -> ttrpc::Result<api::Empty> {
         let id = snapshot_id(Some(&req))?;
-        self.store.remove(&id).await.map_err(|e| status("remove", e))?;
+        let id2 = id.clone();
+        self.detached(|s| async move { s.remove(&id2).await }).await.map_err(|e| status("remove", e))?;
         info!(snapshot = %id, "snapshot removed");
         Ok(api::Empty::new())
     }
@@ -255,7 +300,7 @@ impl api::Store for StoreService {
             policy.actor = Some(actor(&req.actor)?);
             policy.sweep_chunks = false;
         }
-        let rep = self.store.gc(policy).await.map_err(|e| status("gc", e))?;
+        let rep = self.detached(|s| async move { s.gc(policy).await }).await.map_err(|e| status("gc", e))?;
         info!(removed = rep.removed.len(), chunks = rep.chunks_deleted, "gc done");
         let mut r = api::GcResponse::new();
         r.removed = rep.removed.iter().map(to_api_id).collect();
@@ -283,6 +328,8 @@ impl api::Store for StoreService {
         r.deduplicated_chunks = st.deduplicated_chunks;
         r.fetched_bytes = st.fetched_bytes;
         r.remote_url = self.store.config().remote_url.clone();
+        r.node_id = self.store.config().node_id.clone();
+        r.actor_leases = self.store.lease_summary();
         r.errors = st.last_errors.iter().map(|(t, e)| format!("{} {e}", unix_ms(*t))).collect();
         r.transfers = lock(&self.transfers)
             .values()

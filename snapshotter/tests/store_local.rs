@@ -542,3 +542,30 @@ async fn bad_input_gets_clear_errors() {
     assert!(Store::open(cfg).await.err().unwrap().to_string().contains("remote_url"));
     let _ = Arc::new(());
 }
+
+/// A local-directory object tier has no conditional updates: the actor
+/// lease falls back to a compare-and-write, and still refuses a second node
+/// and hands over after a surrender.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn actor_lease_on_a_directory_object_tier() {
+    let e = env();
+    let mut ca = config(&e.root, &e.objects);
+    ca.node_id = "node-a".into();
+    let mut cb = config(&e.root.with_file_name("store-b"), &e.objects);
+    cb.node_id = "node-b".into();
+    let a = Store::open(ca).await.unwrap();
+    let b = Store::open(cb).await.unwrap();
+    let x = actor("ns/x");
+    assert_eq!(a.acquire(&x, "s1").await.unwrap().epoch, 1);
+    a.lease_pass().await; // a renewal through the fallback
+    assert_eq!(a.actor_leases().unwrap()[0].doc.epoch, 1);
+    let err = b.acquire(&x, "s2").await.unwrap_err();
+    assert!(err.to_string().contains("node-a"), "{err}");
+    a.surrender(&x, "s1").await.unwrap();
+    assert_eq!(b.acquire(&x, "s2").await.unwrap().epoch, 2);
+    assert!(matches!(a.acquire(&x, "s1").await, Err(Error::LeaseHeld { .. })));
+    // Bad node ids are refused at open.
+    let mut bad = config(&e.root.with_file_name("store-c"), &e.objects);
+    bad.node_id = "two words".into();
+    assert!(Store::open(bad).await.err().unwrap().to_string().contains("node_id"));
+}

@@ -179,3 +179,82 @@ async fn s3_server_honours_conditional_put() {
         .unwrap_err();
     assert!(matches!(err, object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. }), "{err:?}");
 }
+
+/// Two nodes sharing the bucket: one holds an actor's lease, the other is
+/// refused naming it; a surrender lets the other take it (epoch bumped); the
+/// node that lost it cannot publish a manifest (fenced); a lease that is not
+/// renewed expires and can be taken over; a restore never goes below the
+/// lease's durable generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_actor_lease_fences_two_nodes() {
+    let gw = VersityGw::start("torpor-store-lease").await;
+    let (ta, tb) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let node = |tmp: &std::path::Path, id: &str| {
+        let mut c = s3_config(&gw, tmp, "cluster/objects");
+        c.node_id = id.to_string();
+        c.lease_ttl = Duration::from_secs(2);
+        c
+    };
+    let a = Store::open(node(ta.path(), "node-a")).await.unwrap();
+    let b = Store::open(node(tb.path(), "node-b")).await.unwrap();
+    let x = actor("default/x");
+
+    let g = a.acquire(&x, "shim-a1").await.unwrap();
+    assert_eq!(g.epoch, 1);
+    assert!(g.previous.is_none());
+    // The same node again (another shim of it: the node-local claim decides).
+    assert_eq!(a.acquire(&x, "shim-a2").await.unwrap().epoch, 1);
+    let err = b.acquire(&x, "shim-b1").await.unwrap_err();
+    assert!(matches!(err, Error::LeaseHeld { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("default/x") && msg.contains("node-a") && msg.contains("shim-a2"), "{msg}");
+
+    // A commits and uploads generation 1, then the actor leaves A.
+    let st = a.begin(&x).await.unwrap();
+    write_tree(&st.path, 21, 1024 * 1024);
+    let one = a.commit(&st.id, CommitOptions::default()).await.unwrap();
+    a.upload(&one.id, None).await.unwrap();
+    a.surrender(&x, "shim-a2").await.unwrap();
+    assert!(a.actor_leases().unwrap().is_empty(), "released once the newest snapshot is durable");
+
+    // B takes it: epoch 2, and generation 1 as the floor.
+    let g = b.acquire(&x, "shim-b1").await.unwrap();
+    assert_eq!((g.epoch, g.durable_generation), (2, 1));
+    assert_eq!(g.previous.as_ref().map(|p| (p.node.as_str(), p.released)), Some(("node-a", true)));
+    assert_eq!(b.latest(&x).await.unwrap().unwrap().id.generation, 1);
+
+    // A, which no longer holds it, cannot publish a newer generation.
+    let st = a.begin(&x).await.unwrap();
+    write_tree(&st.path, 22, 1024 * 1024);
+    let stale = a.commit(&st.id, CommitOptions::default()).await.unwrap();
+    let err = a.upload(&stale.id, None).await.unwrap_err();
+    assert!(err.to_string().contains("node-b"), "fenced, naming the holder: {err}");
+    assert!(b.remote().get_manifest(&stale.id).await.unwrap().is_none(), "no manifest published by the fenced node");
+
+    // B renews (its lease worker) while it lives; stopped, its lease expires
+    // and A may take the actor back.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let err = a.acquire(&x, "shim-a3").await.unwrap_err();
+    assert!(matches!(err, Error::LeaseHeld { .. }), "renewed by node-b's lease worker: {err}");
+    b.shutdown().await;
+    drop(b);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let g = a.acquire(&x, "shim-a3").await.unwrap();
+    assert_eq!(g.epoch, 3);
+    assert_eq!(g.previous.as_ref().map(|p| (p.node.as_str(), p.released)), Some(("node-b", false)), "taken over after expiry");
+
+    // A drops its stale generation and lets go; node C takes the actor with
+    // generation 1 as its floor: a listing without it is refused.
+    a.remove(&stale.id).await.unwrap();
+    a.surrender(&x, "shim-a3").await.unwrap();
+    assert!(a.actor_leases().unwrap().is_empty());
+    let tc = tempfile::tempdir().unwrap();
+    let c = Store::open(node(tc.path(), "node-c")).await.unwrap();
+    let g = c.acquire(&x, "shim-c1").await.unwrap();
+    assert_eq!((g.epoch, g.durable_generation), (4, 1));
+    gw.builder().build().unwrap().delete(&OPath::from("cluster/objects/actors/default/x/_gen/00000000000000000001/manifest.json")).await.unwrap();
+    let err = c.latest(&x).await.unwrap_err();
+    assert!(err.to_string().contains("generation 1"), "{err}");
+    c.shutdown().await;
+    a.shutdown().await;
+}

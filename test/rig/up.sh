@@ -192,6 +192,10 @@ remote_options = { endpoint = '$TORPOR_RIG_S3_ENDPOINT', region = '$TORPOR_RIG_S
 # retry a down object tier quickly (the tests stop and restart it)
 retry_initial = '500ms'
 retry_max = '3s'
+# this node's name in actor leases; a short lease so that the tests of a
+# dead node do not wait long for its expiry
+node_id = '${TORPOR_NODE_ID:-node-a}'
+lease_ttl = '${TORPOR_RIG_LEASE_TTL:-6s}'
 TOML
 	mv "$TORPOR_RIG_SNAPSHOTTER_CONFIG.tmp" "$TORPOR_RIG_SNAPSHOTTER_CONFIG"
 }

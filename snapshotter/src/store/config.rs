@@ -114,6 +114,21 @@ pub struct StoreConfig {
     /// Run the background uploader/evictor. Off only for tests and tools that
     /// drive uploads explicitly.
     pub background: bool,
+    /// This node's name in actor leases (see `actor_lease`): unique among the
+    /// nodes sharing the object tier.
+    pub node_id: String,
+    /// How long an actor lease lasts without renewal (renewed every third of
+    /// it): after a node dies, its actors can move after this long.
+    pub lease_ttl: Duration,
+}
+
+/// The node id when none is configured: `$TORPOR_NODE_ID`, else
+/// `/etc/machine-id`, else the host name.
+pub fn default_node_id() -> String {
+    let env = std::env::var("TORPOR_NODE_ID").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+    env.or_else(|| std::fs::read_to_string("/etc/machine-id").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty()))
+        .or_else(|| nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()))
+        .unwrap_or_else(|| "unnamed-node".to_string())
 }
 
 impl StoreConfig {
@@ -137,6 +152,8 @@ impl StoreConfig {
             verify_local_on_checkout: true,
             scan_interval: Duration::from_secs(5),
             background: true,
+            node_id: default_node_id(),
+            lease_ttl: Duration::from_secs(30),
         }
     }
 
@@ -159,6 +176,12 @@ impl StoreConfig {
         }
         if self.scan_interval.is_zero() {
             return bad("scan_interval must be > 0".to_string());
+        }
+        if self.node_id.is_empty() || self.node_id.len() > 253 || self.node_id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            return bad(format!("node_id {:?} must be 1..=253 characters without spaces or control characters", self.node_id));
+        }
+        if self.lease_ttl < Duration::from_secs(1) {
+            return bad(format!("lease_ttl {:?} must be at least 1s", self.lease_ttl));
         }
         self.chunking.validate()
     }

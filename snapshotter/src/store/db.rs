@@ -19,6 +19,9 @@ pub const GENERATIONS: TableDefinition<&str, u64> = TableDefinition::new("genera
 pub const CHUNKS: TableDefinition<&str, u64> = TableDefinition::new("chunks");
 /// lease id → JSON [`LeaseRecord`].
 pub const LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("leases");
+/// actor → JSON [`super::actor_lease::Held`]: actor leases this node holds
+/// in the object tier (renewed by the daemon, also after a restart).
+pub const ACTOR_LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("actor_leases");
 /// store-wide facts: "format", "remote_url".
 pub const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 
@@ -103,6 +106,7 @@ pub fn open(path: &Path) -> Result<Database> {
         tx.open_table(CHUNKS).map_err(|e| Error::db("open table", e))?;
         tx.open_table(LEASES).map_err(|e| Error::db("open table", e))?;
         tx.open_table(META).map_err(|e| Error::db("open table", e))?;
+        tx.open_table(ACTOR_LEASES).map_err(|e| Error::db("open table", e))?;
     }
     tx.commit().map_err(|e| Error::db("commit", e))?;
     Ok(db)
@@ -195,6 +199,16 @@ impl Tx {
             .map_err(|e| Error::db("retain", e))?;
         Ok(())
     }
+    pub fn put_actor_lease(&self, actor: &ActorName, held: &super::actor_lease::Held) -> Result<()> {
+        let mut t = self.0.open_table(ACTOR_LEASES).map_err(|e| Error::db("open table", e))?;
+        t.insert(actor.as_str(), encode(held)?.as_slice()).map_err(|e| Error::db("insert actor lease", e))?;
+        Ok(())
+    }
+    pub fn remove_actor_lease(&self, actor: &ActorName) -> Result<()> {
+        let mut t = self.0.open_table(ACTOR_LEASES).map_err(|e| Error::db("open table", e))?;
+        t.remove(actor.as_str()).map_err(|e| Error::db("remove actor lease", e))?;
+        Ok(())
+    }
     pub fn meta(&self, key: &str) -> Result<Option<String>> {
         let t = self.0.open_table(META).map_err(|e| Error::db("open table", e))?;
         let v = t.get(key).map_err(|e| Error::db("get", e))?;
@@ -269,4 +283,16 @@ pub fn leases(db: &Database) -> Result<Vec<(String, LeaseRecord)>> {
 
 pub fn lease_count(db: &Database, key: &str) -> Result<usize> {
     Ok(leases(db)?.into_iter().filter(|(_, l)| l.key == key).count())
+}
+
+/// Actor leases this node holds.
+pub fn actor_leases(db: &Database) -> Result<Vec<super::actor_lease::Held>> {
+    let tx = db.begin_read().map_err(|e| Error::db("begin read", e))?;
+    let t = tx.open_table(ACTOR_LEASES).map_err(|e| Error::db("open table", e))?;
+    let mut out = Vec::new();
+    for item in t.iter().map_err(|e| Error::db("iter", e))? {
+        let (k, v) = item.map_err(|e| Error::db("iter", e))?;
+        out.push(decode("list actor leases", k.value(), v.value())?);
+    }
+    Ok(out)
 }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::id::SnapshotId;
+use super::id::{ActorName, SnapshotId};
 
 /// Result of store operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -18,6 +18,10 @@ pub enum Error {
     #[error("invalid snapshot id {value:?}: {reason}")]
     InvalidSnapshotId { value: String, reason: String },
 
+    #[error("actor {actor} is held by node {node} (shim {owner}) until {until}: it runs or is resuming there; refused to run it here too")]
+    LeaseHeld { actor: ActorName, node: String, owner: String, until: String },
+    #[error("actor {actor}: this node no longer holds its lease ({detail})")]
+    LeaseLost { actor: ActorName, detail: String },
     #[error("invalid store configuration: {0}")]
     InvalidConfig(String),
 

@@ -8,6 +8,7 @@
 //! never when not durable, never when pinned) when over the byte budget. See
 //! `docs/STORE.md` for layouts, formats, states and crash-recovery rules.
 
+pub mod actor_lease;
 pub mod chunk;
 pub mod config;
 mod db;
@@ -195,6 +196,11 @@ pub struct Store {
     committed: Mutex<HashMap<String, SnapshotId>>,
     /// Notified when a commit ends.
     commit_done: Notify,
+    /// One actor-lease operation at a time on this node.
+    lease_lock: tokio::sync::Mutex<()>,
+    /// Serializes lease writes on object tiers without conditional updates.
+    lease_fallback: tokio::sync::Mutex<()>,
+    lease_worker: Mutex<Option<tokio::task::JoinHandle<()>>>,
     stats: Mutex<Stats>,
     wake: Arc<Notify>,
     shutdown: watch::Sender<bool>,
@@ -266,6 +272,9 @@ impl Store {
             views: Mutex::new(HashMap::new()),
             committed: Mutex::new(HashMap::new()),
             commit_done: Notify::new(),
+            lease_lock: tokio::sync::Mutex::new(()),
+            lease_fallback: tokio::sync::Mutex::new(()),
+            lease_worker: Mutex::new(None),
             stats: Mutex::new(Stats::default()),
             wake: Arc::new(Notify::new()),
             shutdown,
@@ -278,6 +287,12 @@ impl Store {
             let rx = store.shutdown.subscribe();
             let handle = tokio::spawn(worker(weak, store.wake.clone(), rx));
             *lock(&store.worker) = Some(handle);
+        }
+        {
+            let weak = Arc::downgrade(&store);
+            let rx = store.shutdown.subscribe();
+            let handle = tokio::spawn(lease_worker(weak, store.cfg.lease_ttl / 3, rx));
+            *lock(&store.lease_worker) = Some(handle);
         }
         info!(root = %store.cfg.root.display(), remote = %store.remote.url, "snapshot store open");
         Ok(store)
@@ -598,7 +613,21 @@ impl Store {
             debug!(staging = staging_id, "waiting for the commit of this staging in progress");
             done.await;
         };
+        // A commit cut short (its future dropped) frees the staging for the next.
+        struct Busy<'a>(&'a Store, &'a str, bool);
+        impl Drop for Busy<'_> {
+            fn drop(&mut self) {
+                if !self.2 {
+                    if let Some((_, busy)) = lock(&self.0.stagings).get_mut(self.1) {
+                        *busy = false;
+                    }
+                    self.0.commit_done.notify_waiters();
+                }
+            }
+        }
+        let mut guard = Busy(self, staging_id, false);
         let res = self.commit_inner(staging_id, &actor, opts).await;
+        guard.2 = true;
         if res.is_ok() {
             if let Err(e) = remove_file_if_present(&self.staging_sidecar(staging_id)) {
                 warn!(staging = staging_id, error = %e, "committed, but its staging sidecar stays");
@@ -758,6 +787,7 @@ impl Store {
     pub async fn latest(&self, actor: &ActorName) -> Result<Option<SnapshotInfo>> {
         let local_max = self.latest_local(actor).await?;
         let remote_max = self.remote.generations(actor).await?.last().copied();
+        self.check_lease_floor(actor, local_max.as_ref().map(|l| l.id.generation).max(remote_max))?;
         match (local_max, remote_max) {
             (Some(l), Some(r)) if r > l.id.generation => Ok(Some(self.record_or_import(&SnapshotId::new(actor.clone(), r)).await?)),
             (None, Some(r)) => Ok(Some(self.record_or_import(&SnapshotId::new(actor.clone(), r)).await?)),
@@ -1221,6 +1251,7 @@ impl Store {
             return Err(e);
         }
         // The commit point: the manifest, written last, then read back.
+        self.fence(&id.actor).await?;
         self.remote.put_manifest(id, bytes.clone()).await?;
         let back = self.remote.get_manifest(id).await?;
         if back.as_deref() != Some(&bytes[..]) {
@@ -1543,8 +1574,8 @@ impl Store {
     /// Stop background work (waits for the pass in progress to end).
     pub async fn shutdown(&self) {
         let _ = self.shutdown.send(true);
-        let handle = lock(&self.worker).take();
-        if let Some(h) = handle {
+        let handles = [lock(&self.worker).take(), lock(&self.lease_worker).take()];
+        for h in handles.into_iter().flatten() {
             let _ = h.await;
         }
     }
@@ -1577,5 +1608,21 @@ async fn worker(store: Weak<Store>, wake: Arc<Notify>, mut shutdown: watch::Rece
             _ = wake.notified() => {}
             _ = shutdown.changed() => { return; }
         }
+    }
+}
+
+/// Renews the actor leases this node holds every `every` (a third of the
+/// lease's TTL), apart from the uploader: a long upload must not let them lapse.
+async fn lease_worker(store: Weak<Store>, every: Duration, mut shutdown: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = shutdown.changed() => { return; }
+        }
+        let Some(s) = store.upgrade() else { return };
+        if *shutdown.borrow() {
+            return;
+        }
+        s.lease_pass().await;
     }
 }

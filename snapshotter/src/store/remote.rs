@@ -3,6 +3,7 @@
 //! ```text
 //! <prefix>/chunks/sha256/<2 hex>/<64 hex>                      chunk objects
 //! <prefix>/actors/<actor>/_gen/<generation:020>/manifest.json  manifests (the commit point)
+//! <prefix>/actors/<actor>/lease.json                           the actor lease (one writer per actor)
 //! ```
 
 use std::sync::Arc;
@@ -23,6 +24,14 @@ pub struct Remote {
     /// What the remote was opened from (for messages and the DB's remote identity).
     pub url: String,
 }
+
+/// A conditional write of an object lost its race: the object was created
+/// or changed since it was read.
+#[derive(Debug)]
+pub struct Precondition;
+
+/// The version of an object read, to update it only if unchanged.
+pub type ObjectVersion = object_store::UpdateVersion;
 
 /// How a manifest PUT ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -126,6 +135,66 @@ impl Remote {
 
     pub fn manifest_path(&self, id: &SnapshotId) -> Path {
         self.actor_gen_root(&id.actor).join(format!("{:020}", id.generation)).join("manifest.json")
+    }
+
+    pub fn lease_path(&self, actor: &ActorName) -> Path {
+        let mut p = self.join(&["actors"]);
+        for s in actor.segments() {
+            p = p.clone().join(s);
+        }
+        p.join("lease.json")
+    }
+
+    /// The actor's lease object and its version, if there is one.
+    pub async fn get_lease(&self, actor: &ActorName) -> Result<Option<(Bytes, ObjectVersion)>> {
+        let path = self.lease_path(actor);
+        match self.store.get(&path).await {
+            Ok(r) => {
+                let version = ObjectVersion { e_tag: r.meta.e_tag.clone(), version: r.meta.version.clone() };
+                let bytes = r.bytes().await.map_err(|e| Error::remote("read lease", &path, e))?;
+                Ok(Some((bytes, version)))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::remote("get lease", &path, e)),
+        }
+    }
+
+    /// Writes the actor's lease object: created (`expect` = None: only if
+    /// there is none) or replaced (only if still at version `expect`).
+    /// `Ok(Err(Precondition))` when another writer got there first.
+    /// Object stores without conditional updates (a local directory) are
+    /// served by `fallback`: a read-compare-write that guards one node only.
+    pub async fn put_lease(
+        &self,
+        actor: &ActorName,
+        bytes: Vec<u8>,
+        expect: Option<ObjectVersion>,
+        fallback: &tokio::sync::Mutex<()>,
+    ) -> Result<std::result::Result<ObjectVersion, Precondition>> {
+        let path = self.lease_path(actor);
+        let mode = match &expect {
+            None => PutMode::Create,
+            Some(v) => PutMode::Update(v.clone()),
+        };
+        let opts = PutOptions { mode, ..Default::default() };
+        match self.store.put_opts(&path, PutPayload::from(bytes.clone()), opts).await {
+            Ok(r) => Ok(Ok(ObjectVersion { e_tag: r.e_tag, version: r.version })),
+            Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => Ok(Err(Precondition)),
+            Err(object_store::Error::NotImplemented { .. }) => {
+                let _one = fallback.lock().await;
+                let now = self.get_lease(actor).await?.map(|(_, v)| v);
+                let same = match (&now, &expect) {
+                    (Some(n), Some(e)) => n.e_tag == e.e_tag && n.version == e.version,
+                    _ => false,
+                };
+                if !same {
+                    return Ok(Err(Precondition));
+                }
+                let r = self.store.put(&path, PutPayload::from(bytes)).await.map_err(|e| Error::remote("put lease", &path, e))?;
+                Ok(Ok(ObjectVersion { e_tag: r.e_tag, version: r.version }))
+            }
+            Err(e) => Err(Error::remote("put lease", &path, e)),
+        }
     }
 
     pub async fn put_chunk(&self, digest: &str, object: Vec<u8>) -> Result<()> {
