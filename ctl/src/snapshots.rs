@@ -180,6 +180,8 @@ async fn run_async(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String
                 "deduplicated_chunks": st.deduplicated_chunks,
                 "fetched_bytes": st.fetched_bytes,
                 "transfers": transfers,
+                "node_id": st.node_id,
+                "actor_leases": st.actor_leases,
                 "errors": st.errors,
             });
             if as_json {
@@ -191,6 +193,10 @@ async fn run_async(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String
                 println!("snapshots:       {} ({} local, {} checked out)", st.snapshots, st.local_snapshots, st.pinned_snapshots);
                 println!("pending uploads: {}", st.pending_uploads);
                 println!("since start:     uploaded {} in {} chunks ({} deduplicated), fetched {}", mib(st.uploaded_bytes), st.uploaded_chunks, st.deduplicated_chunks, mib(st.fetched_bytes));
+                println!("node:            {} ({} actor lease(s) held)", st.node_id, st.actor_leases.len());
+                for l in &st.actor_leases {
+                    println!("lease            {l}");
+                }
                 for t in &st.transfers {
                     let id = t.id.as_ref().map(name).unwrap_or_default();
                     println!("{:<8} {id}: {} / {}", t.kind, mib(t.done_bytes), mib(t.total_bytes));
