@@ -840,6 +840,23 @@ impl Store {
         Ok((o.plain, o.key))
     }
 
+    /// Where each chunk of a durable snapshot is in the object tier (digest
+    /// → object key); empty when it is not durable or sealed under a key
+    /// this node does not have.
+    pub fn chunk_objects(&self, info: &SnapshotInfo, m: &Manifest) -> BTreeMap<String, String> {
+        if !info.durable {
+            return BTreeMap::new();
+        }
+        let key = match &info.key_id {
+            None => None,
+            Some(k) => match self.cfg.keyring.get(k) {
+                Some(key) => Some(key.clone()),
+                None => return BTreeMap::new(),
+            },
+        };
+        m.unique_chunks().into_iter().map(|c| (c.digest.clone(), self.remote.chunk_path(&ChunkName::of(key.as_deref(), &c.digest)).to_string())).collect()
+    }
+
     fn check_manifest(&self, id: &SnapshotId, bytes: &[u8], digest: &str, tier: &str) -> Result<Manifest> {
         let actual = chunk::sha256_hex(bytes);
         if actual != digest {
