@@ -312,13 +312,16 @@ struct Envelope {
 }
 
 const ENVELOPE_FORMAT: u32 = 1;
-/// Sealed manifests start with this (serde writes fields in order);
-/// plaintext ones with `{"manifest":`.
-const ENVELOPE_PREFIX: &[u8] = b"{\"sealed\":";
 
-/// Is this object-tier manifest sealed?
+/// Is this object-tier manifest sealed (a JSON object with a top-level
+/// `sealed` member, whatever the order of its members)? Plaintext manifests
+/// are `{"manifest": …, "sha256": …}`.
 pub fn is_sealed(bytes: &[u8]) -> bool {
-    bytes.starts_with(ENVELOPE_PREFIX)
+    #[derive(Deserialize)]
+    struct Probe {
+        sealed: Option<serde::de::IgnoredAny>,
+    }
+    serde_json::from_slice::<Probe>(bytes).is_ok_and(|p| p.sealed.is_some())
 }
 
 fn manifest_aad(key_id: &str, id: &SnapshotId) -> Vec<u8> {
