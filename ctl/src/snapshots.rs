@@ -20,7 +20,13 @@ const TRANSFER: Duration = Duration::from_secs(3600);
 #[derive(Subcommand)]
 pub enum Cmd {
     /// List snapshots (all, or one actor's), newest last.
-    Ls { actor: Option<String> },
+    Ls {
+        actor: Option<String>,
+        /// First import what the object tier holds that this node does not
+        /// know yet (e.g. to find every snapshot still sealed under a key).
+        #[arg(long)]
+        refresh: bool,
+    },
     /// Show one snapshot: tiers, sizes, labels and its manifest (ACTOR[@GENERATION], default newest).
     Inspect { snapshot: String },
     /// Upload a snapshot to the object tier now (ACTOR[@GENERATION]), showing progress.
@@ -77,7 +83,7 @@ async fn run_async(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String
         Cmd::Inspect { snapshot } | Cmd::Upload { snapshot } | Cmd::Evict { snapshot } | Cmd::Rm { snapshot } => {
             Some(parse_ref(snapshot)?)
         }
-        Cmd::Ls { actor: Some(a) } | Cmd::Gc { actor: Some(a), .. } => {
+        Cmd::Ls { actor: Some(a), .. } | Cmd::Gc { actor: Some(a), .. } => {
             crate::validate_name(a)?;
             None
         }
@@ -88,9 +94,10 @@ async fn run_async(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String
     }
     let client = connect(socket).await?;
     match cmd {
-        Cmd::Ls { actor } => {
+        Cmd::Ls { actor, refresh } => {
             let mut req = api::ListRequest::new();
             req.actor = actor.clone().unwrap_or_default();
+            req.refresh = *refresh;
             let resp = client.list(ctx(QUICK), &req).await.map_err(|e| rpc_err("list", e))?;
             print_list(&resp.snapshots, as_json);
         }
@@ -99,7 +106,8 @@ async fn run_async(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String
             let resp = client.inspect(ctx(QUICK), &id).await.map_err(|e| rpc_err("inspect", e))?;
             let manifest: Value = serde_json::from_str(&resp.manifest_json)
                 .map_err(|e| format!("the daemon returned a manifest that is not JSON: {e}"))?;
-            let out = json!({ "snapshot": info_json(&resp.info), "manifest": manifest });
+            let objects: std::collections::BTreeMap<&String, &String> = resp.chunk_objects.iter().collect();
+            let out = json!({ "snapshot": info_json(&resp.info), "manifest": manifest, "chunk_objects": objects });
             println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
         }
         Cmd::Upload { .. } => {
@@ -311,6 +319,7 @@ fn info_json(i: &api::SnapshotInfo) -> Value {
         "pins": i.pins,
         "upload_attempts": i.upload_attempts,
         "last_error": i.last_error,
+        "key_id": (!i.key_id.is_empty()).then_some(&i.key_id),
         "labels": labels,
     })
 }
@@ -321,17 +330,25 @@ fn print_list(list: &[api::SnapshotInfo], as_json: bool) {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return;
     }
-    println!("{:<40} {:<10} {:>12} {:<5} {:<6} {:<7}", "SNAPSHOT", "STATE", "SIZE", "LOCAL", "REMOTE", "DURABLE");
+    println!("{:<40} {:<10} {:>12} {:<5} {:<6} {:<7} {}", "SNAPSHOT", "STATE", "SIZE", "LOCAL", "REMOTE", "DURABLE", "KEY");
     let yn = |b: bool| if b { "yes" } else { "no" };
     for i in list {
+        // The key the object tier's copy is sealed under ("-": none there
+        // yet, "none": uploaded unencrypted).
+        let key = match (i.remote, i.key_id.as_str()) {
+            (false, _) => "-",
+            (true, "") => "none",
+            (true, k) => k,
+        };
         println!(
-            "{:<40} {:<10} {:>12} {:<5} {:<6} {:<7}",
+            "{:<40} {:<10} {:>12} {:<5} {:<6} {:<7} {}",
             i.id.as_ref().map(name).unwrap_or_default(),
             i.state,
             mib(i.bytes),
             yn(i.local),
             yn(i.remote),
-            yn(i.durable)
+            yn(i.durable),
+            key
         );
     }
 }

@@ -59,7 +59,21 @@ struct FileStore {
     gc_keep: Option<usize>,
     node_id: Option<String>,
     lease_ttl: Option<String>,
+    encryption: Option<FileEncryption>,
 }
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileEncryption {
+    active: Option<String>,
+    keys: Option<std::collections::BTreeMap<String, PathBuf>>,
+    accept_unencrypted: Option<bool>,
+}
+
+/// Environment variable holding a master key (64 hex characters), added to
+/// the keyring under [`ENV_KEY_ID`].
+pub const ENV_KEY: &str = "TORPOR_STORE_KEY";
+pub const ENV_KEY_ID: &str = "TORPOR_STORE_KEY_ID";
 
 /// Command-line overrides (each `None` when the flag was not given).
 #[derive(Debug, Default, Clone)]
@@ -119,6 +133,50 @@ pub struct StoreConfig {
     pub node_id: Option<String>,
     /// Actor lease lifetime without renewal (`None`: 30s).
     pub lease_ttl: Option<Duration>,
+    /// `[store.encryption]` as written (key files by id).
+    pub encryption: EncryptionConfig,
+    /// The keys, loaded by [`Config::load`] from `encryption` and the
+    /// environment (empty after [`Config::parse`] alone).
+    pub keyring: crate::store::Keyring,
+}
+
+/// `[store.encryption]`: keys sealing the object tier.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EncryptionConfig {
+    /// The key id new uploads are sealed with (default: the only key).
+    pub active: Option<String>,
+    /// Key id → key file (32 raw bytes or 64 hex characters, mode 0600).
+    pub keys: Vec<(String, PathBuf)>,
+    /// Restore from snapshots the object tier holds unencrypted.
+    pub accept_unencrypted: bool,
+}
+
+impl EncryptionConfig {
+    /// Load the key files and the environment's key (`lookup` reads an
+    /// environment variable) into a keyring. Errors name the key and file.
+    pub fn load(&self, lookup: impl Fn(&str) -> Option<String>) -> std::result::Result<crate::store::Keyring, String> {
+        use crate::store::crypto;
+        let mut keys = Vec::new();
+        for (id, path) in &self.keys {
+            let material = crypto::load_key_file(path).map_err(|e| format!("store.encryption.keys.{id}: {e}"))?;
+            keys.push(crypto::Key::new(id, &material).map_err(|e| format!("store.encryption.keys.{id}: {e}"))?);
+        }
+        let env_key = lookup(ENV_KEY).filter(|v| !v.is_empty());
+        let env_id = lookup(ENV_KEY_ID).filter(|v| !v.is_empty());
+        match (env_key, env_id) {
+            (Some(hex), Some(id)) => {
+                if self.keys.iter().any(|(k, _)| *k == id) {
+                    return Err(format!("key id {id:?} is given both by ${ENV_KEY_ID} and in store.encryption.keys"));
+                }
+                let material = crypto::parse_key_hex(&hex).map_err(|e| format!("${ENV_KEY} (key {id:?}): {e}"))?;
+                keys.push(crypto::Key::new(&id, &material).map_err(|e| format!("${ENV_KEY_ID}: {e}"))?);
+            }
+            (Some(_), None) => return Err(format!("${ENV_KEY} is set but ${ENV_KEY_ID} is not: name the key")),
+            (None, Some(id)) => return Err(format!("${ENV_KEY_ID} = {id:?} is set but ${ENV_KEY} (its 64 hex characters) is not")),
+            (None, None) => {}
+        }
+        crate::store::Keyring::new(keys, self.active.as_deref(), self.accept_unencrypted).map_err(|e| format!("store.encryption: {e}"))
+    }
 }
 
 pub const DEFAULT_GC_INTERVAL: Duration = Duration::from_secs(3600);
@@ -164,6 +222,7 @@ impl Config {
         if let Some(d) = s.lease_ttl {
             c.lease_ttl = d;
         }
+        c.keyring = s.keyring.clone();
         c
     }
 }
@@ -196,6 +255,8 @@ impl Default for Config {
                 gc_keep: DEFAULT_GC_KEEP,
                 node_id: None,
                 lease_ttl: None,
+                encryption: EncryptionConfig::default(),
+                keyring: crate::store::Keyring::default(),
             },
         }
     }
@@ -309,6 +370,11 @@ impl Config {
             cfg.log_level = l.clone();
         }
         cfg.validate()?;
+        cfg.store.keyring = cfg
+            .store
+            .encryption
+            .load(|k| std::env::var(k).ok())
+            .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
         Ok(cfg)
     }
 
@@ -357,6 +423,15 @@ impl Config {
                 gc_keep: f.store.gc_keep.unwrap_or(d.store.gc_keep),
                 node_id: f.store.node_id,
                 lease_ttl: dur(f.store.lease_ttl, "store.lease_ttl")?,
+                encryption: match f.store.encryption {
+                    None => EncryptionConfig::default(),
+                    Some(e) => EncryptionConfig {
+                        active: e.active,
+                        keys: e.keys.unwrap_or_default().into_iter().collect(),
+                        accept_unencrypted: e.accept_unencrypted.unwrap_or(false),
+                    },
+                },
+                keyring: crate::store::Keyring::default(),
             },
         };
         cfg.validate().map_err(|e| match e {
@@ -405,6 +480,16 @@ impl Config {
         if self.store.gc_interval.is_some_and(|d| d.is_zero()) {
             return Err(Error::Config("store.gc_interval must be more than 0 (or \"off\")".into()));
         }
+        let enc = &self.store.encryption;
+        for (id, path) in &enc.keys {
+            crate::store::crypto::check_key_id(id).map_err(|e| Error::Config(format!("store.encryption.keys: {e}")))?;
+            if !path.is_absolute() {
+                return Err(Error::Config(format!("store.encryption.keys.{id} = {path:?} must be an absolute path")));
+            }
+        }
+        if let Some(a) = &enc.active {
+            crate::store::crypto::check_key_id(a).map_err(|e| Error::Config(format!("store.encryption.active: {e}")))?;
+        }
         if let Some(r) = &self.store.root {
             if !r.is_absolute() {
                 return Err(Error::Config(format!("store.root = {r:?} must be an absolute path")));
@@ -444,7 +529,7 @@ mod tests {
         let uncommented: String = text
             .lines()
             .map(|l| match l.strip_prefix("# ") {
-                Some(rest) if rest.contains(" = ") => rest.split("  #").next().unwrap_or(rest),
+                Some(rest) if rest.contains(" = ") || rest.starts_with('[') => rest.split("  #").next().unwrap_or(rest),
                 _ => l,
             })
             .map(|l| format!("{}\n", l.trim_end()))
@@ -454,6 +539,96 @@ mod tests {
         assert_eq!(c.snapshotter, Config::default().snapshotter);
         assert_eq!(c.store.address, Config::default().store.address);
         assert_eq!(c.store.local_budget, Some(20 << 30));
+        assert_eq!(c.store.encryption.active.as_deref(), Some("k1"));
+        assert!(!c.store.encryption.accept_unencrypted);
+    }
+
+    #[test]
+    fn encryption_keys_from_files_and_the_environment() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let write_key = |name: &str, content: &[u8], mode: u32| {
+            let p = d.path().join(name);
+            std::fs::write(&p, content).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+            p
+        };
+        let k1 = write_key("k1", &[1u8; 32], 0o600);
+        let k2 = write_key("k2", format!("{}\n", "ab".repeat(32)).as_bytes(), 0o400);
+        let text = format!(
+            "[store.encryption]\nactive = \"k2\"\nkeys = {{ k1 = {:?}, k2 = {:?} }}\naccept_unencrypted = true\n",
+            k1.display().to_string(),
+            k2.display().to_string()
+        );
+        let c = Config::parse(&text).unwrap();
+        assert_eq!(c.store.encryption.active.as_deref(), Some("k2"));
+        assert!(c.store.encryption.accept_unencrypted);
+        assert!(c.store.keyring.is_empty(), "parse alone loads no key");
+        let no_env = |_: &str| None;
+        let ring = c.store.encryption.load(no_env).unwrap();
+        assert_eq!(ring.active().unwrap().id(), "k2");
+        assert!(ring.get("k1").is_some() && ring.accept_unencrypted);
+
+        // The environment's key joins the ring.
+        let hex = "cd".repeat(32);
+        let env = |k: &str| match k {
+            ENV_KEY => Some(hex.clone()),
+            ENV_KEY_ID => Some("k3".to_string()),
+            _ => None,
+        };
+        let e = EncryptionConfig { active: Some("k3".into()), ..c.store.encryption.clone() };
+        let ring = e.load(env).unwrap();
+        assert_eq!(ring.active().unwrap().id(), "k3");
+        assert!(ring.get("k1").is_some());
+        // Only the environment: its key is the active one.
+        let ring = EncryptionConfig::default().load(env).unwrap();
+        assert_eq!(ring.active().unwrap().id(), "k3");
+        assert!(EncryptionConfig::default().load(no_env).unwrap().is_empty());
+
+        // Errors name the key, the file, the variable.
+        let loose = write_key("loose", &[2u8; 32], 0o644);
+        let bad = EncryptionConfig { keys: vec![("kx".into(), loose.clone())], ..Default::default() };
+        let err = bad.load(no_env).unwrap_err();
+        assert!(err.contains("store.encryption.keys.kx") && err.contains(loose.to_str().unwrap()) && err.contains("0644"), "{err}");
+        let missing = EncryptionConfig { keys: vec![("km".into(), d.path().join("nope"))], ..Default::default() };
+        assert!(missing.load(no_env).unwrap_err().contains("nope"));
+        let two = EncryptionConfig { keys: vec![("k1".into(), k1.clone()), ("k2".into(), k2.clone())], ..Default::default() };
+        assert!(two.load(no_env).unwrap_err().contains("no active"));
+        let unknown = EncryptionConfig { active: Some("k9".into()), keys: vec![("k1".into(), k1.clone())], ..Default::default() };
+        assert!(unknown.load(no_env).unwrap_err().contains("\"k9\""));
+        let dup = EncryptionConfig { keys: vec![("k3".into(), k1.clone())], ..Default::default() };
+        assert!(dup.load(env).unwrap_err().contains("both"));
+        let only_key = |k: &str| (k == ENV_KEY).then(|| hex.clone());
+        assert!(EncryptionConfig::default().load(only_key).unwrap_err().contains(ENV_KEY_ID));
+        let only_id = |k: &str| (k == ENV_KEY_ID).then(|| "k3".to_string());
+        assert!(EncryptionConfig::default().load(only_id).unwrap_err().contains(ENV_KEY));
+        let bad_hex = |k: &str| match k {
+            ENV_KEY => Some("xyz".to_string()),
+            ENV_KEY_ID => Some("k3".to_string()),
+            _ => None,
+        };
+        let err = EncryptionConfig::default().load(bad_hex).unwrap_err();
+        assert!(err.contains(ENV_KEY) && err.contains("k3"), "{err}");
+
+        // Checked at parse: ids, absolute paths, unknown keys.
+        for (text, want) in [
+            ("[store.encryption]\nkeys = { \"k/1\" = \"/k\" }", "key id"),
+            ("[store.encryption]\nkeys = { k1 = \"rel\" }", "store.encryption.keys.k1"),
+            ("[store.encryption]\nactive = \"-x\"", "store.encryption.active"),
+            ("[store.encryption]\nkey = \"/k\"", "key"),
+        ] {
+            let e = Config::parse(text).unwrap_err();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+
+        // Config::load loads the keys and names the config file on failure.
+        let f = d.path().join("c.toml");
+        std::fs::write(&f, format!("[store.encryption]\nkeys = {{ kx = {:?} }}\n", loose.display().to_string())).unwrap();
+        let e = Config::load(Some(&f), &Overrides::default()).unwrap_err().to_string();
+        assert!(e.contains("c.toml") && e.contains("kx") && e.contains("0644"), "{e}");
+        std::fs::write(&f, format!("[store.encryption]\nkeys = {{ k1 = {:?} }}\n", k1.display().to_string())).unwrap();
+        let c = Config::load(Some(&f), &Overrides::default()).unwrap();
+        assert_eq!(c.store_config().keyring.active().unwrap().id(), "k1");
     }
 
     #[test]

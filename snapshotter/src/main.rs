@@ -59,6 +59,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // The key is in the keyring now: children (mount helpers…) need not inherit it.
+    std::env::remove_var(config::ENV_KEY);
     init_logging(&cfg.log_level);
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),

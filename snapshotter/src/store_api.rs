@@ -85,7 +85,7 @@ fn status(op: &str, e: store::Error) -> ttrpc::Error {
             Code::INVALID_ARGUMENT
         }
         e if e.is_not_found() => Code::NOT_FOUND,
-        E::NotDurable { .. } | E::Pinned { .. } | E::NoLocalCopy { .. } | E::LeaseHeld { .. } | E::LeaseLost { .. } => {
+        E::NotDurable { .. } | E::Pinned { .. } | E::NoLocalCopy { .. } | E::LeaseHeld { .. } | E::LeaseLost { .. } | E::UnknownKey { .. } => {
             Code::FAILED_PRECONDITION
         }
         E::Conflict { .. } => Code::ABORTED,
@@ -145,6 +145,7 @@ fn to_api_info(i: &store::SnapshotInfo) -> api::SnapshotInfo {
     a.pins = i.pins as u32;
     a.upload_attempts = i.upload_attempts;
     a.last_error = i.last_error.clone().unwrap_or_default();
+    a.key_id = i.key_id.clone().unwrap_or_default();
     a
 }
 
@@ -248,6 +249,9 @@ impl api::Store for StoreService {
 
     async fn list(&self, _: &TtrpcContext, req: api::ListRequest) -> ttrpc::Result<api::ListResponse> {
         let filter = if req.actor.is_empty() { None } else { Some(actor(&req.actor)?) };
+        if req.refresh {
+            self.store.refresh(filter.as_ref()).await.map_err(|e| status("list (refresh from the object tier)", e))?;
+        }
         let list = self.store.list(filter.as_ref()).await.map_err(|e| status("list", e))?;
         let mut r = api::ListResponse::new();
         r.snapshots = list.iter().map(to_api_info).collect();
@@ -259,6 +263,7 @@ impl api::Store for StoreService {
         let (info, manifest) = self.store.inspect(&id).await.map_err(|e| status("inspect", e))?;
         let mut r = api::InspectResponse::new();
         r.info = protobuf::MessageField::some(to_api_info(&info));
+        r.chunk_objects = self.store.chunk_objects(&info, &manifest).into_iter().collect();
         r.manifest_json = serde_json::to_string(&manifest)
             .map_err(|e| ttrpc::Error::RpcStatus(ttrpc::get_status(Code::INTERNAL, format!("serialize manifest: {e}"))))?;
         Ok(r)

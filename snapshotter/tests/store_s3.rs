@@ -143,6 +143,72 @@ async fn s3_down_during_upload_commit_succeeds_upload_retries_until_back() {
     store.shutdown().await;
 }
 
+/// Sealed under a key in a real S3 bucket: nothing readable there, restores
+/// on a node with the key; a tampered chunk object and a node without the
+/// key are refused naming the snapshot (and the key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_sealed_round_trip_tamper_and_unknown_key() {
+    use torpor_snapshotter::store::{Key, Keyring};
+    let gw = VersityGw::start("torpor-store-sealed").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let k1 = || Keyring::new(vec![Key::new("k1", &[0x11; 32]).unwrap()], None, false).unwrap();
+    let mut cfg = s3_config(&gw, &tmp.path().join("a"), "sealed");
+    cfg.keyring = k1();
+    let store = Store::open(cfg).await.unwrap();
+    let st = store.begin(&actor("default/web-0")).await.unwrap();
+    write_tree(&st.path, 31, 4 * 1024 * 1024);
+    let original = read_tree(&st.path);
+    let pages = std::fs::read(st.path.join("ctr-a/pages-1.img")).unwrap();
+    let info = store.commit(&st.id, CommitOptions::default()).await.unwrap();
+    assert_eq!(store.upload(&info.id, None).await.unwrap().key_id.as_deref(), Some("k1"));
+    let bucket = gw.dir.path().join("data/torpor-store-sealed/sealed");
+    assert!(files_under(&bucket.join("chunks/sha256")).is_empty());
+    let mut chunks = files_under(&bucket.join("chunks/hmac-sha256/k1"));
+    assert_eq!(chunks.len() as u64, info.chunk_count);
+    for c in &chunks {
+        assert!(!std::fs::read(c).unwrap().windows(64).any(|w| w == &pages[4096..4160]), "plaintext in {}", c.display());
+    }
+    let manifest = std::fs::read(bucket.join("actors/default/web-0/_gen/00000000000000000001/manifest.json")).unwrap();
+    assert!(!String::from_utf8_lossy(&manifest).contains("pages-1.img"));
+    store.evict(&info.id).await.unwrap();
+    let co = store.checkout(&info.id, None).await.unwrap();
+    assert!(co.fetched);
+    assert_eq!(read_tree(&co.path), original);
+    store.release(&co.lease).await.unwrap();
+
+    // A flipped byte in a chunk object on the server.
+    store.evict(&info.id).await.unwrap();
+    chunks.sort();
+    let victim = &chunks[0];
+    let good = std::fs::read(victim).unwrap();
+    let mut bad = good.clone();
+    let n = bad.len();
+    bad[n / 2] ^= 0x20;
+    std::fs::write(victim, &bad).unwrap();
+    let err = store.checkout(&info.id, None).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Corrupt { .. }), "{msg}");
+    assert!(msg.contains("default/web-0@1") && msg.contains(victim.file_name().unwrap().to_str().unwrap()), "{msg}");
+    std::fs::write(victim, &good).unwrap();
+
+    // Another node without the key, and one with it.
+    let mut cfg_b = s3_config(&gw, &tmp.path().join("b"), "sealed");
+    cfg_b.keyring = Keyring::new(vec![Key::new("k2", &[0x22; 32]).unwrap()], None, false).unwrap();
+    let other = Store::open(cfg_b).await.unwrap();
+    let err = other.latest(&actor("default/web-0")).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::UnknownKey { .. }) && msg.contains("default/web-0@1") && msg.contains("\"k1\""), "{msg}");
+    let mut cfg_c = s3_config(&gw, &tmp.path().join("c"), "sealed");
+    cfg_c.keyring = k1();
+    let node_c = Store::open(cfg_c).await.unwrap();
+    let latest = node_c.latest(&actor("default/web-0")).await.unwrap().unwrap();
+    let co = node_c.checkout(&latest.id, None).await.unwrap();
+    assert_eq!(read_tree(&co.path), original);
+    store.shutdown().await;
+    other.shutdown().await;
+    node_c.shutdown().await;
+}
+
 /// Issue 6's lease relies on conditional writes: record that this S3 server
 /// honours object_store's PutMode::Create and PutMode::Update (etag).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

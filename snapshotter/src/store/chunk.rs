@@ -1,21 +1,23 @@
 //! Chunk objects: content-defined chunking of files, and the framed,
 //! compressed object format of the object tier.
 //!
-//! A chunk's address is the sha256 of its *uncompressed* bytes. The object
+//! A chunk's address is the sha256 of its *uncompressed* bytes (sealed:
+//! an HMAC of that, see [`super::crypto`]). The object
 //! stored at that address is a header followed by the payload:
 //!
 //! ```text
 //! offset size field
 //! 0      4    magic "TPCK"
 //! 4      1    format version (1)
-//! 5      1    flags: bit 0 = payload is zstd-compressed, bit 1 = encrypted (reserved)
-//! 6      1    key id length K (0 unless encrypted; reserved for AEAD)
-//! 7      1    nonce length N (0 unless encrypted; reserved for AEAD)
+//! 5      1    flags: bit 0 = payload is zstd-compressed, bit 1 = sealed (encrypted)
+//! 6      1    key id length K (0 unless sealed)
+//! 7      1    nonce length N (0 unless sealed; 24)
 //! 8      4    uncompressed length, u32 little endian
 //! 12     4    payload length, u32 little endian
 //! 16     K    key id
 //! 16+K   N    nonce
-//! 16+K+N …    payload
+//! 16+K+N …    payload (sealed: XChaCha20-Poly1305 ciphertext || 16-byte tag,
+//!             AAD = bytes 0..16+K+N || the object's address; see `crypto`)
 //! ```
 
 use std::fs::File;
@@ -24,6 +26,7 @@ use std::path::Path;
 use sha2::{Digest, Sha256};
 
 use super::config::ChunkingConfig;
+use super::crypto::{Key, NONCE_LEN, TAG_LEN};
 use super::error::{Error, Result};
 
 pub const MAGIC: [u8; 4] = *b"TPCK";
@@ -44,18 +47,52 @@ pub fn is_digest(s: &str) -> bool {
 
 /// Encode one chunk as an object: zstd at `level` when that is smaller, raw otherwise.
 pub fn encode(data: &[u8], level: i32) -> Result<Vec<u8>> {
+    encode_inner(data, level, None)
+}
+
+/// Encode one chunk as an object sealed under `key` (see [`super::crypto`]):
+/// `address` is its object name (`key.chunk_address(digest)`), whose first 24
+/// bytes are the nonce and which the AEAD binds with the header.
+pub fn encode_sealed(data: &[u8], level: i32, key: &Key, address: &str) -> Result<Vec<u8>> {
+    encode_inner(data, level, Some((key, address)))
+}
+
+fn address_nonce(address: &str) -> std::result::Result<[u8; NONCE_LEN], String> {
+    let mut nonce = [0u8; NONCE_LEN];
+    let hex = address.get(..2 * NONCE_LEN).ok_or_else(|| format!("chunk address {address:?} is too short"))?;
+    hex::decode_to_slice(hex, &mut nonce).map_err(|e| format!("chunk address {address:?}: {e}"))?;
+    Ok(nonce)
+}
+
+fn encode_inner(data: &[u8], level: i32, seal: Option<(&Key, &str)>) -> Result<Vec<u8>> {
     let raw_len = u32::try_from(data.len()).map_err(|_| Error::Internal(format!("chunk of {} bytes is too large", data.len())))?;
     let compressed = zstd::bulk::compress(data, level).map_err(|e| Error::Internal(format!("zstd compress: {e}")))?;
-    let (flags, payload): (u8, &[u8]) = if compressed.len() < data.len() { (FLAG_ZSTD, &compressed) } else { (0, data) };
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len());
+    let (mut flags, payload): (u8, &[u8]) = if compressed.len() < data.len() { (FLAG_ZSTD, &compressed) } else { (0, data) };
+    let (key_id, nonce, tag_len) = match seal {
+        Some((key, address)) => {
+            flags |= FLAG_ENCRYPTED;
+            (key.id().as_bytes(), Some(address_nonce(address).map_err(Error::Internal)?), TAG_LEN)
+        }
+        None => (&[][..], None, 0),
+    };
+    let stored_len = u32::try_from(payload.len() + tag_len).map_err(|_| Error::Internal("chunk payload too large".into()))?;
+    let mut out = Vec::with_capacity(HEADER_LEN + key_id.len() + NONCE_LEN + payload.len() + tag_len);
     out.extend_from_slice(&MAGIC);
     out.push(FORMAT_VERSION);
     out.push(flags);
-    out.push(0);
-    out.push(0);
+    out.push(key_id.len() as u8);
+    out.push(if nonce.is_some() { NONCE_LEN as u8 } else { 0 });
     out.extend_from_slice(&raw_len.to_le_bytes());
-    out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    out.extend_from_slice(&stored_len.to_le_bytes());
+    out.extend_from_slice(key_id);
+    if let Some(n) = &nonce {
+        out.extend_from_slice(n);
+    }
+    let start = out.len();
     out.extend_from_slice(payload);
+    if let (Some((key, address)), Some(n)) = (seal, nonce) {
+        key.seal_chunk(&n, &mut out, start, address.as_bytes()).map_err(Error::Internal)?;
+    }
     Ok(out)
 }
 
@@ -63,6 +100,17 @@ pub fn encode(data: &[u8], level: i32) -> Result<Vec<u8>> {
 /// bytes. Any mismatch is an error whose text says what is wrong (the caller
 /// adds the snapshot and the chunk address).
 pub fn decode(object: &[u8], digest: &str, expected_len: u32) -> std::result::Result<Vec<u8>, String> {
+    decode_inner(object, digest, expected_len, None)
+}
+
+/// Decode a chunk object sealed under `key` at `address`: authenticated and
+/// decrypted, then checked like [`decode`]. An unencrypted object, or one
+/// sealed under another key id, is refused.
+pub fn decode_sealed(object: &[u8], digest: &str, expected_len: u32, key: &Key, address: &str) -> std::result::Result<Vec<u8>, String> {
+    decode_inner(object, digest, expected_len, Some((key, address)))
+}
+
+fn decode_inner(object: &[u8], digest: &str, expected_len: u32, open: Option<(&Key, &str)>) -> std::result::Result<Vec<u8>, String> {
     if object.len() < HEADER_LEN {
         return Err(format!("object is {} bytes, shorter than the {HEADER_LEN}-byte header", object.len()));
     }
@@ -76,9 +124,6 @@ pub fn decode(object: &[u8], digest: &str, expected_len: u32) -> std::result::Re
     if flags & !(FLAG_ZSTD | FLAG_ENCRYPTED) != 0 {
         return Err(format!("unknown flags {flags:#04x}"));
     }
-    if flags & FLAG_ENCRYPTED != 0 {
-        return Err("chunk is encrypted; this store has no encryption keys".to_string());
-    }
     let (key_len, nonce_len) = (object[6] as usize, object[7] as usize);
     let raw_len = u32::from_le_bytes([object[8], object[9], object[10], object[11]]);
     let payload_len = u32::from_le_bytes([object[12], object[13], object[14], object[15]]) as usize;
@@ -89,7 +134,24 @@ pub fn decode(object: &[u8], digest: &str, expected_len: u32) -> std::result::Re
     if raw_len != expected_len {
         return Err(format!("header says {raw_len} bytes, the manifest {expected_len}"));
     }
-    let payload = &object[start..];
+    let opened;
+    let payload = match (flags & FLAG_ENCRYPTED != 0, open) {
+        (false, None) => &object[start..],
+        (true, None) => return Err("chunk object is encrypted, but its snapshot's manifest is not (replaced?)".to_string()),
+        (false, Some((key, _))) => {
+            return Err(format!("chunk object is not encrypted, but its snapshot is sealed under key {:?} (replaced?)", key.id()))
+        }
+        (true, Some((key, address))) => {
+            let key_id = &object[HEADER_LEN..HEADER_LEN + key_len];
+            if key_id != key.id().as_bytes() {
+                return Err(format!("chunk object is sealed under key {:?}, its snapshot under {:?}", String::from_utf8_lossy(key_id), key.id()));
+            }
+            let mut aad = object[..start].to_vec();
+            aad.extend_from_slice(address.as_bytes());
+            opened = key.open_chunk(&object[HEADER_LEN + key_len..start], &aad, &object[start..])?;
+            &opened[..]
+        }
+    };
     let data = if flags & FLAG_ZSTD != 0 {
         zstd::bulk::decompress(payload, raw_len as usize).map_err(|e| format!("zstd: {e}"))?
     } else {
@@ -182,5 +244,64 @@ mod tests {
         let mut raw = encode(&random, 1).unwrap();
         raw[HEADER_LEN + 5] ^= 0xff;
         assert!(decode(&raw, &sha256_hex(&random), 10_000).unwrap_err().contains("digest"));
+    }
+
+    fn sealed_key(id: &str, byte: u8) -> Key {
+        Key::new(id, &[byte; 32]).unwrap()
+    }
+
+    #[test]
+    fn sealed_round_trip_is_deterministic_and_hides_the_content() {
+        let k = sealed_key("k1", 1);
+        let compressible = vec![7u8; 100_000];
+        let random: Vec<u8> = (0..100_000).map(|_| fastrand::u8(..)).collect();
+        for data in [&compressible[..], &random[..], &[][..]] {
+            let d = sha256_hex(data);
+            let addr = k.chunk_address(&d);
+            let obj = encode_sealed(data, 1, &k, &addr).unwrap();
+            assert_eq!(obj[5] & FLAG_ENCRYPTED, FLAG_ENCRYPTED);
+            assert_eq!(&obj[HEADER_LEN..HEADER_LEN + 2], b"k1");
+            assert_eq!(encode_sealed(data, 1, &k, &addr).unwrap(), obj, "same chunk, same key: the same object (dedup)");
+            assert_eq!(decode_sealed(&obj, &d, data.len() as u32, &k, &addr).unwrap(), data);
+            // The plain decoder (a manifest without encryption) refuses it.
+            assert!(decode(&obj, &d, data.len() as u32).unwrap_err().contains("encrypted"));
+        }
+        let obj = encode_sealed(&random, 1, &k, &k.chunk_address(&sha256_hex(&random))).unwrap();
+        assert!(!obj.windows(32).any(|w| w == &random[1000..1032]), "plaintext not in the object");
+        let obj = encode_sealed(&compressible, 1, &k, &k.chunk_address(&sha256_hex(&compressible))).unwrap();
+        assert!(obj.len() < 1000, "compressed before sealing");
+    }
+
+    #[test]
+    fn sealed_tamper_wrong_key_and_moves_are_refused() {
+        let k = sealed_key("k1", 1);
+        let data: Vec<u8> = (0..20_000).map(|i| (i % 251) as u8).collect();
+        let d = sha256_hex(&data);
+        let addr = k.chunk_address(&d);
+        let obj = encode_sealed(&data, 1, &k, &addr).unwrap();
+        let n = data.len() as u32;
+        // Every single byte flipped, anywhere in the object: refused.
+        for i in 0..obj.len() {
+            let mut bad = obj.clone();
+            bad[i] ^= 0x01;
+            assert!(decode_sealed(&bad, &d, n, &k, &addr).is_err(), "byte {i} of {} flipped was accepted", obj.len());
+        }
+        let e = decode_sealed(&{ let mut b = obj.clone(); let l = b.len(); b[l - 20] ^= 1; b }, &d, n, &k, &addr).unwrap_err();
+        assert!(e.contains("authentication") && e.contains("k1"), "{e}");
+        // The same id with other key material.
+        let other = sealed_key("k1", 2);
+        assert!(decode_sealed(&obj, &d, n, &other, &addr).unwrap_err().contains("authentication"));
+        // Another key id.
+        let k2 = sealed_key("k2", 1);
+        assert!(decode_sealed(&obj, &d, n, &k2, &addr).unwrap_err().contains("sealed under key \"k1\""));
+        // Copied to another chunk's name: the AAD binds the address.
+        let other_d = sha256_hex(b"other");
+        assert!(decode_sealed(&obj, &d, n, &k, &k.chunk_address(&other_d)).unwrap_err().contains("authentication"));
+        // A plaintext object where a sealed one belongs (downgrade).
+        let plain = encode(&data, 1).unwrap();
+        assert!(decode_sealed(&plain, &d, n, &k, &addr).unwrap_err().contains("not encrypted"));
+        // Truncated, or a wrong expected digest.
+        assert!(decode_sealed(&obj[..obj.len() - 1], &d, n, &k, &addr).unwrap_err().contains("header says"));
+        assert!(decode_sealed(&obj, &other_d, n, &k, &addr).unwrap_err().contains("digest"));
     }
 }

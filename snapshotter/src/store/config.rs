@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::crypto::Keyring;
 use super::error::{Error, Result};
 
 /// Retry of uploads (and remote removals) that failed because the object tier
@@ -114,6 +115,9 @@ pub struct StoreConfig {
     /// Run the background uploader/evictor. Off only for tests and tools that
     /// drive uploads explicitly.
     pub background: bool,
+    /// Keys sealing the object tier (empty: it holds plaintext). See
+    /// [`super::crypto`] and docs/STORE.md ("Encryption").
+    pub keyring: Keyring,
     /// This node's name in actor leases (see `actor_lease`): unique among the
     /// nodes sharing the object tier.
     pub node_id: String,
@@ -152,6 +156,7 @@ impl StoreConfig {
             verify_local_on_checkout: true,
             scan_interval: Duration::from_secs(5),
             background: true,
+            keyring: Keyring::default(),
             node_id: default_node_id(),
             lease_ttl: Duration::from_secs(30),
         }

@@ -75,6 +75,10 @@ pub struct Record {
     pub upload_attempts: u32,
     pub next_attempt_ms: u64,
     pub last_error: Option<String>,
+    /// The key the object tier's copy is sealed under (`None`: not uploaded,
+    /// or uploaded unencrypted). Records written before encryption existed have none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_id: Option<String>,
 }
 
 impl Record {

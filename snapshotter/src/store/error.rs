@@ -49,6 +49,11 @@ pub enum Error {
     #[error("snapshot {id} is corrupt: {what}")]
     Corrupt { id: SnapshotId, what: String },
 
+    /// The snapshot is sealed under a key this node does not have (or has
+    /// under that id with other key material).
+    #[error("snapshot {id} is encrypted under key {key_id:?}, {detail}")]
+    UnknownKey { id: SnapshotId, key_id: String, detail: String },
+
     #[error("snapshot {id}: the object tier already holds a different manifest for this generation ({detail})")]
     Conflict { id: SnapshotId, detail: String },
 

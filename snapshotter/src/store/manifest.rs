@@ -38,7 +38,10 @@ pub struct Entry {
     pub chunks: Vec<ChunkRef>,
 }
 
-/// Reserved for issue 6: the AEAD scheme and key id chunk payloads are sealed with.
+/// Unused: always `null`. The plaintext manifest is the same bytes on every
+/// node and in both tiers (its digest names the snapshot's content); whether
+/// and under which key the object tier's copy is sealed is said by that
+/// copy's envelope (see `crypto`), and recorded per node with the snapshot.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EncryptionInfo {
     pub algorithm: String,
@@ -119,7 +122,7 @@ impl Manifest {
             return Err(format!("unsupported chunk hash {:?}", m.hash));
         }
         if m.encryption.is_some() {
-            return Err("snapshot is encrypted; this store has no encryption keys".to_string());
+            return Err("manifest sets \"encryption\", which this format leaves null (a sealed manifest is an envelope around a plaintext one)".to_string());
         }
         let mut total = 0u64;
         let mut prev: Option<&str> = None;

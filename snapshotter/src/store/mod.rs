@@ -11,6 +11,7 @@
 pub mod actor_lease;
 pub mod chunk;
 pub mod config;
+pub mod crypto;
 mod db;
 pub mod error;
 pub mod id;
@@ -29,11 +30,12 @@ use tokio::sync::{watch, Notify};
 use tracing::{debug, error, info, warn};
 
 pub use config::{ChunkingConfig, RetryConfig, StoreConfig};
+pub use crypto::{Key, Keyring};
 pub use db::{LocalState, RemoteState};
 pub use error::{Error, Result};
 pub use id::{ActorName, SnapshotId};
 pub use manifest::{Entry, EntryKind, Manifest};
-pub use remote::Remote;
+pub use remote::{ChunkName, Remote};
 
 use db::{LeaseRecord, Record, Tx};
 use manifest::MANIFEST_FILE;
@@ -80,6 +82,9 @@ pub struct SnapshotInfo {
     pub last_error: Option<String>,
     /// Where the local copy is (or would be).
     pub path: PathBuf,
+    /// The key the object tier's copy is sealed under (`None`: not uploaded
+    /// yet, or uploaded unencrypted).
+    pub key_id: Option<String>,
 }
 
 /// A verified local copy, pinned against eviction until [`Store::release`].
@@ -295,6 +300,14 @@ impl Store {
             *lock(&store.lease_worker) = Some(handle);
         }
         info!(root = %store.cfg.root.display(), remote = %store.remote.url, "snapshot store open");
+        let ring = &store.cfg.keyring;
+        match ring.active() {
+            Some(k) => info!(active = k.id(), keys = %ring.describe(), accept_unencrypted = ring.accept_unencrypted, "object tier encrypted: uploads are sealed under the active key"),
+            None if store.remote.url.starts_with("file:") || store.remote.url.starts_with("memory:") => {
+                info!(remote = %store.remote.url, "object tier not encrypted (a local directory; [store.encryption] seals it)")
+            }
+            None => warn!(remote = %store.remote.url, "object tier NOT encrypted: snapshots (process memory) are stored there in cleartext, unauthenticated; configure [store.encryption]"),
+        }
         Ok(store)
     }
 
@@ -464,6 +477,7 @@ impl Store {
             pins,
             upload_attempts: r.upload_attempts,
             last_error: r.last_error.clone(),
+            key_id: r.key_id.clone(),
         }
     }
 
@@ -700,6 +714,7 @@ impl Store {
             upload_attempts: 0,
             next_attempt_ms: 0,
             last_error: None,
+            key_id: None,
         };
         tx.see_generation(actor, generation)?;
         tx.put(&rec)?;
@@ -817,6 +832,8 @@ impl Store {
     /// Record a snapshot found in the object tier (durable, not local).
     async fn import(&self, id: &SnapshotId) -> Result<Record> {
         let bytes = self.remote.get_manifest(id).await?.ok_or_else(|| Error::NotFound(id.clone()))?;
+        let opened = crypto::open_manifest(&self.cfg.keyring, id, &bytes)?;
+        let (bytes, key_id) = (opened.plain, opened.key.map(|k| k.id().to_string()));
         let m = Manifest::parse(&bytes, Some(id)).map_err(|what| Error::Corrupt { id: id.clone(), what: format!("manifest in the object tier: {what}") })?;
         let now = now_ms();
         let rec = Record {
@@ -836,6 +853,7 @@ impl Store {
             upload_attempts: 0,
             next_attempt_ms: 0,
             last_error: None,
+            key_id,
         };
         let tx = Tx::begin(&self.db)?;
         if let Some(existing) = tx.get(id)? {
@@ -856,10 +874,47 @@ impl Store {
             let p = info.path.join(MANIFEST_FILE);
             std::fs::read(&p).map_err(|e| Error::io("read manifest", &p, e))?
         } else {
-            self.remote.get_manifest(id).await?.ok_or_else(|| Error::Corrupt { id: id.clone(), what: format!("manifest missing from the object tier at {}", self.remote.manifest_path(id)) })?.to_vec()
+            let bytes = self.remote.get_manifest(id).await?.ok_or_else(|| Error::Corrupt { id: id.clone(), what: format!("manifest missing from the object tier at {}", self.remote.manifest_path(id)) })?;
+            crypto::open_manifest(&self.cfg.keyring, id, &bytes)?.plain
         };
         let m = self.check_manifest(id, &bytes, &info.manifest_digest, if info.local { "local" } else { "object tier" })?;
         Ok((info, m))
+    }
+
+    /// Open a manifest read from the object tier to restore from it: a
+    /// sealed one with the ring's key; a plaintext one only when this store
+    /// has no keys or accepts unencrypted snapshots (otherwise anyone who can
+    /// write the bucket could plant a snapshot).
+    fn open_for_restore(&self, id: &SnapshotId, bytes: &[u8]) -> Result<(Vec<u8>, Option<Arc<Key>>)> {
+        let ring = &self.cfg.keyring;
+        let o = crypto::open_manifest(ring, id, bytes)?;
+        if o.key.is_none() && !ring.is_empty() && !ring.accept_unencrypted {
+            return Err(Error::Corrupt {
+                id: id.clone(),
+                what: format!(
+                    "the manifest in the object tier ({}) is not encrypted and this node requires encryption: refused ([store.encryption] accept_unencrypted = true reads snapshots uploaded before encryption was turned on)",
+                    self.remote.manifest_path(id)
+                ),
+            });
+        }
+        Ok((o.plain, o.key))
+    }
+
+    /// Where each chunk of a durable snapshot is in the object tier (digest
+    /// → object key); empty when it is not durable or sealed under a key
+    /// this node does not have.
+    pub fn chunk_objects(&self, info: &SnapshotInfo, m: &Manifest) -> BTreeMap<String, String> {
+        if !info.durable {
+            return BTreeMap::new();
+        }
+        let key = match &info.key_id {
+            None => None,
+            Some(k) => match self.cfg.keyring.get(k) {
+                Some(key) => Some(key.clone()),
+                None => return BTreeMap::new(),
+            },
+        };
+        m.unique_chunks().into_iter().map(|c| (c.digest.clone(), self.remote.chunk_path(&ChunkName::of(key.as_deref(), &c.digest)).to_string())).collect()
     }
 
     fn check_manifest(&self, id: &SnapshotId, bytes: &[u8], digest: &str, tier: &str) -> Result<Manifest> {
@@ -975,7 +1030,7 @@ impl Store {
                 tx.commit()?;
                 warn!(snapshot = %id, error = %e, "fetch failed");
                 Err(match e {
-                    e @ (Error::Corrupt { .. } | Error::NotFound(_)) => e,
+                    e @ (Error::Corrupt { .. } | Error::NotFound(_) | Error::UnknownKey { .. }) => e,
                     other => Error::FetchFailed { id: id.clone(), source: Box::new(other) },
                 })
             }
@@ -990,6 +1045,15 @@ impl Store {
             .get_manifest(&id)
             .await?
             .ok_or_else(|| Error::Corrupt { id: id.clone(), what: format!("manifest missing from the object tier at {mpath}") })?;
+        let (bytes, key) = self.open_for_restore(&id, &bytes)?;
+        if let Some(was) = &rec.key_id {
+            if key.as_ref().map(|k| k.id()) != Some(was.as_str()) {
+                return Err(Error::Corrupt {
+                    id: id.clone(),
+                    what: format!("uploaded sealed under key {was:?}, the object tier's manifest ({mpath}) is {}", key.map_or("not encrypted".to_string(), |k| format!("sealed under key {:?}", k.id()))),
+                });
+            }
+        }
         let m = self.check_manifest(&id, &bytes, &rec.manifest_digest, "object tier")?;
         std::fs::create_dir(staging).map_err(|e| Error::io("create fetch staging", staging, e))?;
         let (root, m2) = (staging.to_path_buf(), m.clone());
@@ -1023,21 +1087,25 @@ impl Store {
         let files = Arc::new(files);
         let wanted = Arc::new(wanted);
         futures::stream::iter(order.into_iter().map(|digest| {
-            let (files, wanted, done, progress, id) = (files.clone(), wanted.clone(), done.clone(), progress.clone(), id.clone());
+            let (files, wanted, done, progress, id, key) = (files.clone(), wanted.clone(), done.clone(), progress.clone(), id.clone(), key.clone());
             async move {
-                let object = match self.remote.get_chunk(&digest).await {
+                let name = ChunkName::of(key.as_deref(), &digest);
+                let path = self.remote.chunk_path(&name);
+                let object = match self.remote.get_chunk(&name).await {
                     Ok(o) => o,
                     Err(Error::Remote { source, .. }) if matches!(*source, object_store::Error::NotFound { .. }) => {
-                        return Err(Error::Corrupt { id, what: format!("chunk sha256:{digest} is missing from the object tier ({})", self.remote.chunk_path(&digest)) })
+                        return Err(Error::Corrupt { id, what: format!("chunk sha256:{digest} is missing from the object tier ({path})") })
                     }
                     Err(e) => return Err(e),
                 };
                 let fetched = object.len() as u64;
-                let path = self.remote.chunk_path(&digest);
                 let written = blocking(move || {
                     let (size, places) = wanted.get(&digest).ok_or_else(|| Error::Internal("unknown chunk".into()))?;
-                    let data = chunk::decode(&object, &digest, *size)
-                        .map_err(|what| Error::Corrupt { id: id.clone(), what: format!("chunk sha256:{digest} in the object tier ({path}): {what}") })?;
+                    let data = match &key {
+                        None => chunk::decode(&object, &digest, *size),
+                        Some(k) => chunk::decode_sealed(&object, &digest, *size, k, name.hex()),
+                    }
+                    .map_err(|what| Error::Corrupt { id: id.clone(), what: format!("chunk sha256:{digest} in the object tier ({path}): {what}") })?;
                     let mut n = 0u64;
                     for (fi, off) in places {
                         use std::os::unix::fs::FileExt;
@@ -1179,21 +1247,29 @@ impl Store {
                 off += c.size as u64;
             }
         }
-        let known = db::known_chunks(&self.db, &order)?;
-        let todo: Vec<String> = order.into_iter().filter(|d| !known.contains(d)).collect();
+        // Sealed under the active key (if any): chunk names and the index of
+        // durable chunks depend on it.
+        let key = self.cfg.keyring.active().cloned();
+        let names: HashMap<String, ChunkName> = order.iter().map(|d| (d.clone(), ChunkName::of(key.as_deref(), d))).collect();
+        let index_keys: Vec<String> = order.iter().map(|d| names[d].index_key()).collect();
+        let known = db::known_chunks(&self.db, &index_keys)?;
+        let todo: Vec<String> = order.into_iter().filter(|d| !known.contains(&names[d].index_key())).collect();
         let total: u64 = todo.iter().map(|d| first[d].2 as u64).sum();
         lock(&self.stats).deduplicated_chunks += known.len() as u64;
         if let Some(p) = &progress {
             let _ = p.send((0, total));
         }
         let first = Arc::new(first);
+        let names = Arc::new(names);
         let level = self.cfg.zstd_level;
         let mut done_raw = 0u64;
         let mut pending: Vec<(String, u64)> = Vec::new();
         let mut stream = futures::stream::iter(todo.into_iter().map(|digest| {
-            let (first, id) = (first.clone(), id.clone());
+            let (first, id, key, names) = (first.clone(), id.clone(), key.clone(), names.clone());
             async move {
                 let d = digest.clone();
+                let name = names.get(&digest).cloned().ok_or_else(|| Error::Internal("unnamed chunk".into()))?;
+                let n = name.clone();
                 let object = blocking(move || {
                     let (path, off, size) = first.get(&d).ok_or_else(|| Error::Internal("unknown chunk".into()))?;
                     let data = local::read_range(path, *off, *size)?;
@@ -1203,11 +1279,14 @@ impl Store {
                             what: format!("local file {} bytes {}..{} do not match chunk sha256:{d}; not uploading", path.display(), off, off + *size as u64),
                         });
                     }
-                    chunk::encode(&data, level)
+                    match &key {
+                        None => chunk::encode(&data, level),
+                        Some(k) => chunk::encode_sealed(&data, level, k, n.hex()),
+                    }
                 })
                 .await?;
                 let stored = object.len() as u64;
-                self.remote.put_chunk(&digest, object).await?;
+                self.remote.put_chunk(&name, object).await?;
                 Ok::<_, Error>((digest, stored))
             }
         }))
@@ -1227,7 +1306,7 @@ impl Store {
                     if let Some(p) = &progress {
                         let _ = p.send((done_raw, total));
                     }
-                    pending.push((digest, stored));
+                    pending.push((names[&digest].index_key(), stored));
                     if pending.len() >= 256 {
                         let tx = Tx::begin(&self.db)?;
                         tx.add_chunks(pending.iter().map(|(d, s)| (d.as_str(), *s)))?;
@@ -1250,13 +1329,22 @@ impl Store {
         if let Some(e) = failure {
             return Err(e);
         }
-        // The commit point: the manifest, written last, then read back.
+        // The commit point: the manifest (sealed under the key), written
+        // last, then read back. One there already that opens to the same
+        // manifest is this upload's, from an attempt whose answer was lost
+        // (sealed under the key active then).
+        let object = match &key {
+            None => bytes.clone(),
+            Some(k) => crypto::seal_manifest(k, id, &bytes)?,
+        };
+        let ring = &self.cfg.keyring;
         self.fence(&id.actor).await?;
-        self.remote.put_manifest(id, bytes.clone()).await?;
+        self.remote.put_manifest(id, object, |existing| crypto::open_manifest(ring, id, existing).is_ok_and(|o| o.plain == bytes)).await?;
         let back = self.remote.get_manifest(id).await?;
-        if back.as_deref() != Some(&bytes[..]) {
+        let opened = back.as_deref().map(|b| crypto::open_manifest(ring, id, b)).transpose()?;
+        let Some(opened) = opened.filter(|o| o.plain == bytes) else {
             return Err(Error::Corrupt { id: id.clone(), what: format!("manifest read back from the object tier ({}) differs from the one written", self.remote.manifest_path(id)) });
-        }
+        };
         let tx = Tx::begin(&self.db)?;
         let mut r = tx.get(id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
         r.remote = RemoteState::Durable;
@@ -1264,9 +1352,10 @@ impl Store {
         r.upload_attempts = 0;
         r.next_attempt_ms = 0;
         r.last_error = None;
+        r.key_id = opened.key.map(|k| k.id().to_string());
         tx.put(&r)?;
         tx.commit()?;
-        info!(snapshot = %id, uploaded_raw = done_raw, logical = r.logical_bytes, ms = started.elapsed().as_millis() as u64, "snapshot durable in the object tier");
+        info!(snapshot = %id, uploaded_raw = done_raw, logical = r.logical_bytes, key = r.key_id.as_deref().unwrap_or("none (unencrypted)"), ms = started.elapsed().as_millis() as u64, "snapshot durable in the object tier");
         self.wake.notify_one();
         self.info(&r)
     }
@@ -1425,34 +1514,41 @@ impl Store {
         let mut referenced = HashSet::new();
         for id in self.remote.all_snapshots().await? {
             let Some(bytes) = self.remote.get_manifest(&id).await? else { continue };
-            // A manifest that cannot be read stops the sweep: its chunks are unknown.
-            let m = Manifest::parse(&bytes, Some(&id))
+            // A manifest that cannot be read (or opened: a key this node does
+            // not have) stops the sweep: its chunks are unknown.
+            let opened = crypto::open_manifest(&self.cfg.keyring, &id, &bytes).map_err(|e| match e {
+                Error::Corrupt { id, what } => Error::Corrupt { id, what: format!("{what}; chunk sweep stopped") },
+                Error::UnknownKey { id, key_id, detail } => Error::UnknownKey { id, key_id, detail: format!("{detail}; chunk sweep stopped") },
+                e => e,
+            })?;
+            let m = Manifest::parse(&opened.plain, Some(&id))
                 .map_err(|what| Error::Corrupt { id: id.clone(), what: format!("manifest in the object tier: {what}; chunk sweep stopped") })?;
-            referenced.extend(m.unique_chunks().into_iter().map(|c| c.digest));
+            referenced.extend(m.unique_chunks().into_iter().map(|c| ChunkName::of(opened.key.as_deref(), &c.digest)));
         }
         let cutoff = now_ms() as i64 - grace.as_millis() as i64;
         let mut victims = Vec::new();
-        for (digest, size, modified) in self.remote.all_chunks().await? {
-            if referenced.contains(&digest) {
+        for (name, size, modified) in self.remote.all_chunks().await? {
+            if referenced.contains(&name) {
                 continue;
             }
             if modified > cutoff {
                 report.chunks_kept_young += 1;
                 continue;
             }
-            victims.push((digest, size));
+            victims.push((name, size));
         }
         // Forget them as durable before deleting them.
         let tx = Tx::begin(&self.db)?;
-        tx.remove_chunks(victims.iter().map(|(d, _)| d.as_str()))?;
+        let index_keys: Vec<String> = victims.iter().map(|(n, _)| n.index_key()).collect();
+        tx.remove_chunks(index_keys.iter().map(|k| k.as_str()))?;
         tx.commit()?;
-        for (digest, size) in victims {
-            match self.remote.delete_chunk(&digest).await {
+        for (name, size) in victims {
+            match self.remote.delete_chunk(&name).await {
                 Ok(()) => {
                     report.chunks_deleted += 1;
                     report.chunk_bytes_deleted += size;
                 }
-                Err(e) => report.errors.push(format!("chunk {digest}: {e}")),
+                Err(e) => report.errors.push(format!("chunk {name}: {e}")),
             }
         }
         Ok(())

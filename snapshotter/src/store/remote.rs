@@ -1,7 +1,8 @@
 //! The object tier: layout and operations over any `object_store`.
 //!
 //! ```text
-//! <prefix>/chunks/sha256/<2 hex>/<64 hex>                      chunk objects
+//! <prefix>/chunks/sha256/<2 hex>/<64 hex>                      chunk objects (plaintext)
+//! <prefix>/chunks/hmac-sha256/<key id>/<2 hex>/<64 hex>        chunk objects sealed under a key
 //! <prefix>/actors/<actor>/_gen/<generation:020>/manifest.json  manifests (the commit point)
 //! <prefix>/actors/<actor>/lease.json                           the actor lease (one writer per actor)
 //! ```
@@ -32,6 +33,50 @@ pub struct Precondition;
 
 /// The version of an object read, to update it only if unchanged.
 pub type ObjectVersion = object_store::UpdateVersion;
+/// A chunk object's name in the object tier.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ChunkName {
+    /// Plaintext: named by the sha256 (hex) of its content.
+    Plain(String),
+    /// Sealed under `key_id`: named by `Key::chunk_address` of its digest.
+    Sealed { key_id: String, address: String },
+}
+
+impl ChunkName {
+    /// The chunk's name for a snapshot sealed under `key` (or plaintext).
+    pub fn of(key: Option<&super::crypto::Key>, digest: &str) -> ChunkName {
+        match key {
+            None => ChunkName::Plain(digest.to_string()),
+            Some(k) => ChunkName::Sealed { key_id: k.id().to_string(), address: k.chunk_address(digest) },
+        }
+    }
+
+    /// Key of the database's index of durable chunks (a plain digest, as
+    /// before encryption existed, or `hmac-sha256/<key id>/<address>`).
+    pub fn index_key(&self) -> String {
+        match self {
+            ChunkName::Plain(d) => d.clone(),
+            ChunkName::Sealed { key_id, address } => format!("hmac-sha256/{key_id}/{address}"),
+        }
+    }
+
+    /// The name's hex (object file name).
+    pub fn hex(&self) -> &str {
+        match self {
+            ChunkName::Plain(d) => d,
+            ChunkName::Sealed { address, .. } => address,
+        }
+    }
+}
+
+impl std::fmt::Display for ChunkName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChunkName::Plain(d) => write!(f, "sha256:{d}"),
+            ChunkName::Sealed { key_id, address } => write!(f, "hmac-sha256:{address} (key {key_id:?})"),
+        }
+    }
+}
 
 /// How a manifest PUT ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -117,12 +162,15 @@ impl Remote {
         p
     }
 
-    pub fn chunk_path(&self, digest: &str) -> Path {
-        self.join(&["chunks", "sha256", &digest[..2], digest])
+    pub fn chunk_path(&self, name: &ChunkName) -> Path {
+        match name {
+            ChunkName::Plain(d) => self.join(&["chunks", "sha256", &d[..2], d]),
+            ChunkName::Sealed { key_id, address } => self.join(&["chunks", "hmac-sha256", key_id, &address[..2], address]),
+        }
     }
 
     fn chunks_root(&self) -> Path {
-        self.join(&["chunks", "sha256"])
+        self.join(&["chunks"])
     }
 
     fn actor_gen_root(&self, actor: &ActorName) -> Path {
@@ -197,20 +245,20 @@ impl Remote {
         }
     }
 
-    pub async fn put_chunk(&self, digest: &str, object: Vec<u8>) -> Result<()> {
-        let path = self.chunk_path(digest);
+    pub async fn put_chunk(&self, name: &ChunkName, object: Vec<u8>) -> Result<()> {
+        let path = self.chunk_path(name);
         self.store.put(&path, PutPayload::from(object)).await.map_err(|e| Error::remote("put chunk", &path, e))?;
         Ok(())
     }
 
-    pub async fn get_chunk(&self, digest: &str) -> Result<Bytes> {
-        let path = self.chunk_path(digest);
+    pub async fn get_chunk(&self, name: &ChunkName) -> Result<Bytes> {
+        let path = self.chunk_path(name);
         let r = self.store.get(&path).await.map_err(|e| Error::remote("get chunk", &path, e))?;
         r.bytes().await.map_err(|e| Error::remote("read chunk", &path, e))
     }
 
-    pub async fn delete_chunk(&self, digest: &str) -> Result<()> {
-        let path = self.chunk_path(digest);
+    pub async fn delete_chunk(&self, name: &ChunkName) -> Result<()> {
+        let path = self.chunk_path(name);
         match self.store.delete(&path).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(Error::remote("delete chunk", &path, e)),
@@ -218,15 +266,16 @@ impl Remote {
     }
 
     /// Write a manifest unless one is there: the commit point of an upload.
-    /// An existing identical manifest is success (a retried upload); a
-    /// different one is a conflict.
-    pub async fn put_manifest(&self, id: &SnapshotId, bytes: Vec<u8>) -> Result<ManifestPut> {
+    /// An existing identical manifest is success (a retried upload), and so
+    /// is one `same` says holds the same manifest (sealed under another
+    /// key); a different one is a conflict.
+    pub async fn put_manifest(&self, id: &SnapshotId, bytes: Vec<u8>, same: impl Fn(&[u8]) -> bool) -> Result<ManifestPut> {
         let path = self.manifest_path(id);
         let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
         match self.store.put_opts(&path, PutPayload::from(bytes.clone()), opts).await {
             Ok(_) => Ok(ManifestPut::Created),
             Err(object_store::Error::AlreadyExists { .. }) => match self.get_manifest(id).await? {
-                Some(existing) if existing[..] == bytes[..] => Ok(ManifestPut::AlreadyThere),
+                Some(existing) if existing[..] == bytes[..] || same(&existing) => Ok(ManifestPut::AlreadyThere),
                 Some(existing) => Err(Error::Conflict {
                     id: id.clone(),
                     detail: format!("{} holds {} bytes with sha256:{}", path, existing.len(), super::chunk::sha256_hex(&existing)),
@@ -282,15 +331,25 @@ impl Remote {
         Ok(out)
     }
 
-    /// Every chunk object: (digest, size, last modified).
-    pub async fn all_chunks(&self) -> Result<Vec<(String, u64, chrono_like::Millis)>> {
+    /// Every chunk object: (name, size, last modified). Objects under
+    /// `chunks/` that fit neither layout are left out (never deleted).
+    pub async fn all_chunks(&self) -> Result<Vec<(ChunkName, u64, chrono_like::Millis)>> {
         let root = self.chunks_root();
         let metas: Vec<_> = self.store.list(Some(&root)).try_collect().await.map_err(|e| Error::remote("list", &root, e))?;
         Ok(metas
             .into_iter()
             .filter_map(|m| {
-                let name = m.location.filename()?.to_string();
-                super::chunk::is_digest(&name).then(|| (name, m.size, m.last_modified.timestamp_millis()))
+                let parts: Vec<String> = m.location.prefix_match(&root)?.map(|p| p.as_ref().to_string()).collect();
+                let name = match parts.as_slice() {
+                    [alg, pre, hex] if alg == "sha256" && super::chunk::is_digest(hex) && hex.starts_with(pre.as_str()) => ChunkName::Plain(hex.clone()),
+                    [alg, key_id, pre, hex]
+                        if alg == "hmac-sha256" && super::crypto::check_key_id(key_id).is_ok() && super::chunk::is_digest(hex) && hex.starts_with(pre.as_str()) =>
+                    {
+                        ChunkName::Sealed { key_id: key_id.clone(), address: hex.clone() }
+                    }
+                    _ => return None,
+                };
+                Some((name, m.size, m.last_modified.timestamp_millis()))
             })
             .collect())
     }
