@@ -54,6 +54,13 @@ for _v in ROOT:/var/lib/torpor-test STATE:/run/torpor-test CNI_NETWORK:torpor-te
 done
 _rig_octet="${TORPOR_RIG_A_SUBNET#*.}"
 _rig_octet="${_rig_octet%%.*}"
+# TORPOR_RIG_B_* exported for another node A (a child that sets up a
+# different rig) are not this rig's.
+if [ -n "${TORPOR_RIG_B_FOR:-}" ] && [ "$TORPOR_RIG_B_FOR" != "$TORPOR_RIG_A_ROOT" ]; then
+	unset TORPOR_RIG_B_ROOT TORPOR_RIG_B_STATE TORPOR_RIG_B_CNI_NETWORK TORPOR_RIG_B_BRIDGE \
+		TORPOR_RIG_B_SUBNET TORPOR_RIG_B_CGROUP
+fi
+export TORPOR_RIG_B_FOR="$TORPOR_RIG_A_ROOT"
 export TORPOR_RIG_B_ROOT="${TORPOR_RIG_B_ROOT:-$TORPOR_RIG_A_ROOT-b}"
 export TORPOR_RIG_B_STATE="${TORPOR_RIG_B_STATE:-$TORPOR_RIG_A_STATE-b}"
 export TORPOR_RIG_B_CNI_NETWORK="${TORPOR_RIG_B_CNI_NETWORK:-$TORPOR_RIG_A_CNI_NETWORK-b}"
