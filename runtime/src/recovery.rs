@@ -319,7 +319,10 @@ impl Runtime {
                 identity::find_restorable(&snaps, identity, clone_of).await
             }
             .await
-            .map_err(|e| with_context(e, &format!("create of {identity}: looking up its snapshot in the store")))?;
+            .map_err(|e| match e {
+                e @ Error::InvalidAnnotation { .. } => e, // a restore-from naming nothing
+                e => with_context(e, &format!("create of {identity}: looking up its snapshot in the store")),
+            })?;
             rec.restore_checked = true;
             rec.cloned_from = found.as_ref().filter(|s| s.actor != rec.actor).map(|s| s.to_string());
             rec.restore_snapshot = found;

@@ -276,12 +276,12 @@ impl Node {
     /// bundles) and everything below them (runc, CRIU, lazy-pages daemons,
     /// container processes), and whatever runs in its pods' cgroups.
     pub fn processes(&self) -> BTreeSet<i32> {
-        let mut pids: BTreeSet<i32> = self.daemon_pids().into_iter().collect();
+        let mut pids: BTreeSet<i32> = self.daemon_pids().into_iter().filter(|p| is_alive(*p)).collect();
         let me = std::process::id() as i32;
         let mut parent_of = Vec::new();
         for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
             let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
-            if pid == me {
+            if pid == me || !is_alive(pid) {
                 continue;
             }
             if let Some(ppid) = std::fs::read_to_string(format!("/proc/{pid}/stat"))
