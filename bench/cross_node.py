@@ -30,7 +30,8 @@ No baseline: containerd-shim-runc-v2 has no cross-node restore (its
 checkpoints are images in one containerd's content store; moving one to
 another node is a registry push/pull outside containerd).
 
-**clone_10_actors_ms** (p50 over repetitions). A golden actor (`/actor
+**clone_10_actors_ms** (p50 over repetitions; the runtimes' repetitions
+alternate, one unmeasured warm-up each). A golden actor (`/actor
 counter --alloc-mib 64`, counted to 3) is suspended on node A; its snapshot
 stays in node A's store (local). One repetition: from the start until all
 10 clones answered — 10 threads at once, each `crictl runp` of a pod with
@@ -323,7 +324,7 @@ def measure_cross_node(a: Node, b: Node, runs: int, budget_s: float) -> dict:
     phases = {k: sr.pct([s["phases"][k] for s in samples], 50) for k in samples[0]["phases"]} if samples else None
     phases_p99 = {k: sr.pct([s["phases"][k] for s in samples], 99) for k in samples[0]["phases"]} if samples else None
     if samples:
-        phases["shim checkout + restore (last_resume_ms)"] = sr.pct([s["shim_resume_ms"] for s in samples], 50)
+        phases["of which the shim's restore (last_resume_ms)"] = sr.pct([s["shim_resume_ms"] for s in samples], 50)
     return bench.entry(
         "resume_cross_node_256mib_ms", "ms", sr.pct(vals, 50), None,
         torpor_p99=sr.pct(vals, 99), torpor_n=len(vals) or None,
@@ -345,18 +346,25 @@ def measure_cross_node(a: Node, b: Node, runs: int, budget_s: float) -> dict:
 def clone_rep(a: Node, golden_actor: str, golden_crc: str) -> dict:
     pods = [NodePod(a, "clone", {"torpor.dev/actor": f"{CLONE_ID_PREFIX}{uuid.uuid4().hex[:12]}",
                                   "torpor.dev/restore-from": golden_actor}) for _ in range(CLONES)]
-    done, errors, ips = [None] * CLONES, [], [None] * CLONES
+    done, errors, ips, phases = [None] * CLONES, [], [None] * CLONES, [None] * CLONES
 
     def one(i, t0):
         try:
             p = pods[i]
             p.run()
+            t_runp = sr.now_ns()
             cid = p.create_counter(CLONE_MIB, 1)
+            t_create = sr.now_ns()
             a.crictl("start", cid)
+            t_start = sr.now_ns()
             ips[i] = p.ip()
+            t_ip = sr.now_ns()
             _, t1, got = sr.inc_first_byte(ips[i], t0, retry_refused=True)
             sr.check_counter(got, CLONE_GOLDEN_COUNT + 1)
             done[i] = t1
+            phases[i] = {"crictl runp": sr.ms(t0, t_runp), "crictl create": sr.ms(t_runp, t_create),
+                         "crictl start (checkout + restore)": sr.ms(t_create, t_start),
+                         "crictl inspectp": sr.ms(t_start, t_ip), "connect + inc + first byte": sr.ms(t_ip, t1)}
         except BaseException as e:  # noqa: BLE001
             errors.append(f"clone {i}: {type(e).__name__}: {e}")
 
@@ -372,38 +380,36 @@ def clone_rep(a: Node, golden_actor: str, golden_crc: str) -> dict:
         for i, ip in enumerate(ips):
             if sr.actor_call(ip, ["sum"])[0] != golden_crc:
                 raise sr.RunError(f"clone {i}: memory CRC differs from the golden actor's")
-        return {"all": sr.ms(t0, max(done)), "first": sr.ms(t0, min(done))}
+        return {"all": sr.ms(t0, max(done)), "first": sr.ms(t0, min(done)), "phases": phases}
     finally:
         for p in pods:
             p.remove()
 
 
-def measure_clone_torpor(a: Node, reps: int, budget_s: float) -> tuple:
-    started = time.monotonic()
-    samples, err = [], None
-    golden_actor = f"bench-golden-{uuid.uuid4().hex[:12]}"
-    try:
-        pod, ip, _, _ = start_counter(a, "golden", CLONE_MIB, {"torpor.dev/actor": golden_actor})
+class TorporClones:
+    """The golden actor suspended on node A; `rep()` clones it 10 times."""
+
+    def __init__(self, a: Node):
+        self.a = a
+        self.golden_actor = f"bench-golden-{uuid.uuid4().hex[:12]}"
         try:
-            for _ in range(CLONE_GOLDEN_COUNT):
-                sr.actor_call(ip, ["inc"])
-            crc = sr.actor_call(ip, ["sum"])[0]
-            suspend_on(a, pod, golden_actor)
-        finally:
-            pod.remove()
-        clone_rep(a, golden_actor, crc)  # warm-up, not kept
-        while len(samples) < reps:
-            if time.monotonic() - started > budget_s:
-                err = f"stopped after {len(samples)} of {reps} repetitions (time budget)"
-                break
-            samples.append(clone_rep(a, golden_actor, crc))
-            log(f"clone: torpor repetition {len(samples)}: all 10 in {samples[-1]['all']:.0f} ms")
-    except Exception as e:  # noqa: BLE001
-        err = f"{type(e).__name__}: {e}"
-        log(f"clone: torpor: {err}")
-    finally:
-        a.remove_snapshots(golden_actor)
-    return samples, err
+            pod, ip, _, _ = start_counter(a, "golden", CLONE_MIB, {"torpor.dev/actor": self.golden_actor})
+            try:
+                for _ in range(CLONE_GOLDEN_COUNT):
+                    sr.actor_call(ip, ["inc"])
+                self.crc = sr.actor_call(ip, ["sum"])[0]
+                suspend_on(a, pod, self.golden_actor)
+            finally:
+                pod.remove()
+        except BaseException:
+            self.close()
+            raise
+
+    def rep(self) -> dict:
+        return clone_rep(self.a, self.golden_actor, self.crc)
+
+    def close(self) -> None:
+        self.a.remove_snapshots(self.golden_actor)
 
 
 # the baseline: ctr c restore of one runc checkpoint, 10 at once
@@ -485,77 +491,120 @@ def task_pid(cid: str) -> int:
     raise sr.RunError(f"no task {cid} after the restore")
 
 
-def measure_clone_baseline(reps: int, budget_s: float) -> tuple:
-    started = time.monotonic()
-    samples, err = [], None
-    golden = f"{CLONE_ID_PREFIX}golden-{uuid.uuid4().hex[:8]}"
-    ref = f"{CLONE_IMAGE_PREFIX}{golden}:ckpt"
-    made = []
-    try:
-        bench.ctr(NS, "run", "-d", "--runtime", sr.BASELINE_RUNTIME_TYPE,
-                  "--cgroup", f"{bench.CGROUP_ROOT}/{golden}", bench.ACTOR_IMAGE, golden,
-                  "/actor", "counter", "--port", str(PORT), "--alloc-mib", str(CLONE_MIB), "--seed", str(random_seed()),
-                  timeout=120)
-        made.append(golden)
-        pid = task_pid(golden)
-        call_in_netns(pid, ["inc"] * CLONE_GOLDEN_COUNT)
-        crc = call_in_netns(pid, ["sum"])[0]
-        bench.ctr(NS, "containers", "checkpoint", "--rw", "--task", golden, ref, timeout=300)
-        sr.remove_container(golden)
-        made.remove(golden)
+class BaselineClones:
+    """One runc checkpoint of the actor; `rep()` restores it 10 times at once."""
 
-        def rep() -> dict:
-            ids = [f"{CLONE_ID_PREFIX}{uuid.uuid4().hex[:12]}" for _ in range(CLONES)]
-            done, errors, pids = [None] * CLONES, [], [None] * CLONES
+    def __init__(self):
+        self.golden = f"{CLONE_ID_PREFIX}golden-{uuid.uuid4().hex[:8]}"
+        self.ref = f"{CLONE_IMAGE_PREFIX}{self.golden}:ckpt"
+        self.made = []
+        try:
+            bench.ctr(NS, "run", "-d", "--runtime", sr.BASELINE_RUNTIME_TYPE,
+                      "--cgroup", f"{bench.CGROUP_ROOT}/{self.golden}", bench.ACTOR_IMAGE, self.golden,
+                      "/actor", "counter", "--port", str(PORT), "--alloc-mib", str(CLONE_MIB),
+                      "--seed", str(random_seed()), timeout=120)
+            self.made.append(self.golden)
+            pid = task_pid(self.golden)
+            call_in_netns(pid, ["inc"] * CLONE_GOLDEN_COUNT)
+            self.crc = call_in_netns(pid, ["sum"])[0]
+            bench.ctr(NS, "containers", "checkpoint", "--rw", "--task", self.golden, self.ref, timeout=300)
+            sr.remove_container(self.golden)
+            self.made.remove(self.golden)
+        except BaseException:
+            self.close()
+            raise
 
-            def one(i, t0):
-                try:
-                    bench.ctr(NS, "containers", "restore", "--rw", "--live", ids[i], ref, timeout=300)
-                    made.append(ids[i])
-                    pids[i] = task_pid(ids[i])
-                    _, t1, got = inc_in_netns(pids[i], t0)
-                    sr.check_counter(got, CLONE_GOLDEN_COUNT + 1)
-                    done[i] = t1
-                except BaseException as e:  # noqa: BLE001
-                    errors.append(f"clone {i}: {type(e).__name__}: {e}")
+    def rep(self) -> dict:
+        ids = [f"{CLONE_ID_PREFIX}{uuid.uuid4().hex[:12]}" for _ in range(CLONES)]
+        done, errors, pids, phases = [None] * CLONES, [], [None] * CLONES, [None] * CLONES
 
+        def one(i, t0):
             try:
-                t0 = sr.now_ns()
-                threads = [threading.Thread(target=one, args=(i, t0)) for i in range(CLONES)]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
-                if errors:
-                    raise sr.RunError("; ".join(errors))
-                for i, p in enumerate(pids):
-                    if call_in_netns(p, ["sum"])[0] != crc:
-                        raise sr.RunError(f"clone {i}: memory CRC differs from the checkpointed actor's")
-                return {"all": sr.ms(t0, max(done)), "first": sr.ms(t0, min(done))}
-            finally:
-                for cid in ids:
-                    if cid in made:
-                        sr.remove_container(cid)
-                        made.remove(cid)
-                # containerd's unpacked copies of the image (their cgroup image names the golden id)
-                sr.remove_restore_dirs(golden)
+                bench.ctr(NS, "containers", "restore", "--rw", "--live", ids[i], self.ref, timeout=300)
+                t_rest = sr.now_ns()
+                self.made.append(ids[i])
+                pids[i] = task_pid(ids[i])
+                t_pid = sr.now_ns()
+                _, t1, got = inc_in_netns(pids[i], t0)
+                sr.check_counter(got, CLONE_GOLDEN_COUNT + 1)
+                done[i] = t1
+                phases[i] = {"ctr c restore --rw --live": sr.ms(t0, t_rest), "ctr task ls": sr.ms(t_rest, t_pid),
+                             "setns + lo up + connect + inc + first byte": sr.ms(t_pid, t1)}
+            except BaseException as e:  # noqa: BLE001
+                errors.append(f"clone {i}: {type(e).__name__}: {e}")
 
-        rep()  # warm-up
-        while len(samples) < reps:
-            if time.monotonic() - started > budget_s:
-                err = f"stopped after {len(samples)} of {reps} repetitions (time budget)"
-                break
-            samples.append(rep())
-            log(f"clone: baseline repetition {len(samples)}: all 10 in {samples[-1]['all']:.0f} ms")
-    except Exception as e:  # noqa: BLE001
-        err = f"{type(e).__name__}: {e}"
-        log(f"clone: baseline: {err}")
-    finally:
-        for cid in list(made):
+        try:
+            t0 = sr.now_ns()
+            threads = [threading.Thread(target=one, args=(i, t0)) for i in range(CLONES)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                raise sr.RunError("; ".join(errors))
+            for i, p in enumerate(pids):
+                if call_in_netns(p, ["sum"])[0] != self.crc:
+                    raise sr.RunError(f"clone {i}: memory CRC differs from the checkpointed actor's")
+            return {"all": sr.ms(t0, max(done)), "first": sr.ms(t0, min(done)), "phases": phases}
+        finally:
+            for cid in ids:
+                if cid in self.made:
+                    sr.remove_container(cid)
+                    self.made.remove(cid)
+            # containerd's unpacked copies of the image (their cgroup image names the golden id)
+            sr.remove_restore_dirs(self.golden)
+
+    def close(self) -> None:
+        for cid in list(self.made):
             sr.remove_container(cid)
-        bench.ctr(NS, "images", "rm", "--sync", ref, check=False, timeout=120)
+        bench.ctr(NS, "images", "rm", "--sync", self.ref, check=False, timeout=120)
         sr.remove_restore_dirs(CLONE_ID_PREFIX)
-    return samples, err
+
+
+def measure_clone(a: Node, reps: int, budget_s: float) -> dict:
+    """Both runtimes, repetitions alternating (torpor first on even ones),
+    one unmeasured warm-up repetition each."""
+    started = time.monotonic()
+    samples = {bench.TORPOR: [], bench.BASELINE: []}
+    errs = {bench.TORPOR: None, bench.BASELINE: None}
+    subjects = {}
+    for key, make in ((bench.TORPOR, lambda: TorporClones(a)), (bench.BASELINE, BaselineClones)):
+        try:
+            subjects[key] = make()
+            subjects[key].rep()  # warm-up
+        except Exception as e:  # noqa: BLE001 - reported in results.json
+            errs[key] = f"{type(e).__name__}: {e}"
+            log(f"clone: {key}: {errs[key]}")
+            if key in subjects:
+                subjects.pop(key).close()
+    try:
+        for i in range(reps):
+            if time.monotonic() - started > budget_s:
+                for key in subjects:
+                    errs[key] = errs[key] or f"stopped after {len(samples[key])} of {reps} repetitions (time budget)"
+                break
+            order = list(subjects)
+            if i % 2:
+                order.reverse()
+            for key in order:
+                if errs[key]:
+                    continue
+                try:
+                    samples[key].append(subjects[key].rep())
+                    log(f"clone: {key} repetition {len(samples[key])}: all 10 in {samples[key][-1]['all']:.0f} ms")
+                except Exception as e:  # noqa: BLE001
+                    errs[key] = f"{type(e).__name__}: {e}"
+                    log(f"clone: {key}: {errs[key]}")
+    finally:
+        for sub in subjects.values():
+            sub.close()
+    return clone_entry(samples[bench.TORPOR], errs[bench.TORPOR], samples[bench.BASELINE], errs[bench.BASELINE])
+
+
+def clone_phases(samples) -> dict:
+    """p50 per step over every clone of every repetition."""
+    per = [p for s in samples for p in s["phases"]]
+    return {k: sr.pct([p[k] for p in per], 50) for k in per[0]} if per else None
 
 
 def clone_entry(t_samples, t_err, b_samples, b_err) -> dict:
@@ -566,12 +615,14 @@ def clone_entry(t_samples, t_err, b_samples, b_err) -> dict:
         torpor_p99=sr.pct(t, 99), torpor_n=len(t) or None,
         torpor_samples=[bench.rnd(x, 1) for x in t] or None,
         torpor_first_answer_p50_ms=sr.pct([s["first"] for s in t_samples], 50),
+        torpor_phases_p50_ms=clone_phases(t_samples),
         torpor_note=(f"10 pods created at once (crictl runp/create/start/inspectp), each a new actor with "
                      f"torpor.dev/restore-from a golden {CLONE_MIB} MiB actor's snapshot in node A's store, "
                      f"until all 10 answered a request at their pod IPs"),
         baseline_p99=sr.pct(b, 99), baseline_n=len(b) or None,
         baseline_samples=[bench.rnd(x, 1) for x in b] or None,
         baseline_first_answer_p50_ms=sr.pct([s["first"] for s in b_samples], 50),
+        baseline_phases_p50_ms=clone_phases(b_samples),
         baseline_note=("10 x ctr c restore --rw --live of one runc checkpoint at once, until all 10 answered "
                        "in their network namespaces (lo brought up by the bench; no pods: containerd's CRI "
                        "has no restore)"),
@@ -594,10 +645,7 @@ def main():
                 raise SystemExit(f"bench: node B is not up at {b.address} (test/rig/up.sh brings up both nodes)")
             sr.ensure_torporctl()
             if only in ("", "clone"):
-                share = budget / 3 if only == "" else budget
-                ts, te = measure_clone_torpor(a, args.clone_reps, share / 2)
-                bs, be = measure_clone_baseline(args.clone_reps, share / 2)
-                entries.append(clone_entry(ts, te, bs, be))
+                entries.append(measure_clone(a, args.clone_reps, budget / 3 if only == "" else budget))
                 bench.merge_results(entries[-1:])
             if only in ("", "resume"):
                 left = budget - (time.monotonic() - START)
