@@ -6,7 +6,8 @@
 # 1. builds the shim (cargo build --release -p torpor-shim),
 # 2. brings up its own instance of the test rig (test/rig/up.sh with
 #    TORPOR_RIG_STATE=/run/torpor-bench etc., so a developer's rig on
-#    /run/torpor-test is neither disturbed nor disturbs the numbers),
+#    /run/torpor-test is neither disturbed nor disturbs the numbers; both
+#    nodes: node B for cross_node.py),
 # 3. runs the benchmark scripts (each merges its entries into bench/results.json),
 # 4. renders BENCHMARKS.md and bench/results.svg (bench/report.py),
 # 5. removes its pods and tears its rig down (test/rig/down.sh).
@@ -53,6 +54,7 @@ SCRIPTS="${TORPOR_BENCH_ONLY:-pod_start shim_rss}"
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS checkpoint_restore" # checkpoint_<size>_ms, restore_<size>_ms
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS suspend_resume" # resume_256mib_ms, resume_1gib_ms, suspend_1gib_ms
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS store" # upload_mib_per_s, resuspend_upload_fraction, resume_remote_256mib_ms
+[ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS cross_node" # resume_cross_node_256mib_ms, clone_10_actors_ms (both nodes)
 SCRIPT_TIMEOUT="${TORPOR_BENCH_SCRIPT_TIMEOUT:-420}"
 started=$SECONDS
 rig_started=0

@@ -211,7 +211,9 @@ fn print(results: &[Value], as_json: bool) {
         let kept = r["kept"] == json!(true);
         any_kept |= kept;
         let mut note = a["last_error"].as_str().unwrap_or("").to_string();
-        if let Some(from) = a["recovered_from"].as_str() {
+        if let Some(from) = a["cloned_from"].as_str() {
+            note = format!("cloned from {from} {note}");
+        } else if let Some(from) = a["recovered_from"].as_str() {
             note = format!("recovered from {from} {note}");
         }
         // The store snapshot holding the state; "committing" while a

@@ -111,6 +111,10 @@ pub struct Record {
     /// ran: snapshots older than its state are stale).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub ran: bool,
+    /// The snapshot (`actor@generation`, another actor's) this actor was
+    /// cloned from (`torpor.dev/restore-from`), when it had none of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cloned_from: Option<String>,
     /// Container names already restored from `restore_snapshot`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub restored_names: std::collections::BTreeSet<String>,
@@ -152,6 +156,7 @@ impl Record {
             keep_local_s: None,
             restore_checked: false,
             restore_snapshot: None,
+            cloned_from: None,
             ran: false,
             restored_names: Default::default(),
         }

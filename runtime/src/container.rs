@@ -307,7 +307,7 @@ impl Runtime {
                 .map(|p| p.to_string_lossy().into_owned());
             self.actor_add_member(&req.id, &name, cgroup).await?;
             if let (Some(identity), None) = (&identity, &req.checkpoint) {
-                adopted = self.adopt_kept(&req.id, identity).await?;
+                adopted = self.adopt_kept(&req.id, identity, actor.restore_from.as_ref()).await?;
             }
         }
         let mut inner = self.inner.lock().await;

@@ -10,13 +10,20 @@
 //! generation with one `<container name>/` image directory per container:
 //! [`find_restorable`] is the one place that looks them up (the store's
 //! newest snapshot of the actor, in either tier).
+//!
+//! A new actor can be a clone of another's snapshot (`torpor.dev/restore-from:
+//! <actor>[@<generation>]`, a "golden" snapshot): when it has no snapshot of
+//! its own it is restored from that one, and lives on as itself (its own
+//! generations; the source is only read, pinned by the checkout while the
+//! clone restores from it).
 
 use std::collections::HashMap;
 use std::path::Path;
 
 use crate::actor::Store;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::snapshots::{SnapshotRef, SnapshotStore};
+use crate::spec::{RestoreSource, RESTORE_FROM};
 
 /// CRI's annotation with the container's name in its pod.
 pub const CRI_CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
@@ -48,11 +55,45 @@ impl std::fmt::Display for Identity {
 }
 
 /// The snapshot to restore a new container of `identity` from: the
-/// actor's newest snapshot in the node's store (local or object tier).
-/// Whether it holds an image of the container (`<name>/`) is seen once it
-/// is checked out.
-pub async fn find_restorable(store: &SnapshotStore, identity: &Identity) -> Result<Option<SnapshotRef>> {
-    store.latest(&identity.actor).await
+/// actor's newest snapshot in the node's store (local or object tier);
+/// without one, the snapshot `clone_of` names (`torpor.dev/restore-from`:
+/// an actor's newest, or the given generation, whose existence is seen at
+/// its checkout). A `clone_of` actor without any snapshot is an error
+/// naming the annotation. Whether the snapshot holds an image of the
+/// container (`<name>/`) is seen once it is checked out.
+pub async fn find_restorable(
+    store: &SnapshotStore,
+    identity: &Identity,
+    clone_of: Option<&RestoreSource>,
+) -> Result<Option<SnapshotRef>> {
+    if let Some(own) = store.latest(&identity.actor).await? {
+        return Ok(Some(own));
+    }
+    let Some(src) = clone_of else { return Ok(None) };
+    if let Some(generation) = src.generation {
+        return Ok(Some(SnapshotRef { actor: src.actor.clone(), generation }));
+    }
+    match store.latest(&src.actor).await? {
+        Some(snap) => Ok(Some(snap)),
+        None => Err(Error::InvalidAnnotation {
+            key: RESTORE_FROM.into(),
+            value: src.to_string(),
+            reason: format!("the snapshot store has no snapshot of actor {} (local or object tier)", src.actor),
+        }),
+    }
+}
+
+/// The container names a checked-out snapshot holds images of (sorted).
+pub fn image_names(checkout: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(checkout)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("inventory.img").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }
 
 /// After a container of `actor` was restored and runs: the records dead

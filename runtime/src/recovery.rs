@@ -39,6 +39,7 @@ use crate::identity::{self, Identity};
 use crate::lifecycle::{checkout, release_checkout, with_context};
 use crate::runc::Runc;
 use crate::snapshots::{Checkout, SnapshotRef, SnapshotStore};
+use crate::spec::RestoreSource;
 
 /// A container being restored by identity from a snapshot of the store
 /// (between its create and its start).
@@ -301,7 +302,12 @@ impl Runtime {
     /// answer; every container of the pod is restored from that same
     /// snapshot, each name once. The actor goes RESUMING (persisted, with
     /// the checkout lease) before the container is created.
-    pub(crate) async fn adopt_kept(&self, id: &str, identity: &Identity) -> Result<Option<Adopted>> {
+    ///
+    /// `clone_of` (`torpor.dev/restore-from`): when the actor has no
+    /// snapshot of its own, it is restored from that one instead (a clone:
+    /// from then on its own actor); its own snapshot wins when it has one.
+    /// A source that does not exist fails the create, naming the annotation.
+    pub(crate) async fn adopt_kept(&self, id: &str, identity: &Identity, clone_of: Option<&RestoreSource>) -> Result<Option<Adopted>> {
         let mut slot = self.actor.lock().await;
         let Some((store, rec)) = slot.as_mut() else { return Ok(None) };
         if rec.actor != identity.actor {
@@ -313,11 +319,15 @@ impl Runtime {
             }
             let found = async {
                 let snaps = SnapshotStore::connect().await?;
-                identity::find_restorable(&snaps, identity).await
+                identity::find_restorable(&snaps, identity, clone_of).await
             }
             .await
-            .map_err(|e| with_context(e, &format!("create of {identity}: looking up its snapshot in the store")))?;
+            .map_err(|e| match e {
+                e @ Error::InvalidAnnotation { .. } => e, // a restore-from naming nothing
+                e => with_context(e, &format!("create of {identity}: looking up its snapshot in the store")),
+            })?;
             rec.restore_checked = true;
+            rec.cloned_from = found.as_ref().filter(|s| s.actor != rec.actor).map(|s| s.to_string());
             rec.restore_snapshot = found;
             store.save(rec)?;
         }
@@ -325,13 +335,22 @@ impl Runtime {
         if rec.restored_names.contains(&identity.container) || !matches!(rec.state, Lifecycle::Running | Lifecycle::Resuming) {
             return Ok(None);
         }
+        let cloning = rec.cloned_from.is_some();
         let co = match checkout(&snap).await {
             Ok(co) => co,
             Err(e) => {
                 // Asked again by the next create; never started from bad data.
                 rec.restore_checked = false;
                 rec.restore_snapshot = None;
-                let e = with_context(e, &format!("restore of {identity} from snapshot {snap}"));
+                rec.cloned_from = None;
+                let e = match (e, clone_of) {
+                    (Error::NotFound(m), Some(src)) if cloning => Error::InvalidAnnotation {
+                        key: crate::spec::RESTORE_FROM.into(),
+                        value: src.to_string(),
+                        reason: format!("the snapshot store has no snapshot {snap}: {m}"),
+                    },
+                    (e, _) => with_context(e, &format!("restore of {identity} from snapshot {snap}")),
+                };
                 rec.last_error = Some(e.to_string());
                 store.save(rec)?;
                 return Err(e);
@@ -340,6 +359,20 @@ impl Runtime {
         let image = co.path.join(&identity.container);
         if !image.join("inventory.img").is_file() {
             release_checkout(&co).await;
+            if let (true, Some(src)) = (cloning, clone_of) {
+                // A clone is made of the same containers as its source: a
+                // name it lacks is a mistake, not a sidecar to start cold.
+                let held = identity::image_names(&co.path);
+                return Err(Error::InvalidAnnotation {
+                    key: crate::spec::RESTORE_FROM.into(),
+                    value: src.to_string(),
+                    reason: format!(
+                        "snapshot {snap} holds no image of container {:?} (it holds {}): a clone's containers must have the names of its source's",
+                        identity.container,
+                        if held.is_empty() { "none".to_string() } else { held.join(", ") }
+                    ),
+                });
+            }
             info!(actor = rec.actor.as_str(), container = id, snapshot:% = snap; "the snapshot holds no image of {identity}: starting it cold");
             return Ok(None);
         }
@@ -357,7 +390,11 @@ impl Runtime {
             release_checkout(&co).await;
             return Err(e);
         }
-        info!(actor = rec.actor.as_str(), container = id, snapshot:% = snap; "restoring {identity} from its snapshot in the store");
+        if cloning {
+            info!(actor = rec.actor.as_str(), container = id, snapshot:% = snap; "cloning {identity} from snapshot {snap} (torpor.dev/restore-from)");
+        } else {
+            info!(actor = rec.actor.as_str(), container = id, snapshot:% = snap; "restoring {identity} from its snapshot in the store");
+        }
         Ok(Some(Adopted { identity: identity.clone(), snapshot: snap, checkout: co, image }))
     }
 

@@ -26,6 +26,9 @@ const DURATION_FORM: &str =
 const ACTOR_FORM: &str = "1 to 253 characters of a-z, 0-9, '-', '.', '_' and at most one '/', \
      starting and ending with a letter or digit (e.g. default/my-pod)";
 const PORTS_FORM: &str = "a comma-separated list of TCP ports from 1 to 65535 (e.g. 8080,9090)";
+const RESTORE_FROM_FORM: &str = "<actor> (its newest snapshot) or <actor>@<generation> (a whole number \
+     from 1), where <actor> is 1 to 253 characters of a-z, 0-9, '-', '.', '_' and at most one '/', \
+     starting and ending with a letter or digit (e.g. golden/base or golden/base@3)";
 
 // Kubernetes annotations the CRI plugin sets, used for the default actor id.
 const K8S_POD_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
@@ -40,7 +43,25 @@ pub struct ActorSpec {
     pub freeze_first: Option<Duration>,
     pub keep_local: Option<Duration>,
     pub activate_on: Option<Vec<u16>>,
-    pub restore_from: Option<String>,
+    /// `torpor.dev/restore-from`: the snapshot a new actor is cloned from.
+    pub restore_from: Option<RestoreSource>,
+}
+
+/// The snapshot named by `torpor.dev/restore-from`: an actor's newest, or
+/// one generation of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestoreSource {
+    pub actor: String,
+    pub generation: Option<u64>,
+}
+
+impl std::fmt::Display for RestoreSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.generation {
+            Some(g) => write!(f, "{}@{g}", self.actor),
+            None => f.write_str(&self.actor),
+        }
+    }
 }
 
 impl ActorSpec {
@@ -58,7 +79,7 @@ impl ActorSpec {
                 FREEZE_FIRST => spec.freeze_first = Some(parse_duration(key, value)?),
                 KEEP_LOCAL => spec.keep_local = Some(parse_duration(key, value)?),
                 ACTIVATE_ON => spec.activate_on = Some(parse_ports(key, value)?),
-                RESTORE_FROM => spec.restore_from = Some(parse_actor_id(key, value)?),
+                RESTORE_FROM => spec.restore_from = Some(parse_restore_from(key, value)?),
                 _ => {
                     return Err(invalid(
                         key,
@@ -129,6 +150,24 @@ pub fn parse_actor_id(key: &str, value: &str) -> Result<String> {
     }
 }
 
+/// Parses `<actor>` or `<actor>@<generation>` (generation from 1, digits only).
+pub fn parse_restore_from(key: &str, value: &str) -> Result<RestoreSource> {
+    let reason = format!("expected {RESTORE_FROM_FORM}");
+    let (actor, generation) = match value.split_once('@') {
+        Some((actor, gen)) => {
+            let ok = !gen.is_empty() && gen.len() <= 19 && gen.bytes().all(|b| b.is_ascii_digit());
+            let g: u64 = if ok { gen.parse().unwrap_or(0) } else { 0 };
+            if g == 0 {
+                return Err(invalid(key, value, &reason));
+            }
+            (actor, Some(g))
+        }
+        None => (value, None),
+    };
+    let actor = parse_actor_id(key, actor).map_err(|_| invalid(key, value, &reason))?;
+    Ok(RestoreSource { actor, generation })
+}
+
 fn parse_ports(key: &str, value: &str) -> Result<Vec<u16>> {
     let reason = format!("expected {PORTS_FORM}");
     let mut ports = Vec::new();
@@ -172,7 +211,7 @@ mod tests {
         assert_eq!(s.freeze_first, Some(Duration::from_millis(500)));
         assert_eq!(s.keep_local, Some(Duration::from_secs(300)));
         assert_eq!(s.activate_on, Some(vec![8080, 9090]));
-        assert_eq!(s.restore_from.as_deref(), Some("golden"));
+        assert_eq!(s.restore_from, Some(RestoreSource { actor: "golden".into(), generation: None }));
     }
 
     #[test]
@@ -202,6 +241,21 @@ mod tests {
         }
         for good in ["a", "default/pod-1", "x.y_z", "0"] {
             assert!(parse_actor_id(ACTOR, good).is_ok(), "{good} refused");
+        }
+    }
+
+    #[test]
+    fn restore_from_actor_or_generation() {
+        let r = parse_restore_from(RESTORE_FROM, "golden/base@12").unwrap();
+        assert_eq!(r, RestoreSource { actor: "golden/base".into(), generation: Some(12) });
+        assert_eq!(r.to_string(), "golden/base@12");
+        assert_eq!(parse_restore_from(RESTORE_FROM, "golden").unwrap().to_string(), "golden");
+        for bad in ["", "@3", "golden@", "golden@0", "golden@-1", "golden@+3", "golden@3x", "golden@1@2",
+            "golden@99999999999999999999", "Golden", "../x@1", "a/b/c@1", "golden @1"]
+        {
+            let e = ActorSpec::from_annotations(&ann(&[(RESTORE_FROM, bad)])).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains(RESTORE_FROM) && msg.contains(&format!("{bad:?}")) && msg.contains("<actor>@<generation>"), "{bad}: {msg}");
         }
     }
 

@@ -3,6 +3,8 @@
 # containerd: pods, containers, tasks, shims and their container processes,
 # containerd, the rig's torpor-snapshotter, mounts, network namespaces, the CNI bridge and veths, iptables
 # rules of the rig's network, cgroups, shim sockets and the state dir.
+# Both nodes: node B first (TORPOR_RIG_NODE=b down.sh, also when it was never
+# up), then node A and the S3 server. TORPOR_RIG_NODE=b tears down node B only.
 #
 #   test/rig/down.sh           keep the content store ($TORPOR_RIG_ROOT)
 #   test/rig/down.sh --purge   also delete $TORPOR_RIG_ROOT (images re-import quickly;
@@ -22,8 +24,15 @@ for a in "$@"; do
 	esac
 done
 
-log() { echo "rig/down: $*" >&2; }
+log() { echo "rig/down[node $TORPOR_RIG_NODE]: $*" >&2; }
 [ "$(id -u)" = 0 ] || { log "must run as root"; exit 1; }
+
+node_b_rc=0
+if [ "$TORPOR_RIG_NODE" = a ] && { [ -e "$TORPOR_RIG_B_ROOT" ] || [ -e "$TORPOR_RIG_B_STATE" ]; }; then
+	b_args=()
+	[ "$PURGE" = 1 ] && b_args=(--purge)
+	TORPOR_RIG_NODE=b "$TORPOR_RIG_DIR/down.sh" "${b_args[@]}" || node_b_rc=1
+fi
 
 rig_lock || exit 1
 
@@ -147,8 +156,10 @@ if pid="$(rig_snapshotter_pid)"; then
 fi
 rm -f "$TORPOR_RIG_SNAPSHOTTER_PIDFILE"
 
-# the S3 server (its data under $TORPOR_RIG_S3_DIR stays until --purge)
-"$TORPOR_RIG_DIR/s3.sh" stop || log "could not stop the S3 server"
+# the S3 server, node A's (its data under $TORPOR_RIG_S3_DIR stays until --purge)
+if [ "$TORPOR_RIG_NODE" = a ]; then
+	"$TORPOR_RIG_DIR/s3.sh" stop || log "could not stop the S3 server"
+fi
 
 # --------------------------------------- 3. leftover shims and their containers
 shim_sockets=()
@@ -209,7 +220,8 @@ rm -rf /tmp/ctrd-checkpoint*
 # request dirs and actor records/snapshots (the rig keeps no actor beyond it)
 while read -r ns id; do
 	[ -n "$id" ] || continue
-	rm -rf "/run/torpor/shims/$id.sock" "/run/torpor/actors/${id:?}" "/var/lib/torpor/actors/${id:?}"
+	rm -rf "${TORPOR_SHIM_SOCKET_DIR:-/run/torpor/shims}/$id.sock" "/run/torpor/actors/${id:?}" \
+		"${TORPOR_STATE_ROOT:-/var/lib/torpor}/actors/${id:?}"
 done < <(bundles)
 
 # shim sockets: those seen above plus the well-known hash of every bundle
@@ -320,7 +332,7 @@ left=()
 rig_containerd_pid >/dev/null && left+=("containerd")
 rig_snapshotter_pid >/dev/null && left+=("torpor-snapshotter")
 
-"$TORPOR_RIG_DIR/s3.sh" status 2>/dev/null && left+=("S3 server (versitygw)")
+[ "$TORPOR_RIG_NODE" = a ] && "$TORPOR_RIG_DIR/s3.sh" status 2>/dev/null && left+=("S3 server (versitygw)")
 grep -qF -e " $TORPOR_RIG_STATE/" -e " $TORPOR_RIG_STATE " /proc/self/mountinfo && left+=("mounts under $TORPOR_RIG_STATE")
 grep -qF -e " $TORPOR_RIG_ROOT/" /proc/self/mountinfo && left+=("mounts under $TORPOR_RIG_ROOT")
 ip link show "$TORPOR_RIG_BRIDGE" >/dev/null 2>&1 && left+=("bridge $TORPOR_RIG_BRIDGE")
@@ -331,6 +343,10 @@ fi
 [ -e "$TORPOR_RIG_STATE" ] && left+=("$TORPOR_RIG_STATE")
 if [ "${#left[@]}" -gt 0 ]; then
 	log "LEFT BEHIND: ${left[*]}"
+	exit 1
+fi
+if [ "$node_b_rc" != 0 ]; then
+	log "node A is down, node B left something behind (above)"
 	exit 1
 fi
 log "rig is down"

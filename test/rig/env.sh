@@ -12,14 +12,72 @@
 # touch a containerd that is not the rig's (an inherited CONTAINERD_ADDRESS is
 # deliberately ignored). A second rig beside the first needs its own ROOT,
 # STATE, CNI network name, bridge, subnet and cgroup (see below).
+#
+# Two nodes. The rig is two "nodes" on this machine, A and B: each its own
+# containerd, torpor-snapshotter (own local tier), CNI network (own bridge and
+# pod subnet), cgroup parent and shim state, both sharing node A's S3 server
+# and bucket (the object tier). The TORPOR_RIG_* variables a caller sets are
+# node A's; node B's are derived from them unless TORPOR_RIG_B_* are set:
+#   ROOT <root>-b, STATE <state>-b, CNI_NETWORK <network>-b, BRIDGE <bridge>b,
+#   SUBNET the next /16 (10.240.0.0/16 -> 10.241.0.0/16), CGROUP <cgroup>-b.
+# TORPOR_RIG_NODE=b (default a) makes this environment node B's: the
+# TORPOR_RIG_* below then name node B's things. Both are exported as
+# TORPOR_RIG_A_* / TORPOR_RIG_B_* (ROOT STATE CNI_NETWORK BRIDGE SUBNET CGROUP)
+# and TORPOR_NODE_ID (node-a / node-b) names the node to its daemons.
 
 _rig_env_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 export TORPOR_RIG_DIR="$_rig_env_dir"
 export TORPOR_REPO_ROOT="${TORPOR_REPO_ROOT:-$(cd "$_rig_env_dir/../.." && pwd)}"
-export TORPOR_RIG_ROOT="${TORPOR_RIG_ROOT:-/var/lib/torpor-test}"
-export TORPOR_RIG_STATE="${TORPOR_RIG_STATE:-/run/torpor-test}"
 unset _rig_env_dir
+
+export TORPOR_RIG_NODE="${TORPOR_RIG_NODE:-a}"
+case "$TORPOR_RIG_NODE" in
+a | b) ;;
+*)
+	echo "rig: TORPOR_RIG_NODE=$TORPOR_RIG_NODE: expected a or b" >&2
+	return 1 2>/dev/null || exit 1
+	;;
+esac
+# Node A's names: from TORPOR_RIG_* unless this environment was made for
+# node B by an earlier env.sh (TORPOR_RIG_ENV_NODE=b: TORPOR_RIG_* are node
+# B's then, node A's were saved in TORPOR_RIG_A_*).
+for _v in ROOT:/var/lib/torpor-test STATE:/run/torpor-test CNI_NETWORK:torpor-test \
+	BRIDGE:torpor-test0 SUBNET:10.240.0.0/16 CGROUP:torpor-test; do
+	_k="${_v%%:*}"
+	if [ "${TORPOR_RIG_ENV_NODE:-a}" = b ]; then
+		_a="TORPOR_RIG_A_$_k"
+	else
+		_a="TORPOR_RIG_$_k"
+	fi
+	export "TORPOR_RIG_A_$_k=${!_a:-${_v#*:}}"
+done
+_rig_octet="${TORPOR_RIG_A_SUBNET#*.}"
+_rig_octet="${_rig_octet%%.*}"
+# TORPOR_RIG_B_* exported for another node A (a child that sets up a
+# different rig) are not this rig's.
+if [ -n "${TORPOR_RIG_B_FOR:-}" ] && [ "$TORPOR_RIG_B_FOR" != "$TORPOR_RIG_A_ROOT" ]; then
+	unset TORPOR_RIG_B_ROOT TORPOR_RIG_B_STATE TORPOR_RIG_B_CNI_NETWORK TORPOR_RIG_B_BRIDGE \
+		TORPOR_RIG_B_SUBNET TORPOR_RIG_B_CGROUP
+fi
+export TORPOR_RIG_B_FOR="$TORPOR_RIG_A_ROOT"
+export TORPOR_RIG_B_ROOT="${TORPOR_RIG_B_ROOT:-$TORPOR_RIG_A_ROOT-b}"
+export TORPOR_RIG_B_STATE="${TORPOR_RIG_B_STATE:-$TORPOR_RIG_A_STATE-b}"
+export TORPOR_RIG_B_CNI_NETWORK="${TORPOR_RIG_B_CNI_NETWORK:-$TORPOR_RIG_A_CNI_NETWORK-b}"
+export TORPOR_RIG_B_BRIDGE="${TORPOR_RIG_B_BRIDGE:-${TORPOR_RIG_A_BRIDGE}b}"
+export TORPOR_RIG_B_SUBNET="${TORPOR_RIG_B_SUBNET:-${TORPOR_RIG_A_SUBNET%%.*}.$((_rig_octet + 1)).0.0/16}"
+export TORPOR_RIG_B_CGROUP="${TORPOR_RIG_B_CGROUP:-$TORPOR_RIG_A_CGROUP-b}"
+# this environment's node
+_n="$(tr a-z A-Z <<<"$TORPOR_RIG_NODE")"
+for _k in ROOT STATE CNI_NETWORK BRIDGE SUBNET CGROUP; do
+	_a="TORPOR_RIG_${_n}_$_k"
+	export "TORPOR_RIG_$_k=${!_a}"
+done
+unset _v _k _a _n
+_rig_was_b=0
+if [ "${TORPOR_RIG_ENV_NODE:-a}" = b ]; then _rig_was_b=1; fi
+export TORPOR_RIG_ENV_NODE="$TORPOR_RIG_NODE"
+export TORPOR_NODE_ID="node-$TORPOR_RIG_NODE"
 
 # containerd
 export TORPOR_RIG_CONTAINERD_ROOT="$TORPOR_RIG_ROOT/containerd"
@@ -46,14 +104,24 @@ export TORPOR_RIG_SNAPSHOTTER_PIDFILE="$TORPOR_RIG_STATE/snapshotter.pid"
 export TORPOR_RIG_CNI_BIN_DIR="${TORPOR_RIG_CNI_BIN_DIR:-/opt/cni/bin}"
 export TORPOR_RIG_CNI_CONF_DIR="$TORPOR_RIG_STATE/cni/net.d"
 export TORPOR_RIG_CNI_IPAM_DIR="$TORPOR_RIG_STATE/cni/ipam"
-# (overridable only to run a second, separate rig beside this one)
-export TORPOR_RIG_CNI_NETWORK="${TORPOR_RIG_CNI_NETWORK:-torpor-test}"
-export TORPOR_RIG_BRIDGE="${TORPOR_RIG_BRIDGE:-torpor-test0}"
-export TORPOR_RIG_SUBNET="${TORPOR_RIG_SUBNET:-10.240.0.0/16}"
+# TORPOR_RIG_CNI_NETWORK, TORPOR_RIG_BRIDGE, TORPOR_RIG_SUBNET: the node's
+# network (above; overridable only to run a second, separate rig beside this one)
 export TORPOR_RIG_SUBNET_PREFIX="${TORPOR_RIG_SUBNET%.*.*}."
-# cgroupfs parent (below each hierarchy's root) of the test pods' cgroups; the
-# tests use /$TORPOR_RIG_CGROUP/pod-<name>, down.sh removes what is left.
-export TORPOR_RIG_CGROUP="${TORPOR_RIG_CGROUP:-torpor-test}"
+# TORPOR_RIG_CGROUP (above): cgroupfs parent (below each hierarchy's root) of
+# the test pods' cgroups; the tests use /$TORPOR_RIG_CGROUP/pod-<name>,
+# down.sh removes what is left.
+
+# torpor's own host state. Node A's shims use the defaults (/var/lib/torpor,
+# /run/torpor/shims, /run/torpor/actors.lock: keyed by unique ids, shared with
+# other rigs); node B's shims and torporctl have their own, as on another
+# machine (containerd passes its environment on to the shims).
+if [ "$TORPOR_RIG_NODE" = b ]; then
+	export TORPOR_STATE_ROOT="$TORPOR_RIG_ROOT/torpor"
+	export TORPOR_SHIM_SOCKET_DIR="$TORPOR_RIG_STATE/torpor/shims"
+	export TORPOR_CLAIM_DIR="$TORPOR_RIG_STATE/torpor/actors.lock"
+elif [ "$_rig_was_b" = 1 ]; then
+	unset TORPOR_STATE_ROOT TORPOR_SHIM_SOCKET_DIR TORPOR_CLAIM_DIR
+fi
 
 # Crash points of the test shim (a `failpoints` build, see run-tests.sh and
 # runtime/src/failpoint.rs): containerd passes its environment on to the
@@ -150,21 +218,22 @@ rig_lock() {
 # by up.sh, stopped by down.sh; test/rig/s3.sh start|stop|status controls it
 # (tests stop and restart it). The port follows the subnet's second octet so
 # that side-by-side rigs do not collide (10.240.0.0/16 -> 19240).
-_rig_octet="${TORPOR_RIG_SUBNET#*.}"
-export TORPOR_RIG_S3_PORT="${TORPOR_RIG_S3_PORT:-$((19000 + ${_rig_octet%%.*}))}"
+# Node A's server, for both nodes.
+export TORPOR_RIG_S3_PORT="${TORPOR_RIG_S3_PORT:-$((19000 + _rig_octet))}"
 unset _rig_octet
 export TORPOR_RIG_S3_ENDPOINT="http://127.0.0.1:$TORPOR_RIG_S3_PORT"
 export TORPOR_RIG_S3_BUCKET="${TORPOR_RIG_S3_BUCKET:-torpor}"
 export TORPOR_RIG_S3_REGION="us-east-1"
 export TORPOR_RIG_S3_ACCESS_KEY="torpor-rig"
 export TORPOR_RIG_S3_SECRET_KEY="torpor-rig-secret-key"
-export TORPOR_RIG_S3_DIR="$TORPOR_RIG_ROOT/s3"
-export TORPOR_RIG_S3_PIDFILE="$TORPOR_RIG_STATE/s3.pid"
-export TORPOR_RIG_S3_LOG="$TORPOR_RIG_STATE/s3.log"
+export TORPOR_RIG_S3_DIR="$TORPOR_RIG_A_ROOT/s3"
+export TORPOR_RIG_S3_PIDFILE="$TORPOR_RIG_A_STATE/s3.pid"
+export TORPOR_RIG_S3_LOG="$TORPOR_RIG_A_STATE/s3.log"
 
 # The object tier is sealed (docs/STORE.md, "Encryption") under the key
 # $TORPOR_RIG_STORE_KEY_DIR/$TORPOR_RIG_STORE_KEY_ID, generated by up.sh and
 # kept with the data it seals (persistent, like the S3 data; --purge drops
 # both). A test restarts the daemon under another key id.
-export TORPOR_RIG_STORE_KEY_DIR="$TORPOR_RIG_ROOT/keys"
+export TORPOR_RIG_STORE_KEY_DIR="$TORPOR_RIG_A_ROOT/keys"
 export TORPOR_RIG_STORE_KEY_ID="${TORPOR_RIG_STORE_KEY_ID:-rig}"
+unset _rig_was_b

@@ -8,6 +8,10 @@
 # they are reused (only the images are re-imported). Tear down with
 # test/rig/down.sh.
 #
+# Two nodes (env.sh): node A, then node B (TORPOR_RIG_NODE=b up.sh: its own
+# containerd, torpor-snapshotter, CNI network and cgroup parent, node A's S3
+# server as its object tier). TORPOR_RIG_NODE_B=0 brings up node A only.
+#
 # Environment:
 #   TORPOR_RIG_ROOT, TORPOR_RIG_STATE   see env.sh
 #   TORPOR_IMAGES_DIR                   where the test image tars are (/var/cache/torpor/images)
@@ -21,8 +25,8 @@ set -euo pipefail
 # shellcheck source=env.sh
 . "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
-log() { echo "rig/up: $*" >&2; }
-die() { echo "rig/up: ERROR: $*" >&2; exit 1; }
+log() { echo "rig/up[node $TORPOR_RIG_NODE]: $*" >&2; }
+die() { echo "rig/up[node $TORPOR_RIG_NODE]: ERROR: $*" >&2; exit 1; }
 
 [ "$(id -u)" = 0 ] || die "must run as root"
 
@@ -303,7 +307,8 @@ if pid="$(rig_containerd_pid)"; then
 else
 	# Remember the host's ip_forward (the bridge plugin turns it on) so that
 	# down.sh can put it back. Only the first up after a down records it.
-	if [ ! -f "$TORPOR_RIG_ROOT/ip_forward.orig" ]; then
+	# (node A's: one host setting for both nodes)
+	if [ "$TORPOR_RIG_NODE" = a ] && [ ! -f "$TORPOR_RIG_ROOT/ip_forward.orig" ]; then
 		cat /proc/sys/net/ipv4/ip_forward >"$TORPOR_RIG_ROOT/ip_forward.orig"
 	fi
 	write_cni_conf
@@ -332,3 +337,7 @@ fi
 
 import_images
 log "ready: CONTAINERD_ADDRESS=$TORPOR_RIG_ADDRESS CONTAINER_RUNTIME_ENDPOINT=unix://$TORPOR_RIG_ADDRESS"
+
+if [ "$TORPOR_RIG_NODE" = a ] && [ "${TORPOR_RIG_NODE_B:-1}" != 0 ]; then
+	TORPOR_RIG_NODE=b "$TORPOR_RIG_DIR/up.sh" || die "node B did not come up (TORPOR_RIG_NODE=b test/rig/up.sh)"
+fi

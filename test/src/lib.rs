@@ -19,11 +19,13 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use serde_json;
+
+mod node;
+pub use node::{DeadNode, Node, SnapshotsGuardAll};
 
 /// Generous liveness limit for one state change (pod ready, container running, ...).
 pub const LIVENESS: Duration = Duration::from_secs(120);
@@ -83,17 +85,15 @@ fn find_binary(env_key: &str, name: &str) -> String {
     name.to_string()
 }
 
-/// The rig settings (read once from the environment).
+/// The rig settings of node A, the node every single-node test uses (read
+/// once from the environment). [`Node::b`] is the second node.
 pub fn rig() -> &'static Rig {
-    static RIG: OnceLock<Rig> = OnceLock::new();
-    RIG.get_or_init(|| {
-        let state_dir = env_or("TORPOR_RIG_STATE", "/run/torpor-test");
-        // Only the rig's own variables are read: an inherited CONTAINERD_ADDRESS
-        // or CONTAINER_RUNTIME_ENDPOINT may point at the host's containerd.
-        let address = env_or(
-            "TORPOR_RIG_ADDRESS",
-            &format!("{state_dir}/containerd.sock"),
-        );
+    &Node::a().rig
+}
+
+impl Rig {
+    /// The settings of a node whose state dir is `state_dir`.
+    fn for_node(state_dir: String, address: String, cgroup: String) -> Rig {
         let cri_endpoint = format!("unix://{address}");
         Rig {
             containerd_state: format!("{state_dir}/containerd"),
@@ -101,12 +101,12 @@ pub fn rig() -> &'static Rig {
             ctr: find_binary("TORPOR_CTR", "ctr"),
             runtime: env_or("TORPOR_TEST_RUNTIME", "torpor"),
             crictl_timeout: env_or("TORPOR_CRICTL_TIMEOUT", "120s"),
-            cgroup: env_or("TORPOR_RIG_CGROUP", "torpor-test"),
+            cgroup,
             address,
             cri_endpoint,
             state_dir,
         }
-    })
+    }
 }
 
 /// CRI runtime handler under test (`TORPOR_TEST_RUNTIME`, default `torpor`).
@@ -210,6 +210,16 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
+    run_env(program, args, stdin, limit, &[])
+}
+
+/// [`run_with`] with extra environment variables for the program.
+#[track_caller]
+pub fn run_env<I, S>(program: &str, args: I, stdin: Option<&[u8]>, limit: Duration, env: &[(String, String)]) -> Output
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
     let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
     let cmdline = std::iter::once(program.to_string())
         .chain(args.iter().map(|a| a.to_string_lossy().into_owned()))
@@ -222,6 +232,7 @@ where
     if Path::new(crictl_cfg).is_file() {
         command.env("CRI_CONFIG_FILE", crictl_cfg);
     }
+    command.envs(env.iter().map(|(k, v)| (k, v)));
     let mut child = command
         .args(&args)
         .stdin(if stdin.is_some() {
@@ -301,61 +312,34 @@ where
     run_with(program, args, None, COMMAND_LIMIT)
 }
 
-fn crictl_base() -> Vec<String> {
-    let r = rig();
-    vec![
-        "--runtime-endpoint".into(),
-        r.cri_endpoint.clone(),
-        "--image-endpoint".into(),
-        r.cri_endpoint.clone(),
-        "--timeout".into(),
-        r.crictl_timeout.clone(),
-    ]
-}
-
-/// `crictl <args>` against the rig.
+/// `crictl <args>` against the rig (node A).
 #[track_caller]
 pub fn crictl(args: &[&str]) -> Output {
-    let mut all = crictl_base();
-    all.extend(args.iter().map(|s| s.to_string()));
-    run_with(&rig().crictl, all, None, COMMAND_LIMIT)
+    Node::a().crictl(args)
 }
 
 /// `crictl <args>` with `input` on stdin.
 #[track_caller]
 pub fn crictl_stdin(args: &[&str], input: &[u8]) -> Output {
-    let mut all = crictl_base();
-    all.extend(args.iter().map(|s| s.to_string()));
-    run_with(&rig().crictl, all, Some(input), COMMAND_LIMIT)
+    Node::a().crictl_stdin(args, input)
 }
 
 /// `crictl <args>`, panicking on failure; returns trimmed stdout.
 #[track_caller]
 pub fn crictl_ok(args: &[&str]) -> String {
-    crictl(args).ok().trim().to_string()
+    Node::a().crictl_ok(args)
 }
 
 /// `crictl <args>` whose stdout is JSON.
 #[track_caller]
 pub fn crictl_json(args: &[&str]) -> Value {
-    let out = crictl(args);
-    let text = out.clone().ok();
-    serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("bad JSON from {}: {e}\n{text}", out.cmdline))
+    Node::a().crictl_json(args)
 }
 
-/// `ctr --address <rig> -n <namespace> <args>`.
+/// `ctr --address <rig> -n <namespace> <args>` (node A).
 #[track_caller]
 pub fn ctr(namespace: &str, args: &[&str]) -> Output {
-    let r = rig();
-    let mut all: Vec<String> = vec![
-        "--address".into(),
-        r.address.clone(),
-        "-n".into(),
-        namespace.into(),
-    ];
-    all.extend(args.iter().map(|s| s.to_string()));
-    run(&r.ctr, all)
+    Node::a().ctr(namespace, args)
 }
 
 /// `ctr` with a custom limit (for `ctr run` of a process that runs a while).
@@ -372,54 +356,49 @@ pub fn ctr_with(namespace: &str, args: &[&str], stdin: Option<&[u8]>, limit: Dur
     run_with(&r.ctr, all, stdin, limit)
 }
 
-/// Fails the test unless the rig answers and has the test images. Call at the
-/// start of each test: a clear message beats a cascade of crictl errors.
+/// Fails the test unless the rig (node A) answers and has the test images.
+/// Call at the start of each test: a clear message beats a cascade of crictl
+/// errors.
 #[track_caller]
 pub fn require_rig() {
-    static CHECKED: OnceLock<Result<(), String>> = OnceLock::new();
-    let res = CHECKED.get_or_init(|| {
-        let r = rig();
-        let info = std::panic::catch_unwind(|| crictl(&["info"]));
-        let info = match info {
-            Ok(o) if o.success() => o,
-            Ok(o) => {
-                return Err(format!(
-                    "the rig's CRI at {} does not answer (start it with test/rig/up.sh):\n{o}",
-                    r.cri_endpoint
-                ))
-            }
-            Err(_) => return Err(format!("cannot run crictl ({})", r.crictl)),
-        };
-        let v: Value =
-            serde_json::from_str(&info.stdout).map_err(|e| format!("crictl info: {e}"))?;
-        let conds = v["status"]["conditions"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
-        for want in ["RuntimeReady", "NetworkReady"] {
-            let ok = conds
-                .iter()
-                .any(|c| c["type"] == want && c["status"] == true);
-            if !ok {
-                return Err(format!("CRI condition {want} is not true: {}", v["status"]));
-            }
+    Node::a().require()
+}
+
+/// Whether `node`'s CRI answers, is ready and has the test images.
+fn check_node(node: &Node) -> Result<(), String> {
+    let r = &node.rig;
+    let info = std::panic::catch_unwind(|| node.crictl(&["info"]));
+    let info = match info {
+        Ok(o) if o.success() => o,
+        Ok(o) => {
+            return Err(format!(
+                "the CRI of node {} at {} does not answer (start the rig with test/rig/up.sh):\n{o}",
+                node.letter, r.cri_endpoint
+            ))
         }
-        let images = crictl(&["images", "-o", "json"]);
-        if !images.success() {
-            return Err(format!("crictl images failed: {images}"));
+        Err(_) => return Err(format!("cannot run crictl ({})", r.crictl)),
+    };
+    let v: Value = serde_json::from_str(&info.stdout).map_err(|e| format!("crictl info: {e}"))?;
+    let conds = v["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    for want in ["RuntimeReady", "NetworkReady"] {
+        let ok = conds.iter().any(|c| c["type"] == want && c["status"] == true);
+        if !ok {
+            return Err(format!("node {}: CRI condition {want} is not true: {}", node.letter, v["status"]));
         }
-        for img in [ACTOR_IMAGE, PAUSE_IMAGE] {
-            if !images.stdout.contains(img) {
-                return Err(format!(
-                    "image {img} is not in the rig (namespace k8s.io); run test/rig/up.sh"
-                ));
-            }
-        }
-        Ok(())
-    });
-    if let Err(e) = res {
-        panic!("test rig not usable: {e}");
     }
+    let images = node.crictl(&["images", "-o", "json"]);
+    if !images.success() {
+        return Err(format!("crictl images failed: {images}"));
+    }
+    for img in [ACTOR_IMAGE, PAUSE_IMAGE] {
+        if !images.stdout.contains(img) {
+            return Err(format!(
+                "image {img} is not in node {} (namespace k8s.io); run test/rig/up.sh",
+                node.letter
+            ));
+        }
+    }
+    Ok(())
 }
 
 // --------------------------------------------------------------- polling
@@ -484,8 +463,13 @@ pub fn write_json(dir: &Path, name: &str, value: &Value) -> String {
 
 // ------------------------------------------------------------ CRI configs
 
-/// A CRI PodSandboxConfig as kubelet would send it (cgroupfs driver).
+/// A CRI PodSandboxConfig as kubelet would send it (cgroupfs driver), for node A.
 pub fn pod_config(name: &str, annotations: &BTreeMap<String, String>, log_dir: &Path) -> Value {
+    pod_config_on(Node::a(), name, annotations, log_dir)
+}
+
+/// [`pod_config`] for a pod of `node` (its cgroup parent).
+pub fn pod_config_on(node: &Node, name: &str, annotations: &BTreeMap<String, String>, log_dir: &Path) -> Value {
     let uid = format!("uid-{name}");
     json!({
         "metadata": {
@@ -499,7 +483,7 @@ pub fn pod_config(name: &str, annotations: &BTreeMap<String, String>, log_dir: &
         "labels": { "torpor-test": "true" },
         "annotations": annotations,
         "linux": {
-            "cgroup_parent": format!("/{}/pod-{name}", rig().cgroup),
+            "cgroup_parent": format!("/{}/pod-{name}", node.rig.cgroup),
             "security_context": {
                 "namespace_options": { "network": 0, "pid": 1, "ipc": 0 }
             }
@@ -528,6 +512,8 @@ pub fn container_config(name: &str, args: &[&str]) -> Value {
 pub struct Pod {
     pub id: String,
     pub name: String,
+    /// The node it runs on (node A unless made with [`Pod::run_on`]...).
+    pub node: &'static Node,
     /// The PodSandboxConfig file (needed by `crictl create`).
     pub config_path: String,
     pub log_dir: PathBuf,
@@ -560,7 +546,31 @@ impl Pod {
 
     /// `crictl runp`, returning the failed command's output on error.
     pub fn try_run(prefix: &str, opts: PodOptions) -> Result<Pod, Output> {
-        Self::try_run_exact(&unique_name(prefix), 0, opts)
+        Self::try_run_exact(Node::a(), &unique_name(prefix), 0, opts)
+    }
+
+    /// [`Pod::run_with`] on `node`.
+    #[track_caller]
+    pub fn run_on(node: &'static Node, prefix: &str, opts: PodOptions) -> Pod {
+        match Self::try_run_on(node, prefix, opts) {
+            Ok(p) => p,
+            Err(o) => panic!("crictl runp on node {} failed: {o}", node.letter),
+        }
+    }
+
+    /// [`Pod::try_run`] on `node`.
+    pub fn try_run_on(node: &'static Node, prefix: &str, opts: PodOptions) -> Result<Pod, Output> {
+        Self::try_run_exact(node, &unique_name(prefix), 0, opts)
+    }
+
+    /// A pod named `name` on `node` (e.g. the same pod name as one that
+    /// ran on the other node: the same default actor id).
+    #[track_caller]
+    pub fn run_named_on(node: &'static Node, name: &str, opts: PodOptions) -> Pod {
+        match Self::try_run_exact(node, name, 0, opts) {
+            Ok(p) => p,
+            Err(o) => panic!("crictl runp of {name} on node {} failed: {o}", node.letter),
+        }
     }
 
     /// `crictl runp` of the pod `name` (as made by [`Pod::run`]) once more,
@@ -568,14 +578,14 @@ impl Pod {
     /// died (the pod keeps its name, namespace and uid).
     #[track_caller]
     pub fn run_again(name: &str, attempt: u32, opts: PodOptions) -> Pod {
-        match Self::try_run_exact(name, attempt, opts) {
+        match Self::try_run_exact(Node::a(), name, attempt, opts) {
             Ok(p) => p,
             Err(o) => panic!("crictl runp (attempt {attempt}) failed: {o}"),
         }
     }
 
-    fn try_run_exact(name: &str, attempt: u32, opts: PodOptions) -> Result<Pod, Output> {
-        require_rig();
+    fn try_run_exact(node: &'static Node, name: &str, attempt: u32, opts: PodOptions) -> Result<Pod, Output> {
+        node.require();
         let name = name.to_string();
         let dir = if attempt == 0 {
             TempDir::named(&name)
@@ -584,22 +594,23 @@ impl Pod {
         };
         let log_dir = dir.path().join("logs");
         std::fs::create_dir_all(&log_dir).unwrap();
-        let mut cfg = pod_config(&name, &opts.annotations, &log_dir);
+        let mut cfg = pod_config_on(node, &name, &opts.annotations, &log_dir);
         cfg["metadata"]["attempt"] = json!(attempt);
         let config_path = write_json(dir.path(), "pod.json", &cfg);
         let runtime = opts
             .runtime
             .unwrap_or_else(|| runtime_handler().to_string());
-        let out = crictl(&["runp", "--runtime", &runtime, &config_path]);
+        let out = node.crictl(&["runp", "--runtime", &runtime, &config_path]);
         if !out.success() {
             // runp may have left a NotReady sandbox behind on failure: clean it.
-            remove_pods_named(&name);
+            node.remove_pods_named(&name);
             return Err(out);
         }
         let id = out.stdout.trim().to_string();
         Ok(Pod {
             id,
             name,
+            node,
             config_path,
             log_dir,
             dir,
@@ -619,7 +630,7 @@ impl Pod {
             .unwrap_or("ctr")
             .to_string();
         let path = write_json(self.dir.path(), &format!("ctr-{cname}.json"), config);
-        let out = crictl(&["create", &self.id, &path, &self.config_path]);
+        let out = self.node.crictl(&["create", &self.id, &path, &self.config_path]);
         if out.success() {
             Ok(out.stdout.trim().to_string())
         } else {
@@ -644,14 +655,14 @@ impl Pod {
     #[track_caller]
     pub fn start_config(&self, config: &Value) -> String {
         let id = self.create(config);
-        crictl_ok(&["start", &id]);
+        self.node.crictl_ok(&["start", &id]);
         id
     }
 
     /// `crictl inspectp` as JSON.
     #[track_caller]
     pub fn inspect(&self) -> Value {
-        crictl_json(&["inspectp", "-o", "json", &self.id])
+        self.node.crictl_json(&["inspectp", "-o", "json", &self.id])
     }
 
     /// SANDBOX_READY / SANDBOX_NOTREADY
@@ -684,8 +695,8 @@ impl Pod {
     /// Stop and remove now (checked); Drop then does nothing.
     #[track_caller]
     pub fn remove(mut self) {
-        crictl_ok(&["stopp", &self.id]);
-        crictl_ok(&["rmp", &self.id]);
+        self.node.crictl_ok(&["stopp", &self.id]);
+        self.node.crictl_ok(&["rmp", &self.id]);
         self.removed = true;
     }
 }
@@ -697,21 +708,15 @@ impl Drop for Pod {
         }
         // Best effort, never panics (may run during unwinding).
         let _ = std::panic::catch_unwind(|| {
-            let _ = crictl(&["stopp", &self.id]);
-            let _ = crictl(&["rmp", "-f", &self.id]);
+            let _ = self.node.crictl(&["stopp", &self.id]);
+            let _ = self.node.crictl(&["rmp", "-f", &self.id]);
         });
     }
 }
 
-/// Removes every pod (any state) whose metadata name is `name`.
+/// Removes every pod (any state) of node A whose metadata name is `name`.
 pub fn remove_pods_named(name: &str) {
-    let _ = std::panic::catch_unwind(|| {
-        let out = crictl(&["pods", "--name", name, "-q"]);
-        for id in out.stdout.split_whitespace() {
-            let _ = crictl(&["stopp", id]);
-            let _ = crictl(&["rmp", "-f", id]);
-        }
-    });
+    Node::a().remove_pods_named(name)
 }
 
 /// The network namespace path in a `crictl inspectp` JSON.
@@ -727,10 +732,10 @@ pub fn netns_path_of(inspectp: &Value) -> Option<String> {
 
 // ------------------------------------------------------------- containers
 
-/// `crictl inspect` as JSON.
+/// `crictl inspect` as JSON (node A).
 #[track_caller]
 pub fn inspect_container(id: &str) -> Value {
-    crictl_json(&["inspect", "-o", "json", id])
+    Node::a().inspect_container(id)
 }
 
 /// The container's CRI state: CONTAINER_CREATED / RUNNING / EXITED / UNKNOWN.
@@ -742,14 +747,18 @@ pub fn container_state(id: &str) -> String {
         .to_string()
 }
 
-/// Waits until the container is in `state`; returns the inspect JSON.
+/// Waits until the container (of node A) is in `state`; returns the inspect JSON.
 #[track_caller]
 pub fn wait_container_state(id: &str, state: &str) -> Value {
+    Node::a().wait_container_state(id, state)
+}
+
+fn wait_container_state_on(node: &Node, id: &str, state: &str) -> Value {
     let mut last = Value::Null;
-    let what = format!("container {id} to be {state}");
+    let what = format!("container {id} (node {}) to be {state}", node.letter);
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wait_for(&what, LIVENESS, || {
-            let v = inspect_container(id);
+            let v = node.inspect_container(id);
             let ok = v["status"]["state"] == state;
             last = v.clone();
             ok.then_some(v)

@@ -1261,6 +1261,8 @@ impl CriulessRig {
                 format!("{}-nocriu", rig().cgroup),
             ),
             ("TORPOR_SHIM_DIR".into(), bin.to_string_lossy().into_owned()),
+            // one node is enough here
+            ("TORPOR_RIG_NODE_B".into(), "0".into()),
         ];
         let me = CriulessRig {
             env,

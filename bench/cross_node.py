@@ -1,0 +1,668 @@
+#!/usr/bin/env python3
+"""Two nodes (the rig's node A and node B: two containerds, two
+torpor-snapshotters with separate local tiers, one S3 server, versitygw on
+loopback): resume_cross_node_256mib_ms and clone_10_actors_ms.
+
+**resume_cross_node_256mib_ms** (p50, p99; >= 30 runs). One run:
+
+1. untimed, node A: a torpor pod with `torpor.dev/actor: bench-xn-<random>`
+   running `/actor counter --port 8080 --alloc-mib 256 --seed <random>` (a
+   memory pattern no earlier run had: nothing deduplicates against an
+   earlier run's chunks); `inc`; its memory CRC (`sum`); `torporctl
+   suspend`; the snapshot committed (`snapshots ls`); `torporctl snapshots
+   upload` (durable in S3); `torporctl snapshots evict` (node A's local
+   copy dropped); the pod removed (a SUSPENDED actor's snapshots stay).
+   The snapshot is now only in the object tier.
+2. TIMED, node B: from the start of `crictl runp` of a pod of the same
+   actor, through `crictl create`, `crictl start` (the shim's create finds
+   the actor's newest snapshot in S3, node B's store fetches and verifies
+   it, CRIU restores it), `crictl inspectp` (the pod IP), until the first
+   byte of the answer to `inc` sent to POD_IP:8080 (connect retried every
+   1 ms while refused). The answer must be the counter + 1; afterwards
+   (untimed) the memory CRC must be the one before the suspend.
+3. untimed: the pod on node B removed, the actor's snapshots removed from
+   both nodes' stores (and S3).
+
+One unmeasured run first. Phases (p50/p99 per step) are kept, with the
+shim's `last_resume_ms` (checkout incl. the fetch, and the restore).
+
+No baseline: containerd-shim-runc-v2 has no cross-node restore (its
+checkpoints are images in one containerd's content store; moving one to
+another node is a registry push/pull outside containerd).
+
+**clone_10_actors_ms** (p50 over repetitions; the runtimes' repetitions
+alternate, one unmeasured warm-up each). A golden actor (`/actor
+counter --alloc-mib 64`, counted to 3) is suspended on node A; its snapshot
+stays in node A's store (local). One repetition: from the start until all
+10 clones answered — 10 threads at once, each `crictl runp` of a pod with
+`torpor.dev/actor: <clone id>` and `torpor.dev/restore-from: <golden
+actor>`, `crictl create`, `crictl start` (restored from the golden
+snapshot), `crictl inspectp`, `inc` at POD_IP:8080 until the first byte of
+the answer, which must be 4 (golden counter + 1). The clones' memory CRC
+must be the golden one (untimed). Then the 10 pods are removed.
+
+Baseline (runc-v2): one `ctr run` container of the same actor (its own
+network namespace), counted to 3, `ctr c checkpoint --rw --task` into one
+checkpoint image, the task deleted; one repetition: 10 threads at once,
+each `ctr c restore --rw --live <clone id> <image>` (runc restore from
+containerd's unpacked copy of the image), `ctr task ls` for the restored
+pid, then, in a thread that entered the clone's network namespace (setns),
+`lo` brought up (an ioctl: runc restores a container's own network
+namespace with its loopback down) and `inc` at 127.0.0.1:8080 until the
+first byte of the answer, which must be 4. No pods: containerd's CRI has no restore, and
+`ctr c restore` keeps the checkpointed container's namespaces (so the
+baseline has no pod to create and no pod IP to look up; it does less).
+
+    bench/cross_node.py [--runs N] [--clone-reps R]
+
+Environment: TORPOR_BENCH_XN_RUNS (default 30), TORPOR_BENCH_CLONE_REPS
+(default 5), TORPOR_BENCH_XN_ONLY (`resume` or `clone`: one of the two),
+TORPOR_RIG_B_STATE / TORPOR_RIG_B_ROOT / TORPOR_RIG_B_CGROUP (node B, from
+test/rig/env.sh), TORPOR_TORPORCTL, TORPOR_CTR.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import threading
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
+import suspend_resume as sr  # noqa: E402
+from bench import log  # noqa: E402
+
+MIB = 256
+CLONES = 10
+CLONE_MIB = 64
+PORT = 8080
+COMMIT_TIMEOUT_S = 300.0
+NS = "default"
+CLONE_ID_PREFIX = "bench-clone-"
+CLONE_IMAGE_PREFIX = "localhost/torpor-bench/clone/"
+CLONE_GOLDEN_COUNT = 3
+
+
+# ------------------------------------------------------------------- nodes
+
+class Node:
+    """One node of the rig: its CRI endpoint, cgroup parent, store and shims."""
+
+    def __init__(self, letter: str, state: str, root: str, cgroup: str):
+        self.letter = letter
+        self.state = state
+        self.address = os.path.join(state, "containerd.sock")
+        self.cgroup_root = "/" + cgroup.strip("/")
+        if letter == "a":
+            self.env = {}  # env.sh's (node A's) TORPOR_STORE_SOCKET etc.
+        else:
+            self.env = {"TORPOR_STORE_SOCKET": os.path.join(state, "torpor", "store.sock"),
+                        "TORPOR_SHIM_SOCKET_DIR": os.path.join(state, "torpor", "shims"),
+                        "TORPOR_STATE_ROOT": os.path.join(root, "torpor")}
+
+    def crictl(self, *args, timeout=bench.CALL_TIMEOUT_S, check=True) -> str:
+        endpoint = f"unix://{self.address}"
+        argv = [bench.CRICTL, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint,
+                "--timeout", f"{int(timeout)}s", *args]
+        return bench.run(argv, timeout=timeout + 5, check=check)
+
+    def crictl_json(self, *args):
+        return json.loads(self.crictl(*args))
+
+    def torporctl(self, *args, timeout=sr.CALL_TIMEOUT_S):
+        """torporctl --json against the node's store and shims."""
+        import subprocess
+        argv = [sr.TORPORCTL, "--json", *args]
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                               env={**os.environ, **self.env})
+        except subprocess.TimeoutExpired as e:
+            raise bench.CommandError(argv, None, bench._text(e.stdout), bench._text(e.stderr), timed_out=True) from None
+        if p.returncode != 0:
+            raise bench.CommandError(argv, p.returncode, p.stdout, p.stderr)
+        return json.loads(p.stdout) if p.stdout.strip() else None
+
+    def ready(self) -> bool:
+        try:
+            info = self.crictl_json("info")
+        except (bench.CommandError, ValueError):
+            return False
+        conds = {c.get("type"): c.get("status") for c in info.get("status", {}).get("conditions", [])}
+        return bool(conds.get("RuntimeReady")) and bool(conds.get("NetworkReady"))
+
+    def cleanup_pods(self) -> int:
+        ids = self.crictl("pods", "--label", f"{bench.BENCH_LABEL}=true", "-q", check=False).split()
+        for pid in ids:
+            self.crictl("stopp", pid, check=False)
+            self.crictl("rmp", "-f", pid, check=False)
+        return len(ids)
+
+    def remove_snapshots(self, actor: str) -> None:
+        try:
+            snaps = self.torporctl("snapshots", "ls", actor) or []
+        except (bench.CommandError, ValueError):
+            return
+        for s in snaps:
+            try:
+                self.torporctl("snapshots", "rm", s["snapshot"])
+            except (bench.CommandError, ValueError) as e:
+                log(f"cross_node: node {self.letter}: snapshots rm {s['snapshot']}: {e}")
+
+
+def nodes():
+    env_b = os.environ.get("TORPOR_RIG_ENV_NODE") == "b"
+    a_state = os.environ.get("TORPOR_RIG_A_STATE" if env_b else "TORPOR_RIG_STATE", "/run/torpor-test")
+    a_root = os.environ.get("TORPOR_RIG_A_ROOT" if env_b else "TORPOR_RIG_ROOT", "/var/lib/torpor-test")
+    a_cg = os.environ.get("TORPOR_RIG_A_CGROUP" if env_b else "TORPOR_RIG_CGROUP", "torpor-test")
+    a = Node("a", a_state, a_root, a_cg)
+    b = Node("b", os.environ.get("TORPOR_RIG_B_STATE", a_state + "-b"),
+             os.environ.get("TORPOR_RIG_B_ROOT", a_root + "-b"),
+             os.environ.get("TORPOR_RIG_B_CGROUP", a_cg + "-b"))
+    return a, b
+
+
+class NodePod:
+    """A torpor pod on a node (BenchPod's steps, bound to the node)."""
+
+    def __init__(self, node: Node, prefix: str, annotations=None, name=None):
+        self.node = node
+        self.name = name or bench.unique_name(prefix)
+        self.dir = os.path.join(bench.work_root(), f"{self.name}-{node.letter}")
+        self.log_dir = os.path.join(self.dir, "logs")
+        os.makedirs(self.log_dir, exist_ok=True)
+        cfg = bench.pod_config(self.name, self.log_dir, annotations)
+        cfg["linux"]["cgroup_parent"] = f"{node.cgroup_root}/pod-{self.name}"
+        self.config_path = bench._write_json(self.dir, "pod.json", cfg)
+        self.id = None
+
+    def run(self) -> str:
+        self.id = self.node.crictl("runp", "--runtime", bench.RUNTIMES[bench.TORPOR]["handler"], self.config_path).strip()
+        return self.id
+
+    def create_counter(self, mib: int, seed: int) -> str:
+        cfg = bench.container_config("actor", ["counter", "--port", str(PORT), "--alloc-mib", str(mib), "--seed", str(seed)])
+        cfg["linux"]["security_context"] = {"namespace_options": {"pid": 1}}
+        path = bench._write_json(self.dir, "ctr.json", cfg)
+        return self.node.crictl("create", "--no-pull", self.id, path, self.config_path).strip()
+
+    def ip(self) -> str:
+        return self.node.crictl_json("inspectp", "-o", "json", self.id)["status"]["network"]["ip"]
+
+    def status(self) -> dict:
+        return self.node.torporctl("status", self.id)[0]["actor"]
+
+    def remove(self) -> None:
+        if self.id:
+            self.node.crictl("stopp", self.id, check=False)
+            self.node.crictl("rmp", "-f", self.id, check=False)
+            self.id = None
+        import shutil
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def wait_committed(node: Node, actor: str) -> dict:
+    """The actor's newest snapshot once it is committed and local."""
+    deadline = time.monotonic() + COMMIT_TIMEOUT_S
+    while True:
+        snaps = node.torporctl("snapshots", "ls", actor) or []
+        if snaps:
+            newest = max(snaps, key=lambda s: int(s["snapshot"].rsplit("@", 1)[1]))
+            if newest["local"]:
+                return newest
+        if time.monotonic() > deadline:
+            raise sr.RunError(f"no committed snapshot of {actor} {COMMIT_TIMEOUT_S:.0f}s after the suspend")
+        time.sleep(0.02)
+
+
+def random_seed() -> int:
+    return int.from_bytes(os.urandom(7), "little")
+
+
+def start_counter(node: Node, prefix: str, mib: int, annotations) -> tuple:
+    """An actor pod on `node`, running and answering: (pod, ip, counter, crc)."""
+    pod = NodePod(node, prefix, annotations)
+    try:
+        pod.run()
+        cid = pod.create_counter(mib, random_seed())
+        node.crictl("start", cid)
+        ip = pod.ip()
+        sr.wait_actor(ip)
+        counter = int(sr.actor_call(ip, ["get"])[0])
+        crc = sr.actor_call(ip, ["sum"])[0]
+        return pod, ip, counter, crc
+    except BaseException:
+        pod.remove()
+        raise
+
+
+def suspend_on(node: Node, pod: NodePod, actor: str) -> str:
+    """torporctl suspend; the snapshot committed: its name."""
+    reply = node.torporctl("suspend", pod.id)
+    if str(reply[0]["actor"].get("state")).lower() != "suspended":
+        raise sr.RunError(f"after torporctl suspend the actor is {reply[0]['actor'].get('state')!r}")
+    return wait_committed(node, actor)["snapshot"]
+
+
+# ------------------------------------------------- resume_cross_node_256mib_ms
+
+def cross_node_run(a: Node, b: Node) -> dict:
+    actor = f"bench-xn-{uuid.uuid4().hex[:12]}"
+    ann = {"torpor.dev/actor": actor}
+    pod_b = None
+    try:
+        pod_a, ip_a, _, _ = start_counter(a, "xn", MIB, ann)
+        try:
+            counter = int(sr.actor_call(ip_a, ["inc"])[0])
+            crc = sr.actor_call(ip_a, ["sum"])[0]
+            snap = suspend_on(a, pod_a, actor)
+            a.torporctl("snapshots", "upload", snap, timeout=1800)
+            a.torporctl("snapshots", "evict", snap)
+        finally:
+            pod_a.remove()
+        left = [s for s in (a.torporctl("snapshots", "ls", actor) or []) if s["local"]]
+        if left:
+            raise sr.RunError(f"node A still has a local copy: {left}")
+        # TIMED, node B
+        pod_b = NodePod(b, "xn", ann)
+        t0 = sr.now_ns()
+        pod_b.run()
+        t_runp = sr.now_ns()
+        cid = pod_b.create_counter(MIB, 1)  # the seed is not used: the memory is the snapshot's
+        t_create = sr.now_ns()
+        b.crictl("start", cid)
+        t_start = sr.now_ns()
+        ip = pod_b.ip()
+        t_ip = sr.now_ns()
+        _, t1, got = sr.inc_first_byte(ip, t0, retry_refused=True)
+        sr.check_counter(got, counter + 1)
+        # untimed checks
+        if sr.actor_call(ip, ["sum"])[0] != crc:
+            raise sr.RunError("the memory CRC on node B differs from the one before the suspend")
+        st = pod_b.status()
+        if st.get("recovered_from") != snap:
+            raise sr.RunError(f"node B's actor was not restored from {snap}: {st}")
+        return {
+            "ms": sr.ms(t0, t1),
+            "phases": {"crictl runp": sr.ms(t0, t_runp), "crictl create": sr.ms(t_runp, t_create),
+                       "crictl start (fetch from S3 + restore)": sr.ms(t_create, t_start),
+                       "crictl inspectp": sr.ms(t_start, t_ip),
+                       "connect + inc + first byte": sr.ms(t_ip, t1)},
+            "shim_resume_ms": float(st.get("last_resume_ms") or 0),
+        }
+    finally:
+        if pod_b is not None:
+            pod_b.remove()
+        b.remove_snapshots(actor)
+        a.remove_snapshots(actor)
+
+
+def measure_cross_node(a: Node, b: Node, runs: int, budget_s: float) -> dict:
+    started = time.monotonic()
+    samples, failures, err = [], [], None
+    try:
+        cross_node_run(a, b)  # warm-up, not kept
+        while len(samples) < runs:
+            if time.monotonic() - started > budget_s:
+                err = f"stopped after {len(samples)} of {runs} runs (time budget)"
+                break
+            try:
+                samples.append(cross_node_run(a, b))
+                log(f"cross_node: run {len(samples)}: {samples[-1]['ms']:.0f} ms")
+            except sr.RunFailed as e:
+                failures.append(str(e))
+                log(f"cross_node: run FAILED: {e}")
+                if len(failures) > runs:
+                    err = f"more than {runs} failed runs"
+                    break
+    except Exception as e:  # noqa: BLE001 - reported in results.json
+        err = f"{type(e).__name__}: {e}"
+        log(f"cross_node: {err}")
+    vals = [s["ms"] for s in samples]
+    phases = {k: sr.pct([s["phases"][k] for s in samples], 50) for k in samples[0]["phases"]} if samples else None
+    phases_p99 = {k: sr.pct([s["phases"][k] for s in samples], 99) for k in samples[0]["phases"]} if samples else None
+    if samples:
+        phases["of which the shim's restore (last_resume_ms)"] = sr.pct([s["shim_resume_ms"] for s in samples], 50)
+    return bench.entry(
+        "resume_cross_node_256mib_ms", "ms", sr.pct(vals, 50), None,
+        torpor_p99=sr.pct(vals, 99), torpor_n=len(vals) or None,
+        torpor_samples=[bench.rnd(x, 1) for x in vals] or None,
+        torpor_phases_p50_ms=phases, torpor_phases_p99_ms=phases_p99,
+        torpor_failures=failures or None,
+        torpor_note=(f"{MIB} MiB actor suspended on node A, uploaded, evicted there, pod removed; "
+                     f"a pod of the actor created on node B (crictl runp) until the first byte of "
+                     f"the answer to a request at its pod IP; the snapshot is fetched from S3 "
+                     f"(versitygw on loopback) by node B's store"),
+        error=err if (err or failures or not vals) else None,
+        baseline_na=True,
+        baseline_error="containerd-shim-runc-v2 has no cross-node restore (its checkpoints are images "
+                       "in one containerd's content store; moving one is a registry push/pull outside containerd)")
+
+
+# ---------------------------------------------------------- clone_10_actors_ms
+
+def clone_rep(a: Node, golden_actor: str, golden_crc: str) -> dict:
+    pods = [NodePod(a, "clone", {"torpor.dev/actor": f"{CLONE_ID_PREFIX}{uuid.uuid4().hex[:12]}",
+                                  "torpor.dev/restore-from": golden_actor}) for _ in range(CLONES)]
+    done, errors, ips, phases = [None] * CLONES, [], [None] * CLONES, [None] * CLONES
+
+    def one(i, t0):
+        try:
+            p = pods[i]
+            p.run()
+            t_runp = sr.now_ns()
+            cid = p.create_counter(CLONE_MIB, 1)
+            t_create = sr.now_ns()
+            a.crictl("start", cid)
+            t_start = sr.now_ns()
+            ips[i] = p.ip()
+            t_ip = sr.now_ns()
+            _, t1, got = sr.inc_first_byte(ips[i], t0, retry_refused=True)
+            sr.check_counter(got, CLONE_GOLDEN_COUNT + 1)
+            done[i] = t1
+            phases[i] = {"crictl runp": sr.ms(t0, t_runp), "crictl create": sr.ms(t_runp, t_create),
+                         "crictl start (checkout + restore)": sr.ms(t_create, t_start),
+                         "crictl inspectp": sr.ms(t_start, t_ip), "connect + inc + first byte": sr.ms(t_ip, t1)}
+        except BaseException as e:  # noqa: BLE001
+            errors.append(f"clone {i}: {type(e).__name__}: {e}")
+
+    try:
+        t0 = sr.now_ns()
+        threads = [threading.Thread(target=one, args=(i, t0)) for i in range(CLONES)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise sr.RunError("; ".join(errors))
+        for i, ip in enumerate(ips):
+            if sr.actor_call(ip, ["sum"])[0] != golden_crc:
+                raise sr.RunError(f"clone {i}: memory CRC differs from the golden actor's")
+        return {"all": sr.ms(t0, max(done)), "first": sr.ms(t0, min(done)), "phases": phases}
+    finally:
+        for p in pods:
+            p.remove()
+
+
+class TorporClones:
+    """The golden actor suspended on node A; `rep()` clones it 10 times."""
+
+    def __init__(self, a: Node):
+        self.a = a
+        self.golden_actor = f"bench-golden-{uuid.uuid4().hex[:12]}"
+        try:
+            pod, ip, _, _ = start_counter(a, "golden", CLONE_MIB, {"torpor.dev/actor": self.golden_actor})
+            try:
+                for _ in range(CLONE_GOLDEN_COUNT):
+                    sr.actor_call(ip, ["inc"])
+                self.crc = sr.actor_call(ip, ["sum"])[0]
+                suspend_on(a, pod, self.golden_actor)
+            finally:
+                pod.remove()
+        except BaseException:
+            self.close()
+            raise
+
+    def rep(self) -> dict:
+        return clone_rep(self.a, self.golden_actor, self.crc)
+
+    def close(self) -> None:
+        self.a.remove_snapshots(self.golden_actor)
+
+
+# the baseline: ctr c restore of one runc checkpoint, 10 at once
+
+_libc = ctypes.CDLL("libc.so.6", use_errno=True)
+CLONE_NEWNET = 0x40000000
+
+
+def loopback_up() -> None:
+    """`ip link set lo up` in the calling thread's network namespace (an
+    ioctl; runc restores a container's own network namespace with lo down)."""
+    import fcntl
+    import socket
+    import struct
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifr = fcntl.ioctl(s, siocgifflags, struct.pack("16sH14s", b"lo", 0, b""))
+        flags = struct.unpack("16sH", ifr[:18])[1]
+        if not flags & iff_up:
+            fcntl.ioctl(s, siocsifflags, struct.pack("16sH14s", b"lo", flags | iff_up, b""))
+
+
+def inc_in_netns(pid: int, t0: int) -> tuple:
+    """In a new thread that enters the network namespace of `pid`: bring lo
+    up, connect to 127.0.0.1:8080 (retried while refused), inc, first byte."""
+    out = {}
+
+    def body():
+        try:
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+            try:
+                if _libc.setns(fd, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "setns")
+            finally:
+                os.close(fd)
+            loopback_up()
+            out["r"] = sr.inc_first_byte("127.0.0.1", t0, retry_refused=True)
+        except BaseException as e:  # noqa: BLE001
+            out["e"] = e
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if "e" in out:
+        raise out["e"]
+    return out["r"]
+
+
+def call_in_netns(pid: int, cmds) -> list:
+    out = {}
+
+    def body():
+        try:
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+            try:
+                if _libc.setns(fd, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "setns")
+            finally:
+                os.close(fd)
+            sr.wait_actor("127.0.0.1")
+            out["r"] = sr.actor_call("127.0.0.1", cmds)
+        except BaseException as e:  # noqa: BLE001
+            out["e"] = e
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if "e" in out:
+        raise out["e"]
+    return out["r"]
+
+
+def task_pid(cid: str) -> int:
+    out = bench.ctr(NS, "task", "ls", check=True)
+    for line in out.splitlines()[1:]:
+        f = line.split()
+        if f and f[0] == cid:
+            return int(f[1])
+    raise sr.RunError(f"no task {cid} after the restore")
+
+
+class BaselineClones:
+    """One runc checkpoint of the actor; `rep()` restores it 10 times at once."""
+
+    def __init__(self):
+        self.golden = f"{CLONE_ID_PREFIX}golden-{uuid.uuid4().hex[:8]}"
+        self.ref = f"{CLONE_IMAGE_PREFIX}{self.golden}:ckpt"
+        self.made = []
+        try:
+            bench.ctr(NS, "run", "-d", "--runtime", sr.BASELINE_RUNTIME_TYPE,
+                      "--cgroup", f"{bench.CGROUP_ROOT}/{self.golden}", bench.ACTOR_IMAGE, self.golden,
+                      "/actor", "counter", "--port", str(PORT), "--alloc-mib", str(CLONE_MIB),
+                      "--seed", str(random_seed()), timeout=120)
+            self.made.append(self.golden)
+            pid = task_pid(self.golden)
+            call_in_netns(pid, ["inc"] * CLONE_GOLDEN_COUNT)
+            self.crc = call_in_netns(pid, ["sum"])[0]
+            bench.ctr(NS, "containers", "checkpoint", "--rw", "--task", self.golden, self.ref, timeout=300)
+            sr.remove_container(self.golden)
+            self.made.remove(self.golden)
+        except BaseException:
+            self.close()
+            raise
+
+    def rep(self) -> dict:
+        ids = [f"{CLONE_ID_PREFIX}{uuid.uuid4().hex[:12]}" for _ in range(CLONES)]
+        done, errors, pids, phases = [None] * CLONES, [], [None] * CLONES, [None] * CLONES
+
+        def one(i, t0):
+            try:
+                bench.ctr(NS, "containers", "restore", "--rw", "--live", ids[i], self.ref, timeout=300)
+                t_rest = sr.now_ns()
+                self.made.append(ids[i])
+                pids[i] = task_pid(ids[i])
+                t_pid = sr.now_ns()
+                _, t1, got = inc_in_netns(pids[i], t0)
+                sr.check_counter(got, CLONE_GOLDEN_COUNT + 1)
+                done[i] = t1
+                phases[i] = {"ctr c restore --rw --live": sr.ms(t0, t_rest), "ctr task ls": sr.ms(t_rest, t_pid),
+                             "setns + lo up + connect + inc + first byte": sr.ms(t_pid, t1)}
+            except BaseException as e:  # noqa: BLE001
+                errors.append(f"clone {i}: {type(e).__name__}: {e}")
+
+        try:
+            t0 = sr.now_ns()
+            threads = [threading.Thread(target=one, args=(i, t0)) for i in range(CLONES)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            if errors:
+                raise sr.RunError("; ".join(errors))
+            for i, p in enumerate(pids):
+                if call_in_netns(p, ["sum"])[0] != self.crc:
+                    raise sr.RunError(f"clone {i}: memory CRC differs from the checkpointed actor's")
+            return {"all": sr.ms(t0, max(done)), "first": sr.ms(t0, min(done)), "phases": phases}
+        finally:
+            for cid in ids:
+                if cid in self.made:
+                    sr.remove_container(cid)
+                    self.made.remove(cid)
+            # containerd's unpacked copies of the image (their cgroup image names the golden id)
+            sr.remove_restore_dirs(self.golden)
+
+    def close(self) -> None:
+        for cid in list(self.made):
+            sr.remove_container(cid)
+        bench.ctr(NS, "images", "rm", "--sync", self.ref, check=False, timeout=120)
+        sr.remove_restore_dirs(CLONE_ID_PREFIX)
+
+
+def measure_clone(a: Node, reps: int, budget_s: float) -> dict:
+    """Both runtimes, repetitions alternating (torpor first on even ones),
+    one unmeasured warm-up repetition each."""
+    started = time.monotonic()
+    samples = {bench.TORPOR: [], bench.BASELINE: []}
+    errs = {bench.TORPOR: None, bench.BASELINE: None}
+    subjects = {}
+    for key, make in ((bench.TORPOR, lambda: TorporClones(a)), (bench.BASELINE, BaselineClones)):
+        try:
+            subjects[key] = make()
+            subjects[key].rep()  # warm-up
+        except Exception as e:  # noqa: BLE001 - reported in results.json
+            errs[key] = f"{type(e).__name__}: {e}"
+            log(f"clone: {key}: {errs[key]}")
+            if key in subjects:
+                subjects.pop(key).close()
+    try:
+        for i in range(reps):
+            if time.monotonic() - started > budget_s:
+                for key in subjects:
+                    errs[key] = errs[key] or f"stopped after {len(samples[key])} of {reps} repetitions (time budget)"
+                break
+            order = list(subjects)
+            if i % 2:
+                order.reverse()
+            for key in order:
+                if errs[key]:
+                    continue
+                try:
+                    samples[key].append(subjects[key].rep())
+                    log(f"clone: {key} repetition {len(samples[key])}: all 10 in {samples[key][-1]['all']:.0f} ms")
+                except Exception as e:  # noqa: BLE001
+                    errs[key] = f"{type(e).__name__}: {e}"
+                    log(f"clone: {key}: {errs[key]}")
+    finally:
+        for sub in subjects.values():
+            sub.close()
+    return clone_entry(samples[bench.TORPOR], errs[bench.TORPOR], samples[bench.BASELINE], errs[bench.BASELINE])
+
+
+def clone_phases(samples) -> dict:
+    """p50 per step over every clone of every repetition."""
+    per = [p for s in samples for p in s["phases"]]
+    return {k: sr.pct([p[k] for p in per], 50) for k in per[0]} if per else None
+
+
+def clone_entry(t_samples, t_err, b_samples, b_err) -> dict:
+    t = [s["all"] for s in t_samples]
+    b = [s["all"] for s in b_samples]
+    return bench.entry(
+        "clone_10_actors_ms", "ms", sr.pct(t, 50), sr.pct(b, 50),
+        torpor_p99=sr.pct(t, 99), torpor_n=len(t) or None,
+        torpor_samples=[bench.rnd(x, 1) for x in t] or None,
+        torpor_first_answer_p50_ms=sr.pct([s["first"] for s in t_samples], 50),
+        torpor_phases_p50_ms=clone_phases(t_samples),
+        torpor_note=(f"10 pods created at once (crictl runp/create/start/inspectp), each a new actor with "
+                     f"torpor.dev/restore-from a golden {CLONE_MIB} MiB actor's snapshot in node A's store, "
+                     f"until all 10 answered a request at their pod IPs"),
+        baseline_p99=sr.pct(b, 99), baseline_n=len(b) or None,
+        baseline_samples=[bench.rnd(x, 1) for x in b] or None,
+        baseline_first_answer_p50_ms=sr.pct([s["first"] for s in b_samples], 50),
+        baseline_phases_p50_ms=clone_phases(b_samples),
+        baseline_note=("10 x ctr c restore --rw --live of one runc checkpoint at once, until all 10 answered "
+                       "in their network namespaces (lo brought up by the bench; no pods: containerd's CRI "
+                       "has no restore)"),
+        error=t_err if (t_err or not t) else None,
+        baseline_error=b_err if (b_err or not b) else None)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=int(os.environ.get("TORPOR_BENCH_XN_RUNS", str(sr.MIN_RUNS))))
+    ap.add_argument("--clone-reps", type=int, default=int(os.environ.get("TORPOR_BENCH_CLONE_REPS", "5")))
+    args = ap.parse_args()
+    only = os.environ.get("TORPOR_BENCH_XN_ONLY", "")
+    budget = float(os.environ.get("TORPOR_BENCH_SCRIPT_TIMEOUT", "420")) - 60
+    a, b = nodes()
+    entries = []
+    with bench.bench_session():
+        try:
+            if not b.ready():
+                raise SystemExit(f"bench: node B is not up at {b.address} (test/rig/up.sh brings up both nodes)")
+            sr.ensure_torporctl()
+            if only in ("", "clone"):
+                entries.append(measure_clone(a, args.clone_reps, budget / 3 if only == "" else budget))
+                bench.merge_results(entries[-1:])
+            if only in ("", "resume"):
+                left = budget - (time.monotonic() - START)
+                entries.append(measure_cross_node(a, b, args.runs, left))
+                bench.merge_results(entries[-1:])
+        finally:
+            n = b.cleanup_pods()
+            if n:
+                log(f"removed {n} leftover benchmark pod(s) on node B")
+    for e in entries:
+        log(f"{e['name']}: torpor={e['torpor']} (p99 {e.get('torpor_p99')}) baseline={e['baseline']} {e['unit']}"
+            + (f"  [error: {e['error']}]" if e.get("error") else "")
+            + (f"  [baseline: {e['baseline_error']}]" if e.get("baseline_error") else ""))
+    return 0
+
+
+START = time.monotonic()
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,381 @@
+//! Two nodes (the rig's node A and node B: two containerds, two
+//! torpor-snapshotters with separate local tiers, two CNI networks, one S3
+//! server): an actor suspended on A resumes on B; a golden snapshot is
+//! cloned into many actors (`torpor.dev/restore-from`) that then diverge;
+//! a bad `torpor.dev/restore-from` fails the create naming it; a node
+//! that dies (`Node::kill`) takes nothing of the other node with it.
+//!
+//! Tests that kill a node hold `NODES` exclusively, the others shared.
+//! torpor-only: under TORPOR_TEST_RUNTIME=runc each test returns early.
+
+use std::collections::BTreeMap;
+use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+use torpor_tests::serde_json::{self, Value};
+use torpor_tests::*;
+
+static NODES: RwLock<()> = RwLock::new(());
+
+/// Both nodes stay up while the guard lives.
+fn nodes_up() -> RwLockReadGuard<'static, ()> {
+    NODES.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// No other test of this file runs while the guard lives (a node may die).
+fn nodes_exclusive() -> RwLockWriteGuard<'static, ()> {
+    NODES.write().unwrap_or_else(|p| p.into_inner())
+}
+
+fn torpor_only() -> bool {
+    if !is_torpor() {
+        eprintln!("runtime {} is not torpor: no actor to move or clone", runtime_handler());
+        return false;
+    }
+    true
+}
+
+/// A seed for the counter's memory pattern no other run used.
+fn seed() -> String {
+    let n = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{}", (n as u64) ^ (std::process::id() as u64) << 40)
+}
+
+fn annotations(pairs: &[(&str, &str)]) -> PodOptions {
+    PodOptions {
+        annotations: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
+        runtime: None,
+    }
+}
+
+/// The counter's container config: `counter` on port 8080 with `alloc` MiB
+/// of patterned memory, in its own pid namespace.
+fn counter_config(alloc_mib: u32, seed: &str) -> Value {
+    let alloc = alloc_mib.to_string();
+    let mut config = container_config("counter", &["counter", "--port", "8080", "--alloc-mib", &alloc, "--seed", seed]);
+    config["linux"]["security_context"] = serde_json::json!({"namespace_options": {"pid": 1}});
+    config
+}
+
+/// A counter pod on a node.
+struct Counter {
+    pod: Pod,
+    container: String,
+    ip: String,
+}
+
+impl Counter {
+    /// Creates and starts the counter in `pod`; waits until it runs.
+    #[track_caller]
+    fn start(pod: Pod, alloc_mib: u32, seed: &str) -> Counter {
+        let node = pod.node;
+        let container = pod.create(&counter_config(alloc_mib, seed));
+        node.crictl_ok(&["start", &container]);
+        node.wait_container_state(&container, "CONTAINER_RUNNING");
+        let ip = pod.ip();
+        Counter { pod, container, ip }
+    }
+
+    fn node(&self) -> &'static Node {
+        self.pod.node
+    }
+
+    #[track_caller]
+    fn cmd(&self, cmd: &str) -> String {
+        counter_cmd(&format!("{}:8080", self.ip), cmd)
+    }
+
+    /// `inc` `n` times, from `from`: the values must follow.
+    #[track_caller]
+    fn inc(&self, from: u64, n: u64) {
+        for i in 1..=n {
+            assert_eq!(self.cmd("inc"), (from + i).to_string(), "counter at {} (node {})", self.ip, self.node().letter);
+        }
+    }
+
+    /// The actor record `torporctl --json status` shows on the pod's node.
+    #[track_caller]
+    fn status(&self) -> Value {
+        self.node().torporctl_json(&["status", &self.pod.id])[0]["actor"].clone()
+    }
+
+    /// `torporctl suspend`, then waits for the commit: the snapshot's name.
+    #[track_caller]
+    fn suspend(&self) -> String {
+        let out = self.node().torporctl(&["--json", "suspend", &self.pod.id]);
+        assert!(out.success(), "suspend on node {}: {out}", self.node().letter);
+        let st = wait_for("the suspend's snapshot to be committed", LIVENESS, || {
+            let st = self.status();
+            st["snapshot"].is_object().then_some(st)
+        });
+        assert_eq!(st["state"], "SUSPENDED", "{st}");
+        format!("{}@{}", st["snapshot"]["actor"].as_str().unwrap_or("?"), st["snapshot"]["generation"])
+    }
+
+    /// Pids of the counter's processes, each with its cgroup path.
+    fn processes(&self) -> Vec<(u32, String)> {
+        let mut found = Vec::new();
+        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next()).is_none_or(|st| st == "Z" || st == "X");
+            if cg.contains(&self.container) && comm.trim() == "actor" && !zombie {
+                let path = cg.lines().find(|l| l.contains(&self.container)).and_then(|l| l.split(':').nth(2)).unwrap_or("").to_string();
+                found.push((pid, path));
+            }
+        }
+        found
+    }
+}
+
+/// `torporctl snapshots upload NAME` on `node`: durable in S3.
+#[track_caller]
+fn upload(node: &Node, name: &str) {
+    let out = node.torporctl(&["snapshots", "upload", name]);
+    assert!(out.success(), "upload {name} on node {}: {out}", node.letter);
+}
+
+/// The entry of snapshot `name` in `node`'s store, if it knows it.
+fn store_entry(node: &Node, name: &str) -> Option<Value> {
+    let actor = name.rsplit_once('@').map(|(a, _)| a).unwrap_or(name);
+    node.store_snapshots(actor).into_iter().find(|s| s["snapshot"] == name)
+}
+
+// ------------------------------------------------------------------ tests
+
+/// Suspend on node A, upload, delete the pod; the same pod created on node
+/// B restores the actor from S3: the counter continues with its memory,
+/// its listener answers at node B's pod IP, its process runs in node B's
+/// cgroups.
+#[test]
+fn an_actor_suspended_on_node_a_resumes_on_node_b() {
+    if !torpor_only() {
+        return;
+    }
+    let _up = nodes_up();
+    let (a, b) = (Node::a(), Node::b());
+    b.require();
+    let pod = Pod::run_on(a, "tn-move", PodOptions::default());
+    let name = pod.name.clone();
+    let actor = default_actor(&name);
+    let _g = SnapshotsGuardAll(actor.clone());
+    let seed = seed();
+    let c = Counter::start(pod, 32, &seed);
+    assert!(a.owns_ip(&c.ip), "node A's pod IP {} is in node A's subnet {}", c.ip, a.subnet);
+    c.inc(0, 5);
+    let sum = c.cmd("sum");
+    let snap = c.suspend();
+    assert!(snap.starts_with(&format!("{actor}@")), "{snap}");
+    upload(a, &snap);
+    let on_a = store_entry(a, &snap).unwrap_or_else(|| panic!("{snap} not in node A's store"));
+    assert_eq!(on_a["durable"], true, "{on_a}");
+    assert!(store_entry(b, &snap).is_none_or(|s| s["local"] == false), "node B has no local copy yet");
+    c.pod.remove();
+
+    // kubelet re-creates the pod on another node: same name, new uid, node B.
+    let pod = Pod::run_named_on(b, &name, PodOptions::default());
+    let c = Counter::start(pod, 32, &seed);
+    assert!(b.owns_ip(&c.ip), "node B's pod IP {} is in node B's subnet {}", c.ip, b.subnet);
+    assert!(!a.owns_ip(&c.ip), "node B's pod IP {} is not in node A's subnet", c.ip);
+    assert_eq!(c.cmd("get"), "5", "the counter continues on node B");
+    assert_eq!(c.cmd("sum"), sum, "its memory came back intact");
+    c.inc(5, 1);
+    let st = c.status();
+    assert_eq!(st["state"], "RUNNING", "{st}");
+    assert_eq!(st["recovered_from"], snap.as_str(), "{st}");
+    let procs = c.processes();
+    assert_eq!(procs.len(), 1, "one counter process: {procs:?}");
+    assert!(procs[0].1.starts_with(&format!("/{}/", b.rig.cgroup)), "it runs in node B's cgroups: {procs:?}");
+    let on_b = store_entry(b, &snap).unwrap_or_else(|| panic!("{snap} not in node B's store"));
+    assert_eq!(on_b["local"], true, "fetched into node B's local tier: {on_b}");
+}
+
+/// A golden snapshot (a counter at 7 with its memory) cloned into 10 new
+/// actors, 5 on each node: each starts at the golden state, then diverges
+/// on its own (suspending and resuming one does not touch the others); the
+/// golden snapshot is left as it was (an 11th clone still starts from it).
+#[test]
+fn a_golden_snapshot_cloned_into_ten_actors_that_diverge() {
+    if !torpor_only() {
+        return;
+    }
+    let _up = nodes_up();
+    const N: u64 = 7;
+    const CLONES: usize = 10;
+    let (a, b) = (Node::a(), Node::b());
+    b.require();
+    let golden_actor = unique_name("tn-golden");
+    let _gg = SnapshotsGuardAll(golden_actor.clone());
+    let seed = seed();
+    let golden = Counter::start(Pod::run_on(a, "tn-golden", annotations(&[("torpor.dev/actor", &golden_actor)])), 16, &seed);
+    golden.inc(0, N);
+    let golden_sum = golden.cmd("sum");
+    let snap = golden.suspend();
+    assert_eq!(snap, format!("{golden_actor}@1"));
+    upload(a, &snap);
+    let digest = store_entry(a, &snap).unwrap_or_else(|| panic!("{snap} not in the store"))["manifest_digest"].clone();
+    golden.pod.remove();
+
+    // Ten clones, five per node, created concurrently (one thread per
+    // node); half name the generation, half the actor (its newest).
+    let ids: Vec<String> = (0..CLONES).map(|i| unique_name(&format!("tn-clone{i}"))).collect();
+    let _guards: Vec<SnapshotsGuardAll> = ids.iter().map(|id| SnapshotsGuardAll(id.clone())).collect();
+    let make = |i: usize| {
+        let node = if i % 2 == 0 { a } else { b };
+        let source = if i < CLONES / 2 { snap.clone() } else { golden_actor.clone() };
+        let opts = annotations(&[("torpor.dev/actor", &ids[i]), ("torpor.dev/restore-from", &source)]);
+        // The seed given here is not used: the memory is the golden one.
+        Counter::start(Pod::run_on(node, "tn-clone", opts), 16, "1")
+    };
+    let clones: Vec<Counter> = std::thread::scope(|s| {
+        let per_node: Vec<_> = [0usize, 1]
+            .into_iter()
+            .map(|parity| {
+                let make = &make;
+                s.spawn(move || (0..CLONES).filter(|i| i % 2 == parity).map(|i| (i, make(i))).collect::<Vec<_>>())
+            })
+            .collect();
+        let mut all: Vec<(usize, Counter)> = per_node.into_iter().flat_map(|h| h.join().expect("clone creation panicked")).collect();
+        all.sort_by_key(|(i, _)| *i);
+        all.into_iter().map(|(_, c)| c).collect()
+    });
+
+    for (i, c) in clones.iter().enumerate() {
+        assert!(c.node().owns_ip(&c.ip), "clone {i}: IP {} in node {}'s subnet", c.ip, c.node().letter);
+        assert_eq!(c.cmd("get"), N.to_string(), "clone {i} (node {}) starts at the golden counter", c.node().letter);
+        assert_eq!(c.cmd("sum"), golden_sum, "clone {i} starts with the golden memory");
+        let st = c.status();
+        assert_eq!(st["actor"], ids[i].as_str(), "{st}");
+        assert_eq!(st["cloned_from"], snap.as_str(), "clone {i}: {st}");
+        assert_eq!(st["state"], "RUNNING", "{st}");
+    }
+    // Diverge: clone i counts i more.
+    for (i, c) in clones.iter().enumerate() {
+        c.inc(N, i as u64);
+    }
+    // Suspend one clone per node; its snapshot is its own; resumed by a request.
+    for i in [0usize, 1] {
+        let c = &clones[i];
+        let own = c.suspend();
+        assert_eq!(own, format!("{}@1", ids[i]), "clone {i}'s snapshot is its own actor's");
+        assert!(c.processes().is_empty(), "clone {i} suspended: {:?}", c.processes());
+        for (j, other) in clones.iter().enumerate().filter(|(j, _)| *j != i) {
+            // clones before i were suspended and resumed by one inc already
+            let want = N + j as u64 + u64::from(j < i);
+            assert_eq!(other.cmd("get"), want.to_string(), "clone {j} unaffected by clone {i}'s suspend");
+        }
+        assert_eq!(c.cmd("inc"), (N + i as u64 + 1).to_string(), "clone {i} resumed where it was");
+        assert_eq!(c.cmd("sum"), golden_sum);
+    }
+    for (i, c) in clones.iter().enumerate() {
+        let want = N + i as u64 + u64::from(i < 2);
+        assert_eq!(c.cmd("get"), want.to_string(), "clone {i} has its own count");
+        assert_eq!(c.processes().len(), 1, "clone {i}: one process");
+    }
+
+    // The golden snapshot is intact: same manifest, no new generation, and
+    // an 11th clone starts from the golden state.
+    let entries = a.store_snapshots(&golden_actor);
+    assert_eq!(entries.len(), 1, "only the golden snapshot: {entries:?}");
+    assert_eq!(entries[0]["manifest_digest"], digest, "{entries:?}");
+    assert_eq!(entries[0]["pins"], 0, "no pin left: {entries:?}");
+    drop(clones);
+    let last_id = unique_name("tn-clone-late");
+    let _gl = SnapshotsGuardAll(last_id.clone());
+    let late = Counter::start(
+        Pod::run_on(b, "tn-clone-late", annotations(&[("torpor.dev/actor", &last_id), ("torpor.dev/restore-from", &golden_actor)])),
+        16,
+        "1",
+    );
+    assert_eq!(late.cmd("get"), N.to_string(), "a late clone starts at the golden counter");
+    assert_eq!(late.cmd("sum"), golden_sum);
+}
+
+/// Runs a counter pod with `restore_from` on node B; returns the output of
+/// the step that failed (runp, create or start).
+fn failed_clone(restore_from: &str) -> (String, Output) {
+    let actor = unique_name("tn-badclone");
+    let opts = annotations(&[("torpor.dev/actor", &actor), ("torpor.dev/restore-from", restore_from)]);
+    let node = Node::b();
+    let pod = match Pod::try_run_on(node, "tn-badclone", opts) {
+        Ok(p) => p,
+        // the sandbox is created by the same runtime: refused at runp is fine too
+        Err(o) => return ("runp".into(), o),
+    };
+    let id = match pod.try_create(&counter_config(8, "1")) {
+        Ok(id) => id,
+        Err(o) => return ("create".into(), o),
+    };
+    let out = node.crictl(&["start", &id]);
+    assert!(!out.success(), "a clone of {restore_from:?} started: {out}");
+    assert!(node.store_snapshots(&actor).is_empty(), "the failed clone made no snapshot");
+    ("start".into(), out)
+}
+
+/// A malformed or unknown `torpor.dev/restore-from` fails the create with an
+/// error naming the annotation and its value.
+#[test]
+fn a_bad_restore_from_fails_the_create_naming_it() {
+    if !torpor_only() {
+        return;
+    }
+    let _up = nodes_up();
+    Node::b().require();
+    let nobody = unique_name("tn-nobody");
+    for (value, why) in [
+        ("Golden@x".to_string(), "<actor>@<generation>"),
+        (format!("{nobody}@0"), "<actor>@<generation>"),
+        (nobody.clone(), "no snapshot of actor"),
+        (format!("{nobody}@3"), "no snapshot"),
+    ] {
+        let (step, out) = failed_clone(&value);
+        let text = out.all_output();
+        eprintln!("restore-from {value:?} refused at `crictl {step}`: {}", out.stderr.trim());
+        assert!(text.contains("torpor.dev/restore-from"), "the error names the annotation: {out}");
+        assert!(text.contains(&value), "the error names the value {value:?}: {out}");
+        assert!(text.contains(why), "the error says why ({why}): {out}");
+        assert!(text.contains("InvalidArgument"), "an invalid argument (INVALID_ARGUMENT): {out}");
+    }
+}
+
+/// `Node::kill` (the harness of the fencing tests): every process of node A
+/// dies at once — containerd, torpor-snapshotter, shims, containers — while
+/// node B and its actor go on untouched; node A comes back (its up.sh) and
+/// runs pods again, and containerd reports the killed container gone.
+#[test]
+fn node_a_dies_and_comes_back_and_node_b_is_untouched() {
+    if !torpor_only() {
+        return;
+    }
+    let _only = nodes_exclusive();
+    let (a, b) = (Node::a(), Node::b());
+    b.require();
+    let on_b = Counter::start(Pod::run_on(b, "tn-survivor", PodOptions::default()), 8, &seed());
+    on_b.inc(0, 2);
+    let on_a = Counter::start(Pod::run_on(a, "tn-victim", PodOptions::default()), 8, &seed());
+    on_a.inc(0, 3);
+    let victim = on_a.processes();
+    assert_eq!(victim.len(), 1, "{victim:?}");
+    let before = a.processes();
+    assert!(before.contains(&(victim[0].0 as i32)), "the counter is one of node A's processes: {before:?}");
+    let survivor = on_b.processes();
+
+    let dead = a.kill();
+    assert!(a.processes().is_empty(), "node A's processes are gone: {:?}", a.processes());
+    assert!(on_a.processes().is_empty(), "the counter on node A died");
+    assert!(!a.crictl(&["version"]).success(), "node A's CRI does not answer");
+    assert_eq!(on_b.cmd("inc"), "3", "node B's actor is untouched");
+    assert_eq!(on_b.processes(), survivor, "the same process on node B");
+    b.crictl_ok(&["version"]);
+
+    dead.revive();
+    a.crictl_ok(&["info"]);
+    let id = on_a.container.clone();
+    wait_for("containerd to report the killed container not running", LIVENESS, || {
+        (a.container_state(&id) != "CONTAINER_RUNNING").then_some(())
+    });
+    let again = Counter::start(Pod::run_on(a, "tn-after", PodOptions::default()), 8, &seed());
+    again.inc(0, 1);
+    assert_eq!(on_b.cmd("get"), "3");
+}
