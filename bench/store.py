@@ -166,7 +166,7 @@ def measure(runs: int, budget_s: float) -> list:
     entries.append(bench.entry(
         "upload_mib_per_s", "MiB/s", bench.rnd(up_rate, 1), None, lower_is_better=False,
         error=None if up_rate else err,
-        baseline_error="containerd-shim-runc-v2 has no object tier",
+        baseline_na=True, baseline_error="containerd-shim-runc-v2 has no object tier",
         torpor_note=(f"full upload of a {MIB} MiB actor's snapshot ({upload['bytes'] / (1 << 20):.0f} MiB, "
                      f"{upload['uploaded_bytes'] / (1 << 20):.0f} MiB sent after compression) to versitygw on "
                      f"loopback in {upload['upload_ms']:.0f} ms") if upload else None))
@@ -174,7 +174,7 @@ def measure(runs: int, budget_s: float) -> list:
         "resuspend_upload_fraction", "ratio", bench.rnd(fraction, 4), None,
         goal="<= 0.10 (absolute)", goal_met=(fraction is not None and fraction <= 0.10),
         error=None if fraction is not None else err,
-        baseline_error="containerd-shim-runc-v2 has no object tier",
+        baseline_na=True, baseline_error="containerd-shim-runc-v2 has no object tier",
         **extra))
     p50, p99 = sr.pct(resumes, 50), sr.pct(resumes, 99)
     entries.append(bench.entry(
@@ -183,7 +183,7 @@ def measure(runs: int, budget_s: float) -> list:
         torpor_p99=p99, torpor_runs=len(resumes), torpor_samples=[bench.rnd(x, 1) for x in resumes],
         torpor_failures=failures or None,
         error=err if (err or failures) else None,
-        baseline_error="containerd-shim-runc-v2 has no object tier"))
+        baseline_na=True, baseline_error="containerd-shim-runc-v2 has no object tier"))
     return entries
 
 
