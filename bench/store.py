@@ -133,6 +133,8 @@ def measure(runs: int, budget_s: float) -> list:
         # round 1: after the actor changed 1% of its memory
         touched = int(sr.actor_call(a.ip, ["touch"])[0])
         extra["touched_bytes"] = touched
+        # The memory the snapshots must carry from now on.
+        a.crc = sr.actor_call(a.ip, ["sum"])[0]
         second = r.suspend_upload_evict()
         fraction = second["uploaded_bytes"] / full["uploaded_bytes"] if full["uploaded_bytes"] else None
         extra["resuspend_uploaded_bytes"] = second["uploaded_bytes"]
@@ -154,7 +156,7 @@ def measure(runs: int, budget_s: float) -> list:
         if a is not None:
             crc = sr.actor_call(a.ip, ["sum"])[0]
             if crc != a.crc:
-                err = f"memory checksum {crc} after the last resume, {a.crc} before the first suspend"
+                err = f"memory checksum {crc} after the last resume, {a.crc} before (after the 1% change)"
     except Exception as e:  # noqa: BLE001 - reported in results.json
         err = f"{type(e).__name__}: {e}"
         log(f"store: {err}")
