@@ -330,7 +330,7 @@ fn print_list(list: &[api::SnapshotInfo], as_json: bool) {
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
         return;
     }
-    println!("{:<40} {:<10} {:>12} {:<5} {:<6} {:<7} {}", "SNAPSHOT", "STATE", "SIZE", "LOCAL", "REMOTE", "DURABLE", "KEY");
+    println!("{:<40} {:<10} {:>12} {:<5} {:<6} {:<7} KEY", "SNAPSHOT", "STATE", "SIZE", "LOCAL", "REMOTE", "DURABLE");
     let yn = |b: bool| if b { "yes" } else { "no" };
     for i in list {
         // The key the object tier's copy is sealed under ("-": none there

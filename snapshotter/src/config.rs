@@ -161,7 +161,7 @@ impl EncryptionConfig {
             let material = crypto::load_key_file(path).map_err(|e| format!("store.encryption.keys.{id}: {e}"))?;
             keys.push(crypto::Key::new(id, &material).map_err(|e| format!("store.encryption.keys.{id}: {e}"))?);
         }
-        let env_key = lookup(ENV_KEY).filter(|v| !v.is_empty());
+        let env_key = lookup(ENV_KEY).filter(|v| !v.is_empty()).map(zeroize::Zeroizing::new);
         let env_id = lookup(ENV_KEY_ID).filter(|v| !v.is_empty());
         match (env_key, env_id) {
             (Some(hex), Some(id)) => {

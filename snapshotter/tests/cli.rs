@@ -132,3 +132,91 @@ fn starts_serves_and_stops_cleanly_on_sigterm() {
     assert!(child.wait().unwrap().success());
     g.0 = None;
 }
+
+/// A config of a daemon living entirely under `dir`, plus `extra` TOML.
+fn private_config(dir: &Path, name: &str, remote_url: &str, extra: &str) -> std::path::PathBuf {
+    let cfg = dir.join(name);
+    let text = format!(
+        "root = {:?}\n[snapshotter]\naddress = {:?}\n[store]\naddress = {:?}\nremote_url = {remote_url:?}\n{extra}",
+        dir.join("root").display().to_string(),
+        dir.join("run/snapshotter.sock").display().to_string(),
+        dir.join("run/store.sock").display().to_string(),
+    );
+    std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
+/// Starts the daemon with `cfg` and `env`, waits for its store socket, stops
+/// it with SIGTERM; returns its log.
+fn run_briefly(dir: &Path, cfg: &Path, env: &[(&str, &str)]) -> String {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let log = dir.join("log");
+    let mut cmd = Command::new(BIN);
+    cmd.args(["--config", cfg.to_str().unwrap()]).stdin(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
+    cmd.env_remove("TORPOR_STORE_KEY").env_remove("TORPOR_STORE_KEY_ID");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut g = Guard(Some(cmd.spawn().unwrap()));
+    let sock = dir.join("run/store.sock");
+    wait_until("the store socket", || sock.exists());
+    let child = g.0.as_mut().unwrap();
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    assert!(child.wait().unwrap().success());
+    g.0 = None;
+    std::fs::read_to_string(&log).unwrap()
+}
+
+#[test]
+fn encryption_keys_are_checked_at_start_and_logged() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().unwrap();
+    let objects = format!("file://{}", tmp.path().join("objects").display());
+    let key = tmp.path().join("k1");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+
+    // A key file others can read: exit 2 naming the key and the file, nothing touched.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let enc = format!("[store.encryption]\nkeys = {{ k1 = {:?} }}\n", key.display().to_string());
+    let cfg = private_config(tmp.path(), "loose.toml", &objects, &enc);
+    let out = Command::new(BIN).args(["--config", cfg.to_str().unwrap()]).env_remove("TORPOR_STORE_KEY").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("store.encryption.keys.k1") && err.contains(key.to_str().unwrap()) && err.contains("0644"), "{err}");
+    assert!(!tmp.path().join("root").exists(), "nothing created on a key error");
+
+    // A key in the environment without its id.
+    let plain_cfg = private_config(tmp.path(), "plain.toml", &objects, "");
+    let out = Command::new(BIN)
+        .args(["--config", plain_cfg.to_str().unwrap()])
+        .env("TORPOR_STORE_KEY", "ab".repeat(32))
+        .env_remove("TORPOR_STORE_KEY_ID")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("TORPOR_STORE_KEY_ID"), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // Good keys (a file and the environment's): the ring and its check values are logged.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let enc = format!("[store.encryption]\nactive = \"k1\"\nkeys = {{ k1 = {:?} }}\n", key.display().to_string());
+    let cfg = private_config(tmp.path(), "sealed.toml", &objects, &enc);
+    let hex = "cd".repeat(32);
+    let log = run_briefly(tmp.path(), &cfg, &[("TORPOR_STORE_KEY", &hex), ("TORPOR_STORE_KEY_ID", "env-k")]);
+    assert!(log.contains("object tier encrypted") && log.contains("k1 (check ") && log.contains("env-k (check "), "{log}");
+    assert!(!log.contains(&hex), "the key is never logged: {log}");
+
+    // No key: plaintext, said at info for a local directory, at warn for S3.
+    let log = run_briefly(tmp.path(), &plain_cfg, &[]);
+    assert!(log.contains("INFO") && log.contains("object tier not encrypted"), "{log}");
+    let s3_cfg = private_config(
+        tmp.path(),
+        "s3.toml",
+        "s3://bucket/prefix",
+        "remote_options = { endpoint = \"http://127.0.0.1:9\", region = \"us-east-1\", allow_http = \"true\", access_key_id = \"a\", secret_access_key = \"b\" }\n",
+    );
+    // (a different local tier: a store refuses to switch object tiers)
+    std::fs::remove_dir_all(tmp.path().join("root")).unwrap();
+    let log = run_briefly(tmp.path(), &s3_cfg, &[]);
+    assert!(log.contains("WARN") && log.contains("NOT encrypted"), "{log}");
+}
