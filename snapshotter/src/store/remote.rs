@@ -173,12 +173,17 @@ impl Remote {
         self.join(&["chunks"])
     }
 
-    fn actor_gen_root(&self, actor: &ActorName) -> Path {
+    /// `<prefix>/actors/<actor segments…>`
+    fn actor_root(&self, actor: &ActorName) -> Path {
         let mut p = self.join(&["actors"]);
         for s in actor.segments() {
             p = p.clone().join(s);
         }
-        p.join("_gen")
+        p
+    }
+
+    fn actor_gen_root(&self, actor: &ActorName) -> Path {
+        self.actor_root(actor).join("_gen")
     }
 
     pub fn manifest_path(&self, id: &SnapshotId) -> Path {
@@ -186,11 +191,7 @@ impl Remote {
     }
 
     pub fn lease_path(&self, actor: &ActorName) -> Path {
-        let mut p = self.join(&["actors"]);
-        for s in actor.segments() {
-            p = p.clone().join(s);
-        }
-        p.join("lease.json")
+        self.actor_root(actor).join("lease.json")
     }
 
     /// The actor's lease object and its version, if there is one.
