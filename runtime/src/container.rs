@@ -61,6 +61,8 @@ pub struct Container {
     /// A checkpoint a dead shim kept for this container's identity, to be
     /// restored at start (then `restore_from` is its image).
     pub(crate) adopted: Option<crate::recovery::Adopted>,
+    /// Its rootfs overlay's upper directory, captured at each suspend.
+    pub(crate) rootfs_upper: Option<PathBuf>,
 }
 
 impl Container {
@@ -91,6 +93,9 @@ pub struct CreateRequest {
     pub stdio: StdioConfig,
     /// Restore this checkpoint image directory at start.
     pub checkpoint: Option<PathBuf>,
+    /// The upper directory of the rootfs overlay (its changes, which a
+    /// suspend carries with the checkpoint: [`crate::rootfs`]).
+    pub rootfs_upper: Option<PathBuf>,
 }
 
 /// The state of a process, as `state` reports it.
@@ -309,6 +314,13 @@ impl Runtime {
             if let (Some(identity), None) = (&identity, &req.checkpoint) {
                 adopted = self.adopt_kept(&req.id, identity, actor.restore_from.as_ref()).await?;
             }
+            if let Some(a) = &adopted {
+                // The files it wrote, before its processes come back.
+                if let Err(e) = apply_rootfs_diff(&req.bundle, a).await {
+                    self.give_back(&req.id, a, false, &e).await;
+                    return Err(e);
+                }
+            }
         }
         let mut inner = self.inner.lock().await;
         if inner.containers.contains_key(&req.id) {
@@ -334,6 +346,7 @@ impl Runtime {
             suspended_io: None,
             netns,
             adopted: None,
+            rootfs_upper: req.rootfs_upper,
         };
         if let Some(a) = adopted {
             // Restored at Start, as a container created from a checkpoint.
@@ -728,6 +741,33 @@ pub(crate) fn container_mut<'a>(inner: &'a mut Inner, id: &str) -> Result<&'a mu
 }
 
 /// Refuses a checkpoint image directory that is missing or holds no CRIU image.
+/// Applies the rootfs changes a kept checkpoint carries (snapshots written
+/// before torpor carried them have none) to the new container's
+/// mounted rootfs, before its processes are restored.
+async fn apply_rootfs_diff(bundle: &Path, a: &crate::recovery::Adopted) -> Result<()> {
+    let diff = a.image.join(crate::rootfs::DIFF_FILE);
+    if !diff.is_file() {
+        info!(snapshot:% = a.snapshot, container = a.identity.container.as_str(); "the snapshot carries no rootfs changes");
+        return Ok(());
+    }
+    let rootfs = bundle.join("rootfs");
+    let started = std::time::Instant::now();
+    let applied = tokio::task::spawn_blocking(move || crate::rootfs::apply(&diff, &rootfs))
+        .await
+        .map_err(|e| Error::Store(format!("rootfs diff task: {e}")))?
+        .map_err(|e| {
+            let what = format!("restore of {} from snapshot {}: its rootfs changes", a.identity, a.snapshot);
+            match e {
+                Error::Io { context, source } => Error::Io { context: format!("{what}: {context}"), source },
+                Error::Sys { context, source } => Error::Sys { context: format!("{what}: {context}"), source },
+                e => crate::lifecycle::with_context(e, &what),
+            }
+        })?;
+    info!(snapshot:% = a.snapshot, container = a.identity.container.as_str(), entries = applied.entries,
+        bytes = applied.bytes, deletions = applied.deletions, ms = started.elapsed().as_millis() as u64; "rootfs changes applied");
+    Ok(())
+}
+
 fn check_image(image: &Path) -> Result<()> {
     if !image.is_dir() {
         return Err(Error::InvalidArgument(format!(

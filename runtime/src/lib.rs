@@ -27,6 +27,7 @@ pub mod lifecycle;
 pub mod policy;
 pub mod process;
 pub mod reaper;
+pub mod rootfs;
 pub mod recovery;
 pub mod runc;
 pub mod snapshots;

@@ -353,6 +353,13 @@ impl Runtime {
                         // To containerd the container is still running.
                         c.init.status = Status::Running;
                         dumped.push((id.clone(), image.clone()));
+                        // Its files, while no process changes them.
+                        if let Some(upper) = c.rootfs_upper.clone() {
+                            if let Err(e) = capture_rootfs(id, &upper, image).await {
+                                failure = Some(e);
+                                break;
+                            }
+                        }
                     }
                     Err(e) => {
                         c.suspended = false;
@@ -811,6 +818,20 @@ pub(crate) fn with_context(e: Error, what: &str) -> Error {
         Error::InvalidArgument(m) => Error::InvalidArgument(format!("{what}: {m}")),
         e => Error::Store(format!("{what}: {e}")),
     }
+}
+
+/// Writes container `id`'s rootfs changes (its overlay upper directory
+/// `upper`) into its image directory: a restore in a new container applies
+/// them ([`crate::rootfs`]).
+async fn capture_rootfs(id: &str, upper: &Path, image: &Path) -> Result<()> {
+    let started = Instant::now();
+    let (upper, out) = (upper.to_path_buf(), image.join(crate::rootfs::DIFF_FILE));
+    let stats = tokio::task::spawn_blocking(move || crate::rootfs::capture(&upper, &out))
+        .await
+        .map_err(|e| Error::Store(format!("rootfs capture task: {e}")))??;
+    info!(container = id, entries = stats.entries, bytes = stats.bytes, deletions = stats.deletions,
+        ms = started.elapsed().as_millis() as u64; "rootfs changes captured");
+    Ok(())
 }
 
 /// A staging directory for a new snapshot of `actor`.

@@ -100,6 +100,10 @@ impl Task for TaskService {
                 bundle: bundle.clone(),
                 stdio,
                 checkpoint: (!req.checkpoint.is_empty()).then(|| PathBuf::from(&req.checkpoint)),
+                rootfs_upper: req
+                    .rootfs
+                    .iter()
+                    .find_map(|m| torpor_runtime::rootfs::upper_dir(&m.type_, m.options.iter().map(String::as_str))),
             })
             .await;
         let pid = match created {

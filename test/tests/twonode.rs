@@ -145,9 +145,10 @@ fn store_entry(node: &Node, name: &str) -> Option<Value> {
 // ------------------------------------------------------------------ tests
 
 /// Suspend on node A, upload, delete the pod; the same pod created on node
-/// B restores the actor from S3: the counter continues with its memory,
-/// its listener answers at node B's pod IP, its process runs in node B's
-/// cgroups.
+/// B restores the actor from S3: the counter continues with its memory
+/// and its rootfs changes (a file it holds open, files written, linked and
+/// deleted), its listener answers at node B's pod IP, its process runs in
+/// node B's cgroups.
 #[test]
 fn an_actor_suspended_on_node_a_resumes_on_node_b() {
     if !torpor_only() {
@@ -165,6 +166,11 @@ fn an_actor_suspended_on_node_a_resumes_on_node_b() {
     assert!(a.owns_ip(&c.ip), "node A's pod IP {} is in node A's subnet {}", c.ip, a.subnet);
     c.inc(0, 5);
     let sum = c.cmd("sum");
+    // Rootfs changes: a file the counter holds open, files written,
+    // linked and deleted (an image file) by another process.
+    assert_eq!(c.cmd("note first"), "6");
+    let changes = "mkdir -p /data/sub && echo hello >/data/sub/f && ln -s sub/f /data/link && ln /data/sub/f /data/hard && rm /etc/group";
+    a.crictl_ok(&["exec", &c.container, "sh", "-c", changes]);
     let snap = c.suspend();
     assert!(snap.starts_with(&format!("{actor}@")), "{snap}");
     upload(a, &snap);
@@ -181,6 +187,13 @@ fn an_actor_suspended_on_node_a_resumes_on_node_b() {
     assert_eq!(c.cmd("get"), "5", "the counter continues on node B");
     assert_eq!(c.cmd("sum"), sum, "its memory came back intact");
     c.inc(5, 1);
+    // Its rootfs changes came along: the open file continues, the others are there.
+    assert_eq!(c.cmd("note second"), "13", "the counter's open /var/notes continues on node B");
+    let sh = |script: &str| b.crictl_ok(&["exec", &c.container, "sh", "-c", script]);
+    assert_eq!(sh("cat /var/notes"), "first\nsecond");
+    assert_eq!(sh("cat /data/link; readlink /data/link; stat -c %h /data/hard"), "hello\nsub/f\n2");
+    assert_eq!(sh("test -e /etc/group && echo present || echo deleted"), "deleted", "a deleted image file stays deleted");
+    assert_eq!(sh("test -e /etc/passwd && echo present"), "present", "the image's other files are there");
     let st = c.status();
     assert_eq!(st["state"], "RUNNING", "{st}");
     assert_eq!(st["recovered_from"], snap.as_str(), "{st}");

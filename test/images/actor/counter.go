@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,7 +115,9 @@ func checksum() string {
 
 // serve speaks two protocols on one port, told apart by the first line:
 //   - line protocol: "inc" -> "N", "get" -> "N", "sum" -> "crc32c",
-//     "touch" -> bytes rewritten, any number of commands per connection;
+//     "touch" -> bytes rewritten, "note TEXT" -> TEXT appended as a line to
+//     /var/notes (opened once, kept open for the process's life) -> the
+//     file's size, any number of commands per connection;
 //   - HTTP/1.x: GET /inc, /get, /sum, /healthz; one request per connection.
 func (c *counter) serve(conn net.Conn) {
 	defer conn.Close()
@@ -128,6 +131,10 @@ func (c *counter) serve(conn net.Conn) {
 		if isHTTPRequestLine(line) {
 			c.serveHTTP(conn, line, br)
 			return
+		}
+		if text, ok := strings.CutPrefix(strings.TrimSpace(line), "note "); ok {
+			fmt.Fprintln(conn, note(text))
+			continue
 		}
 		switch strings.TrimSpace(line) {
 		case "inc":
@@ -146,6 +153,33 @@ func (c *counter) serve(conn net.Conn) {
 			return
 		}
 	}
+}
+
+var notes struct {
+	sync.Mutex
+	f *os.File
+}
+
+// note appends text to /var/notes through a descriptor held open, so a
+// checkpoint of the process holds an open file of the container's rootfs.
+func note(text string) string {
+	notes.Lock()
+	defer notes.Unlock()
+	if notes.f == nil {
+		f, err := os.OpenFile("/var/notes", os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return "ERR " + err.Error()
+		}
+		notes.f = f
+	}
+	if _, err := notes.f.WriteString(text + "\n"); err != nil {
+		return "ERR " + err.Error()
+	}
+	st, err := notes.f.Stat()
+	if err != nil {
+		return "ERR " + err.Error()
+	}
+	return strconv.FormatInt(st.Size(), 10)
 }
 
 func (c *counter) serveHTTP(conn net.Conn, requestLine string, br *bufio.Reader) {
