@@ -115,6 +115,11 @@ pub struct Record {
     /// cloned from (`torpor.dev/restore-from`), when it had none of its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cloned_from: Option<String>,
+    /// Why the lease fence froze the actor (FROZEN): this node could not
+    /// confirm that it still holds the actor's lease. Thawed when it can
+    /// again; kept frozen for good when another node took the actor over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fenced: Option<String>,
     /// Container names already restored from `restore_snapshot`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub restored_names: std::collections::BTreeSet<String>,
@@ -159,6 +164,7 @@ impl Record {
             cloned_from: None,
             ran: false,
             restored_names: Default::default(),
+            fenced: None,
         }
     }
 

@@ -22,6 +22,7 @@ pub mod container;
 pub mod criu;
 pub mod error;
 pub mod failpoint;
+pub mod fence;
 pub mod identity;
 pub mod lifecycle;
 pub mod policy;

@@ -104,6 +104,11 @@ impl Runtime {
 
     /// FROZEN: all app containers in the cgroup freezer.
     pub async fn freeze(&self) -> Result<Record> {
+        self.freeze_as(None).await
+    }
+
+    /// FROZEN, by the lease fence when `fenced` gives the reason.
+    pub(crate) async fn freeze_as(&self, fenced: Option<String>) -> Result<Record> {
         let mut slot = self.actor.lock().await;
         let (store, rec) = slot.as_mut().ok_or_else(no_actor)?;
         if rec.state != Lifecycle::Running {
@@ -112,6 +117,10 @@ impl Runtime {
         let ids = self.app_containers().await;
         rec.state = Lifecycle::Frozen;
         rec.containers = ids.clone();
+        if let Some(why) = &fenced {
+            rec.last_error = Some(why.clone());
+        }
+        rec.fenced = fenced;
         store.save(rec)?;
         let mut inner = self.inner.lock().await;
         for id in &ids {
@@ -458,6 +467,16 @@ impl Runtime {
     async fn resume_once(&self, started: Instant) -> Result<Option<Record>> {
         let mut slot = self.actor.lock().await;
         let (store, rec) = slot.as_mut().ok_or_else(no_actor)?;
+        if matches!(rec.state, Lifecycle::Frozen | Lifecycle::Suspended) {
+            // Only while this node still holds the actor's lease.
+            if let Err(e) = confirm_lease(&rec.actor, &store.key()).await {
+                let e = with_context(e, &format!("resume of actor {}", rec.actor));
+                warn!(actor = rec.actor.as_str(); "resume refused, the actor stays {}: {e}", rec.state);
+                rec.last_error = Some(e.to_string());
+                store.save(rec)?;
+                return Err(e);
+            }
+        }
         match rec.state {
             Lifecycle::Frozen => {
                 let mut inner = self.inner.lock().await;
@@ -471,6 +490,9 @@ impl Runtime {
                 }
                 rec.state = Lifecycle::Running;
                 rec.last_resume_ms = Some(started.elapsed().as_millis() as u64);
+                if rec.fenced.take().is_some() {
+                    rec.last_error = None;
+                }
                 store.save(rec)?;
                 return Ok(Some(rec.clone()));
             }
@@ -842,6 +864,11 @@ async fn begin_staging(actor: &str) -> Result<crate::snapshots::Staging> {
 
 /// The actor leaves this node (pod removed, shim dead): its lease goes once
 /// its newest snapshot is durable. Logged, never fails.
+/// This node still holds `actor`'s lease (for shim `owner`): until when.
+pub(crate) async fn confirm_lease(actor: &str, owner: &str) -> Result<u64> {
+    SnapshotStore::connect().await?.confirm(actor, owner).await
+}
+
 pub(crate) async fn surrender_lease(actor: &str, owner: &str) {
     let r = async { SnapshotStore::connect().await?.surrender(actor, owner).await }.await;
     if let Err(e) = r {

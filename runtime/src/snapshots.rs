@@ -18,6 +18,8 @@ use crate::error::{Error, Result};
 
 /// Calls that only touch the daemon's metadata.
 const QUICK: Duration = Duration::from_secs(30);
+/// A lease confirmation: short, the fence decides on a missing answer.
+const CONFIRM: Duration = Duration::from_secs(3);
 /// Commit hashes every file; checkout may fetch from the object tier.
 const LONG: Duration = Duration::from_secs(900);
 
@@ -165,6 +167,18 @@ impl SnapshotStore {
         req.owner = owner.to_string();
         let r = self.client.acquire(ctx(QUICK), &req).await.map_err(|e| self.err("acquire of the actor lease", e))?;
         Ok(r.epoch)
+    }
+
+    /// `actor` may go on running here (shim `owner`): this node holds its
+    /// lease. Returns the time (unix ms) until which that stays true without
+    /// asking again. `FailedPrecondition` when the lease was lost; `Store`
+    /// when the daemon could not tell (unreachable, the object tier down).
+    pub async fn confirm(&self, actor: &str, owner: &str) -> Result<u64> {
+        let mut req = api::ConfirmRequest::new();
+        req.actor = actor.to_string();
+        req.owner = owner.to_string();
+        let r = self.client.confirm(ctx(CONFIRM), &req).await.map_err(|e| self.err("confirm of the actor lease", e))?;
+        Ok(r.valid_until_unix_ms)
     }
 
     /// `actor` leaves this node: its lease goes once its newest snapshot is durable.

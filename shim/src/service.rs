@@ -168,6 +168,7 @@ impl Shim for Service {
         let runtime = Runtime::new(&self.namespace, tx);
         crate::control::serve(runtime.clone(), self.id.clone());
         runtime.start_policy(self.id.clone());
+        runtime.start_fence(self.id.clone());
         TaskService::new(runtime, events, self.exit.clone())
     }
 }

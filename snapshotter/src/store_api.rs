@@ -236,6 +236,15 @@ impl api::Store for StoreService {
         Ok(r)
     }
 
+    async fn confirm(&self, _: &TtrpcContext, req: api::ConfirmRequest) -> ttrpc::Result<api::ConfirmResponse> {
+        let a = actor(&req.actor)?;
+        let (epoch, until) = self.detached(|s| async move { s.confirm(&a, &req.owner).await }).await.map_err(|e| status("confirm", e))?;
+        let mut r = api::ConfirmResponse::new();
+        r.epoch = epoch;
+        r.valid_until_unix_ms = until;
+        Ok(r)
+    }
+
     async fn surrender(&self, _: &TtrpcContext, req: api::SurrenderRequest) -> ttrpc::Result<api::Empty> {
         let a = actor(&req.actor)?;
         self.detached(|s| async move { s.surrender(&a, &req.owner).await }).await.map_err(|e| status("surrender", e))?;

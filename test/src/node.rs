@@ -354,6 +354,34 @@ impl Node {
     }
 }
 
+impl Node {
+    /// The node's torpor-snapshotter hangs (SIGSTOP), as a daemon cut off
+    /// from the object tier would: it renews no lease and answers no shim.
+    /// It goes on (SIGCONT) when the returned guard is dropped.
+    #[track_caller]
+    pub fn hang_snapshotter(&'static self) -> HungDaemon {
+        let pid = std::fs::read_to_string(format!("{}/snapshotter.pid", self.rig.state_dir))
+            .ok()
+            .and_then(|t| t.trim().parse::<i32>().ok())
+            .filter(|p| is_alive(*p))
+            .unwrap_or_else(|| panic!("node {} has no torpor-snapshotter running", self.letter));
+        kill(Pid::from_raw(pid), Signal::SIGSTOP).unwrap_or_else(|e| panic!("SIGSTOP torpor-snapshotter {pid}: {e}"));
+        HungDaemon { pid }
+    }
+}
+
+/// A daemon stopped by [`Node::hang_snapshotter`]: continued on drop.
+#[derive(Debug)]
+pub struct HungDaemon {
+    pid: i32,
+}
+
+impl Drop for HungDaemon {
+    fn drop(&mut self) {
+        let _ = kill(Pid::from_raw(self.pid), Signal::SIGCONT);
+    }
+}
+
 /// Whether `pid` is alive (a zombie is dead).
 fn is_alive(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

@@ -454,6 +454,53 @@ fn one_actor_created_at_once_on_two_nodes_runs_once() {
     assert_eq!(lease["released"], false, "{lease}");
 }
 
+/// Node A's daemon hangs (as one cut off from the object tier would) while
+/// actor X runs there: A's shim cannot confirm X's lease and freezes X
+/// before the lease can expire; once it has expired node B takes X over.
+/// When A's daemon goes on, its renewal finds the lease lost: X stays
+/// frozen on A, and its resume there is refused naming node B.
+#[test]
+fn a_node_cut_off_from_the_lease_freezes_its_actor_before_another_takes_it() {
+    if !torpor_only() {
+        return;
+    }
+    let _only = nodes_exclusive();
+    let (a, b) = (Node::a(), Node::b());
+    b.require();
+    let actor = format!("fence/{}", unique_name("cut"));
+    let _g = SnapshotsGuardAll(actor.clone());
+    let opts = annotations(&[("torpor.dev/actor", &actor)]);
+    let seed = seed();
+    let c = Counter::start(Pod::run_on(a, "tn-cut", opts.clone()), 8, &seed);
+    c.inc(0, 3);
+    let hung = a.hang_snapshotter();
+    let st = wait_for("node A's lease fence to freeze the actor", LIVENESS, || {
+        let st = c.status();
+        (st["state"] == "FROZEN").then_some(st)
+    });
+    assert!(st["fenced"].as_str().is_some_and(|f| f.contains("lease")), "the record says why: {st}");
+    let lease = lease_doc(&actor).expect("node A's lease object");
+    assert_eq!(lease["node"], a.id.as_str(), "{lease}");
+    let expires = lease["expires_unix_ms"].as_u64().unwrap_or(0);
+
+    wait_for("node A's lease to expire", LIVENESS, || (now_ms() > expires + 200).then_some(()));
+    let cb = Counter::start(Pod::run_on(b, "tn-cut-b", opts), 8, &seed);
+    assert_eq!(cb.cmd("inc"), "1", "never suspended: node B starts the actor fresh");
+    assert_eq!(lease_doc(&actor).expect("lease")["node"], b.id.as_str());
+
+    drop(hung);
+    let refused = wait_for("node A's resume to be refused naming node B", LIVENESS, || {
+        let out = a.torporctl(&["resume", &c.pod.id]);
+        assert!(!out.success(), "node A must not resume the actor node B runs: {out}");
+        let text = out.to_string();
+        text.contains(&b.id).then_some(text)
+    });
+    assert!(refused.contains(&actor), "{refused}");
+    let st = c.status();
+    assert_eq!(st["state"], "FROZEN", "still frozen on node A: {st}");
+    assert_eq!(cb.cmd("inc"), "2", "node B's actor is untouched");
+}
+
 /// Node A dies while actor X runs there (after a suspend, an upload and a
 /// resume): node B is refused while A's lease lasts; once it expires, B
 /// takes X over from its last snapshot (the state of the suspend: what X

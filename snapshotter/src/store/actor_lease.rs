@@ -306,6 +306,54 @@ impl Store {
         }
     }
 
+    /// The actor may go on running on this node (a resume, a thaw, the
+    /// shim's periodic check): this node holds its lease for shim `owner`
+    /// and it stays valid for more than `lease_ttl / 3` — else it is renewed
+    /// now. Returns the epoch and the time until which that holds (the
+    /// expiry less the margin: other nodes judge expiry by their clocks).
+    pub async fn confirm(&self, actor: &ActorName, owner: &str) -> Result<(u64, u64)> {
+        let margin = self.lease_ttl().as_millis() as u64 / 3;
+        let valid = |h: &Held| h.doc.expires_unix_ms.saturating_sub(margin);
+        let held = self.held(actor)?;
+        match &held {
+            None => return Err(self.not_held(actor).await),
+            Some(h) if h.surrendering => {
+                return Err(Error::LeaseLost { actor: actor.clone(), detail: "it is being surrendered (its pod was removed from this node)".into() })
+            }
+            Some(h) if !owner.is_empty() && h.doc.owner != owner => {
+                return Err(Error::LeaseLost { actor: actor.clone(), detail: format!("shim {} of this node holds it now", h.doc.owner) })
+            }
+            Some(h) if valid(h) > now_ms() => return Ok((h.doc.epoch, valid(h))),
+            Some(_) => {}
+        }
+        self.lease_pass_one(actor).await?;
+        match self.held(actor)? {
+            Some(h) if valid(&h) > now_ms() => Ok((h.doc.epoch, valid(&h))),
+            Some(h) => Err(Error::LeaseLost {
+                actor: actor.clone(),
+                detail: format!("renewed, but valid only until {}", unix_ms_text(h.doc.expires_unix_ms)),
+            }),
+            None => Err(self.not_held(actor).await),
+        }
+    }
+
+    /// Why this node does not hold `actor`'s lease, for an error.
+    async fn not_held(&self, actor: &ActorName) -> Error {
+        let path = self.remote.lease_path(actor).to_string();
+        let detail = match self.remote.get_lease(actor).await {
+            Ok(Some((bytes, _))) => match parse(actor, &path, &bytes) {
+                Ok(d) if d.node != self.node() && !d.released => {
+                    format!("node {} holds it (epoch {}, shim {}) until {}", d.node, d.epoch, d.owner, unix_ms_text(d.expires_unix_ms))
+                }
+                Ok(d) => format!("this node does not hold it (the lease object says node {}, epoch {}, released: {})", d.node, d.epoch, d.released),
+                Err(e) => format!("this node does not hold it ({e})"),
+            },
+            Ok(None) => "this node does not hold it (no lease object)".into(),
+            Err(e) => format!("this node does not hold it (the lease object cannot be read: {e})"),
+        };
+        Error::LeaseLost { actor: actor.clone(), detail }
+    }
+
     /// Before an upload publishes a manifest of `actor`: refused when the
     /// actor's lease belongs to another node (this node lost it, or never
     /// had it). No lease object at all (a store used without leases) is fine.
