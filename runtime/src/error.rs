@@ -39,6 +39,9 @@ pub enum Error {
     /// runc (or CRIU underneath it) failed; `message` is the last error runc logged.
     #[error("runc {command} failed: {message}")]
     Runc { command: String, message: String },
+    /// The other side (an older torpor-snapshotter) lacks the operation.
+    #[error("{0}")]
+    Unimplemented(String),
     /// A snapshot failed verification (digest mismatch, truncated manifest...).
     #[error("{0}")]
     Corrupt(String),

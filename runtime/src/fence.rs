@@ -18,7 +18,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use log::{info, warn};
+use log::{debug, info, warn};
 
 use crate::actor::Lifecycle;
 use crate::container::Runtime;
@@ -63,7 +63,8 @@ impl Runtime {
             _ => confirm.await,
         };
         match answer {
-            Ok(until) => {
+            Ok(None) => {}
+            Ok(Some(until)) => {
                 *valid_until = Some(until);
                 if fenced {
                     match self.resume_actor().await {
@@ -73,7 +74,7 @@ impl Runtime {
                 }
             }
             Err(e) if fenced => {
-                info!(actor = rec.actor.as_str(); "actor stays frozen: {e}");
+                debug!(actor = rec.actor.as_str(); "actor stays frozen: {e}");
             }
             Err(e) => {
                 let lost = matches!(e, Error::FailedPrecondition(_));

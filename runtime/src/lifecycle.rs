@@ -865,8 +865,19 @@ async fn begin_staging(actor: &str) -> Result<crate::snapshots::Staging> {
 /// The actor leaves this node (pod removed, shim dead): its lease goes once
 /// its newest snapshot is durable. Logged, never fails.
 /// This node still holds `actor`'s lease (for shim `owner`): until when.
-pub(crate) async fn confirm_lease(actor: &str, owner: &str) -> Result<u64> {
-    SnapshotStore::connect().await?.confirm(actor, owner).await
+/// A torpor-snapshotter older than lease confirmation (a node halfway
+/// through an upgrade) cannot tell: `None`, logged once per shim; the
+/// actor is then guarded by its lease's acquisition only.
+pub(crate) async fn confirm_lease(actor: &str, owner: &str) -> Result<Option<u64>> {
+    match SnapshotStore::connect().await?.confirm(actor, owner).await {
+        Ok(until) => Ok(Some(until)),
+        Err(Error::Unimplemented(m)) => {
+            static ONCE: std::sync::Once = std::sync::Once::new();
+            ONCE.call_once(|| warn!(actor; "the node's torpor-snapshotter cannot confirm actor leases (upgrade it): no lease fence for this shim's actor ({m})"));
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 pub(crate) async fn surrender_lease(actor: &str, owner: &str) {

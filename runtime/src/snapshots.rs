@@ -96,6 +96,7 @@ impl SnapshotStore {
             Code::INVALID_ARGUMENT => Error::InvalidArgument(msg),
             Code::FAILED_PRECONDITION => Error::FailedPrecondition(msg),
             Code::DATA_LOSS => Error::Corrupt(msg),
+            Code::UNIMPLEMENTED => Error::Unimplemented(msg),
             _ => Error::Store(msg),
         }
     }

@@ -12,6 +12,7 @@ pub fn to_ttrpc(e: Error) -> ttrpc::Error {
         Error::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
         Error::Store(_) => Code::UNAVAILABLE,
         Error::Corrupt(_) => Code::DATA_LOSS,
+        Error::Unimplemented(_) => Code::UNIMPLEMENTED,
         Error::Io { .. } | Error::Sys { .. } | Error::Runc { .. } | Error::Json { .. } => Code::UNKNOWN,
     };
     ttrpc::Error::RpcStatus(ttrpc::get_status(code, e.to_string()))
