@@ -548,6 +548,9 @@ impl Runtime {
 
     /// Kill: a signal to init (`all`: every process) or to an exec.
     pub async fn kill(&self, id: &str, exec_id: &str, signal: u32, all: bool) -> Result<()> {
+        if exec_id.is_empty() && signal == libc::SIGTERM as u32 {
+            self.suspend_on_stop(id).await;
+        }
         if exec_id.is_empty() && self.kill_suspended(id, signal).await? {
             return Ok(());
         }

@@ -661,6 +661,32 @@ impl Runtime {
         Ok(())
     }
 
+    /// The stop of app container `id` (SIGTERM) of an actor with
+    /// `torpor.dev/on-stop: suspend`: the actor is suspended first (all its
+    /// app containers), so that its containers then stop as suspended ones
+    /// and its newest state is the snapshot the next pod restores — on this
+    /// node or, once the lease is surrendered at the pod's removal (after
+    /// the upload), on any other. A suspend that fails is logged and the
+    /// stop goes on as a plain stop.
+    pub(crate) async fn suspend_on_stop(&self, id: &str) {
+        let wanted = {
+            let inner = self.inner.lock().await;
+            inner.containers.get(id).is_some_and(|c| !c.sandbox && !c.suspended && c.actor.suspend_on_stop)
+        };
+        if !wanted {
+            return;
+        }
+        // Not when the lease fence froze it: its state is no longer its own.
+        let state = self.actor.lock().await.as_ref().filter(|(_, rec)| rec.fenced.is_none()).map(|(_, rec)| rec.state);
+        if !matches!(state, Some(Lifecycle::Running | Lifecycle::Frozen)) {
+            return;
+        }
+        match self.suspend().await {
+            Ok(rec) => info!(actor = rec.actor.as_str(), container = id, generation = rec.generation; "suspended on stop (torpor.dev/on-stop: suspend)"),
+            Err(e) => warn!(container = id; "suspend on stop failed, the container stops without it: {e}"),
+        }
+    }
+
     /// Kill of a suspended container: there is no process to signal, so the
     /// exit is recorded (128 + signal) and published here.
     pub(crate) async fn kill_suspended(&self, id: &str, signal: u32) -> Result<bool> {

@@ -18,8 +18,9 @@ pub const FREEZE_FIRST: &str = "torpor.dev/freeze-first";
 pub const KEEP_LOCAL: &str = "torpor.dev/keep-local";
 pub const ACTIVATE_ON: &str = "torpor.dev/activate-on";
 pub const RESTORE_FROM: &str = "torpor.dev/restore-from";
+pub const ON_STOP: &str = "torpor.dev/on-stop";
 
-const KNOWN: [&str; 6] = [ACTOR, IDLE_AFTER, FREEZE_FIRST, KEEP_LOCAL, ACTIVATE_ON, RESTORE_FROM];
+const KNOWN: [&str; 7] = [ACTOR, IDLE_AFTER, FREEZE_FIRST, KEEP_LOCAL, ACTIVATE_ON, RESTORE_FROM, ON_STOP];
 
 const DURATION_FORM: &str =
     "a duration such as 500ms, 30s, 5m or 1h (a whole number followed by ms, s, m or h)";
@@ -45,6 +46,10 @@ pub struct ActorSpec {
     pub activate_on: Option<Vec<u16>>,
     /// `torpor.dev/restore-from`: the snapshot a new actor is cloned from.
     pub restore_from: Option<RestoreSource>,
+    /// `torpor.dev/on-stop: suspend`: a stop (SIGTERM: kubelet's
+    /// StopContainer, a drain) suspends the actor before its containers
+    /// exit, so the next pod of the actor, on any node, continues it.
+    pub suspend_on_stop: bool,
 }
 
 /// The snapshot named by `torpor.dev/restore-from`: an actor's newest, or
@@ -80,6 +85,13 @@ impl ActorSpec {
                 KEEP_LOCAL => spec.keep_local = Some(parse_duration(key, value)?),
                 ACTIVATE_ON => spec.activate_on = Some(parse_ports(key, value)?),
                 RESTORE_FROM => spec.restore_from = Some(parse_restore_from(key, value)?),
+                ON_STOP => {
+                    spec.suspend_on_stop = match value {
+                        "suspend" => true,
+                        "stop" => false,
+                        _ => return Err(invalid(key, value, "expected suspend (checkpoint the actor before it stops) or stop (the default)")),
+                    }
+                }
                 _ => {
                     return Err(invalid(
                         key,
@@ -256,6 +268,17 @@ mod tests {
             let e = ActorSpec::from_annotations(&ann(&[(RESTORE_FROM, bad)])).unwrap_err();
             let msg = e.to_string();
             assert!(msg.contains(RESTORE_FROM) && msg.contains(&format!("{bad:?}")) && msg.contains("<actor>@<generation>"), "{bad}: {msg}");
+        }
+    }
+
+    #[test]
+    fn on_stop_is_suspend_or_stop() {
+        assert!(ActorSpec::from_annotations(&ann(&[(ON_STOP, "suspend")])).unwrap().suspend_on_stop);
+        assert!(!ActorSpec::from_annotations(&ann(&[(ON_STOP, "stop")])).unwrap().suspend_on_stop);
+        assert!(!ActorSpec::from_annotations(&ann(&[])).unwrap().suspend_on_stop);
+        for bad in ["", "Suspend", "checkpoint", "suspend "] {
+            let msg = ActorSpec::from_annotations(&ann(&[(ON_STOP, bad)])).unwrap_err().to_string();
+            assert!(msg.contains(ON_STOP) && msg.contains("expected suspend"), "{bad:?}: {msg}");
         }
     }
 

@@ -454,6 +454,47 @@ fn one_actor_created_at_once_on_two_nodes_runs_once() {
     assert_eq!(lease["released"], false, "{lease}");
 }
 
+/// A drain moves an actor with its newest state: with `torpor.dev/on-stop:
+/// suspend`, kubelet's stop (SIGTERM) suspends the actor before its
+/// container exits; the pod's removal uploads the snapshot and lets go of
+/// the lease; a pod of the actor created on node B continues from the state
+/// it had when it was stopped (memory and rootfs), with no suspend asked
+/// for.
+#[test]
+fn a_stop_with_on_stop_suspend_moves_the_actor_with_its_newest_state() {
+    if !torpor_only() {
+        return;
+    }
+    let _up = nodes_up();
+    let (a, b) = (Node::a(), Node::b());
+    b.require();
+    let actor = format!("drain/{}", unique_name("x"));
+    let _g = SnapshotsGuardAll(actor.clone());
+    let opts = annotations(&[("torpor.dev/actor", &actor), ("torpor.dev/on-stop", "suspend")]);
+    let seed = seed();
+    let c = Counter::start(Pod::run_on(a, "tn-drain", opts.clone()), 16, &seed);
+    c.inc(0, 4);
+    let sum = c.cmd("sum");
+    assert_eq!(c.cmd("note drained"), "8");
+    // kubelet's StopContainer: the stop signal (SIGTERM), then a wait.
+    a.crictl_ok(&["stop", "--timeout", "60", &c.container]);
+    let inspect = a.inspect_container(&c.container);
+    assert_eq!(inspect["status"]["state"], "CONTAINER_EXITED", "{inspect}");
+    assert_eq!(inspect["status"]["exitCode"], 143, "exited as stopped by SIGTERM: {inspect}");
+    let st = c.status();
+    assert_eq!(st["state"], "SUSPENDED", "suspended by the stop: {st}");
+    c.pod.remove();
+    let lease = wait_for("node A to let go of the actor's lease (after the upload)", LIVENESS, || {
+        lease_doc(&actor).filter(|l| l["released"] == true)
+    });
+    assert!(lease["durable_generation"].as_u64().unwrap_or(0) >= 1, "its snapshot is durable: {lease}");
+
+    let c = Counter::start(Pod::run_on(b, "tn-drain", opts), 16, &seed);
+    assert_eq!(c.cmd("get"), "4", "node B continues from the state of the stop");
+    assert_eq!(c.cmd("sum"), sum, "its memory intact");
+    assert_eq!(c.cmd("note again"), "14", "its rootfs (the open /var/notes) intact");
+}
+
 /// Node A's daemon hangs (as one cut off from the object tier would) while
 /// actor X runs there: A's shim cannot confirm X's lease and freezes X
 /// before the lease can expire; once it has expired node B takes X over.
