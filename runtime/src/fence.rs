@@ -4,17 +4,19 @@
 //! The node's daemon renews the lease in the object tier; another node may
 //! take the actor over once it expires. A node cut off from the object tier
 //! (or whose daemon hangs) cannot renew, so its copy of the actor must stop
-//! before the lease can expire. Every [`POLL`] the shim asks its daemon to
-//! confirm the lease ([`crate::snapshots::SnapshotStore::confirm`]), which
-//! answers with the time until which the actor may run without asking again
-//! (the lease's expiry less a third of `lease_ttl`, the margin for clock
-//! skew); a confirmation is not waited for past that time. The actor is frozen (FROZEN, `fenced` giving the reason) when the
-//! lease is known lost (another node took it over), or when no answer came
-//! and that time has passed. A frozen process writes nothing and answers
-//! nothing, yet keeps its memory: when the lease can be confirmed again (the
-//! object tier came back and nobody took the actor), it is thawed; when it was
-//! lost, it stays frozen until its pod is removed. Resumes and thaws confirm
-//! the lease first too ([`Runtime::resume_actor`]).
+//! before the lease can expire. Every [`POLL`] (sooner when the last answer
+//! runs out sooner) the shim asks its daemon to confirm the lease
+//! ([`crate::snapshots::SnapshotStore::confirm`]), which answers with the
+//! time until which the actor may run without asking again (the lease's
+//! expiry less a third of `lease_ttl`, the margin for clock skew); a
+//! confirmation is not waited for past that time. The actor is frozen
+//! (FROZEN, `fenced` giving the reason) when the lease is known lost (another
+//! node took it over), or when no answer came and that time has passed. A
+//! frozen process writes nothing and answers nothing, yet keeps its memory:
+//! when the lease can be confirmed again (the object tier came back and
+//! nobody took the actor), it is thawed; when it was lost, it stays frozen
+//! until its pod is removed. Resumes and thaws confirm the lease first too
+//! ([`Runtime::resume_actor`]).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -25,8 +27,10 @@ use crate::container::Runtime;
 use crate::error::Error;
 use crate::lifecycle::confirm_lease;
 
-/// How often a running actor's lease is confirmed.
+/// How often a running actor's lease is confirmed, at most; more often
+/// when the last answer runs out sooner (half of the time it has left).
 pub const POLL: Duration = Duration::from_secs(2);
+const MIN_POLL: Duration = Duration::from_millis(100);
 
 fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
@@ -39,7 +43,9 @@ impl Runtime {
         tokio::spawn(async move {
             let mut valid_until = None;
             loop {
-                tokio::time::sleep(POLL).await;
+                // Asked again well before the last answer runs out.
+                let left = valid_until.map_or(POLL, |t: u64| Duration::from_millis(t.saturating_sub(now_ms()) / 2));
+                tokio::time::sleep(left.clamp(MIN_POLL, POLL)).await;
                 rt.fence_pass(&group, &mut valid_until).await;
             }
         });
@@ -49,6 +55,8 @@ impl Runtime {
         let Some(rec) = self.actor_status().await else { return };
         let fenced = rec.fenced.is_some() && rec.state == Lifecycle::Frozen;
         if rec.state != Lifecycle::Running && !fenced {
+            // Not running: the last answer is stale by the time it runs again.
+            *valid_until = None;
             return;
         }
         // No waiting on an answer past the time the last one gave.

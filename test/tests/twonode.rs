@@ -512,7 +512,20 @@ fn a_node_cut_off_from_the_lease_freezes_its_actor_before_another_takes_it() {
     let opts = annotations(&[("torpor.dev/actor", &actor)]);
     let seed = seed();
     let c = Counter::start(Pod::run_on(a, "tn-cut", opts.clone()), 8, &seed);
-    c.inc(0, 3);
+    c.inc(0, 2);
+    // While the daemon answers, the fence leaves the actor alone, also
+    // after it was suspended for longer than a confirmation lasts.
+    std::thread::sleep(std::time::Duration::from_secs(3)); // the fence had an answer
+    c.suspend();
+    std::thread::sleep(std::time::Duration::from_secs(5)); // suspended past that answer
+    c.inc(2, 1);
+    let watched = std::time::Instant::now();
+    while watched.elapsed() < std::time::Duration::from_secs(7) {
+        let st = c.status();
+        assert_eq!(st["state"], "RUNNING", "no fence while the lease is confirmed: {st}");
+        assert!(st["fenced"].is_null(), "{st}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let hung = a.hang_snapshotter();
     let st = wait_for("node A's lease fence to freeze the actor", LIVENESS, || {
         let st = c.status();
