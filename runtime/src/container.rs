@@ -743,7 +743,6 @@ pub(crate) fn container_mut<'a>(inner: &'a mut Inner, id: &str) -> Result<&'a mu
         .ok_or_else(|| Error::NotFound(format!("container {id}")))
 }
 
-/// Refuses a checkpoint image directory that is missing or holds no CRIU image.
 /// Applies the rootfs changes a kept checkpoint carries (snapshots written
 /// before torpor carried them have none) to the new container's
 /// mounted rootfs, before its processes are restored.
@@ -757,7 +756,7 @@ async fn apply_rootfs_diff(bundle: &Path, a: &crate::recovery::Adopted) -> Resul
     let started = std::time::Instant::now();
     let applied = tokio::task::spawn_blocking(move || crate::rootfs::apply(&diff, &rootfs))
         .await
-        .map_err(|e| Error::Store(format!("rootfs diff task: {e}")))?
+        .map_err(|e| Error::Io { context: "apply a rootfs diff".into(), source: std::io::Error::other(e) })?
         .map_err(|e| {
             let what = format!("restore of {} from snapshot {}: its rootfs changes", a.identity, a.snapshot);
             match e {
@@ -771,6 +770,7 @@ async fn apply_rootfs_diff(bundle: &Path, a: &crate::recovery::Adopted) -> Resul
     Ok(())
 }
 
+/// Refuses a checkpoint image directory that is missing or holds no CRIU image.
 fn check_image(image: &Path) -> Result<()> {
     if !image.is_dir() {
         return Err(Error::InvalidArgument(format!(

@@ -876,7 +876,7 @@ async fn capture_rootfs(id: &str, upper: &Path, image: &Path) -> Result<()> {
     let (upper, out) = (upper.to_path_buf(), image.join(crate::rootfs::DIFF_FILE));
     let stats = tokio::task::spawn_blocking(move || crate::rootfs::capture(&upper, &out))
         .await
-        .map_err(|e| Error::Store(format!("rootfs capture task: {e}")))??;
+        .map_err(|e| Error::Io { context: format!("capture the rootfs changes of {id}"), source: std::io::Error::other(e) })??;
     info!(container = id, entries = stats.entries, bytes = stats.bytes, deletions = stats.deletions,
         ms = started.elapsed().as_millis() as u64; "rootfs changes captured");
     Ok(())
@@ -888,8 +888,6 @@ async fn begin_staging(actor: &str) -> Result<crate::snapshots::Staging> {
     r.map_err(|e| with_context(e, &format!("suspend of actor {actor}: no staging directory in the snapshot store")))
 }
 
-/// The actor leaves this node (pod removed, shim dead): its lease goes once
-/// its newest snapshot is durable. Logged, never fails.
 /// This node still holds `actor`'s lease (for shim `owner`): until when.
 /// A torpor-snapshotter older than lease confirmation (a node halfway
 /// through an upgrade) cannot tell: `None`, logged once per shim; the
@@ -906,6 +904,8 @@ pub(crate) async fn confirm_lease(actor: &str, owner: &str) -> Result<Option<u64
     }
 }
 
+/// The actor leaves this node (pod removed, shim dead): its lease goes once
+/// its newest snapshot is durable. Logged, never fails.
 pub(crate) async fn surrender_lease(actor: &str, owner: &str) {
     let r = async { SnapshotStore::connect().await?.surrender(actor, owner).await }.await;
     if let Err(e) = r {
