@@ -300,8 +300,10 @@ pub fn apply(diff: &Path, rootfs: &Path) -> Result<DiffStats> {
                 let (sflag, dev) = match kind {
                     tar::EntryType::Fifo => (SFlag::S_IFIFO, 0),
                     k => {
-                        let major = h.device_major().ok().flatten().unwrap_or(0);
-                        let minor = h.device_minor().ok().flatten().unwrap_or(0);
+                        let number = |n: std::io::Result<Option<u32>>| {
+                            n.ok().flatten().ok_or_else(|| corrupt(format!("device {raw:?} has no valid device number")))
+                        };
+                        let (major, minor) = (number(h.device_major())?, number(h.device_minor())?);
                         let s = if k == tar::EntryType::Char { SFlag::S_IFCHR } else { SFlag::S_IFBLK };
                         (s, makedev(major.into(), minor.into()))
                     }
@@ -412,6 +414,7 @@ mod tests {
         symlink("sub/f", upper.join("data/link")).unwrap();
         // An overlay whiteout (mknod needs root, as the tests run).
         mknodat(nix::fcntl::AT_FDCWD, &upper.join("gone"), SFlag::S_IFCHR, Mode::empty(), makedev(0, 0)).unwrap();
+        mknodat(nix::fcntl::AT_FDCWD, &upper.join("data/null"), SFlag::S_IFCHR, Mode::from_bits_truncate(0o666), makedev(1, 3)).unwrap();
         // The lower layer: a tree the diff deletes, a file it keeps.
         std::fs::create_dir_all(rootfs.join("gone/deep")).unwrap();
         std::fs::write(rootfs.join("kept"), b"k").unwrap();
@@ -429,6 +432,8 @@ mod tests {
         assert_eq!(std::fs::read(rootfs.join("data/link")).unwrap(), b"hello");
         assert!(!rootfs.join("gone").exists());
         assert!(rootfs.join("kept").exists());
+        let null = std::fs::symlink_metadata(rootfs.join("data/null")).unwrap();
+        assert!(null.file_type().is_char_device() && null.rdev() == makedev(1, 3), "{null:?}");
         // Deterministic: the same tree gives the same bytes.
         let again = t.path().join("again.tar");
         capture(&upper, &again).unwrap();
