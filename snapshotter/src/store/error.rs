@@ -91,6 +91,10 @@ pub enum Error {
     #[error("object tier {path}: {detail}")]
     Inconsistent { path: String, detail: String },
 
+    /// A chunk sweep could not finish (what is left waits for the next one).
+    #[error("chunk sweep incomplete: {0}")]
+    SweepIncomplete(String),
+
     #[error("fetch of snapshot {id} from the object tier failed: {source}")]
     FetchFailed {
         id: SnapshotId,

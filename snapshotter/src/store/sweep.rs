@@ -498,7 +498,9 @@ impl Store {
         let outcome = loop {
             round += 1;
             let path = self.remote.sweep_path(&format!("{sweep_id}-{round}"));
+            let left = victims.len();
             let res = self.sweep_round(&path, &mut seen, &mut refs, &mut victims, report, &mut kept_unreadable, unreadable).await;
+            let stuck = res.is_ok() && !victims.is_empty() && victims.len() == left;
             // The previous round's deletes have all returned.
             if let Some(p) = previous.replace(path) {
                 if let Err(e) = self.remote.delete_object("delete sweep announcement", &p).await {
@@ -508,6 +510,12 @@ impl Store {
             match res {
                 Err(e) => break Err(e),
                 Ok(()) if victims.is_empty() => break Ok(()),
+                Ok(()) if stuck => {
+                    break Err(Error::SweepIncomplete(format!(
+                        "a round confirmed its {left} victims too slowly to delete any within its {} s window; they are left for the next sweep",
+                        SWEEP_DELETE_WINDOW.as_secs()
+                    )))
+                }
                 Ok(()) => debug!(round, left = victims.len(), "sweep round done; announcing the next"),
             }
         };
@@ -602,20 +610,26 @@ impl Store {
             let keys: Vec<String> = these.iter().map(|(n, _)| n.index_key()).collect();
             tx.remove_chunks(keys.iter().map(|k| k.as_str()))?;
             tx.commit()?;
-            let results: Vec<(ChunkName, u64, Result<()>)> = futures::stream::iter(these.into_iter().map(|(name, size)| async move {
+            // A delete is issued only within the window (one that would start
+            // later waits for the next round and its confirmation).
+            let results: Vec<(ChunkName, u64, Option<Result<()>>)> = futures::stream::iter(these.into_iter().map(|(name, size)| async move {
+                if started.elapsed() >= SWEEP_DELETE_WINDOW {
+                    return (name, size, None);
+                }
                 let r = self.remote.delete_chunk(&name).await;
-                (name, size, r)
+                (name, size, Some(r))
             }))
             .buffer_unordered(self.cfg.upload_concurrency)
             .collect()
             .await;
             for (name, size, r) in results {
                 match r {
-                    Ok(()) => {
+                    None => victims.push((name, size)),
+                    Some(Ok(())) => {
                         report.chunks_deleted += 1;
                         report.chunk_bytes_deleted += size;
                     }
-                    Err(e) => report.errors.push(format!("chunk {name}: {e}")),
+                    Some(Err(e)) => report.errors.push(format!("chunk {name}: {e}")),
                 }
             }
         }
