@@ -465,6 +465,20 @@ mod tests {
     }
 
     #[test]
+    fn sealed_intents_open_only_with_their_key_and_id() {
+        let k = key("k1", 1);
+        let plain = br#"["aa","bb"]"#;
+        let (nonce, ct) = seal_intent(&k, "0123", plain).unwrap();
+        assert_eq!(seal_intent(&k, "0123", plain).unwrap(), (nonce.clone(), ct.clone()), "deterministic");
+        assert_eq!(open_intent(&k, "0123", &nonce, &ct).unwrap(), plain);
+        assert!(open_intent(&k, "4567", &nonce, &ct).unwrap_err().contains("authentication"), "bound to the intent id");
+        assert!(open_intent(&key("k1", 2), "0123", &nonce, &ct).is_err(), "another key");
+        assert!(open_intent(&k, "0123", "zz", &ct).unwrap_err().contains("nonce"));
+        // Not the manifest AAD: a manifest's envelope cannot pass as an intent.
+        assert_ne!(intent_aad("k1", "x"), manifest_aad("k1", &sid("x", 1)));
+    }
+
+    #[test]
     fn key_ids_and_rings() {
         for good in ["k1", "2026-01.prod_A", "a"] {
             check_key_id(good).unwrap();
