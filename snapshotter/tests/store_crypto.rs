@@ -389,19 +389,76 @@ async fn rotation_old_snapshots_stay_readable_new_ones_use_the_new_key() {
     assert_eq!(read_tree(&co.path), s2_tree);
 }
 
+/// A manifest sealed under a key this node does not have: gc goes on (the
+/// retention of other actors, the sweep of other keys' chunks), reports it
+/// naming the snapshot and the key, and keeps every chunk object under that
+/// key (which is all it can name). A garbled manifest that names no key
+/// keeps every chunk object.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sweep_stops_at_a_manifest_under_an_unknown_key() {
+async fn gc_goes_on_past_a_manifest_under_an_unknown_key() {
+    use torpor_snapshotter::store::Namespace;
+    let grace0 = || GcPolicy { keep_newest: 1, actor: None, sweep_chunks: true, chunk_grace: Duration::ZERO };
     let e = env();
     let a = Store::open(sealed_config(&e.root, &e.objects, ring(&[("k1", 1)], "k1"))).await.unwrap();
-    let s = commit_tree(&a, "g/x", 1, 300_000).await;
-    a.upload(&s.id, None).await.unwrap();
-    let before = files_under(&e.objects.join("chunks")).len();
+    let x = commit_tree(&a, "g/x", 1, 300_000).await;
+    a.upload(&x.id, None).await.unwrap();
+    // Unreferenced chunks under k1 too: a snapshot uploaded, then removed.
+    let gone = commit_tree(&a, "g/gone", 9, 300_000).await;
+    a.upload(&gone.id, None).await.unwrap();
+    a.remove(&gone.id).await.unwrap();
+    let k1_dir = e.objects.join("chunks/hmac-sha256/k1");
+    let k1_before = files_under(&k1_dir).len();
+
+    // Node b has only k2, and an actor of its own with a superseded generation.
     let b = env();
     let other = Store::open(sealed_config(&b.root, &e.objects, ring(&[("k2", 2)], "k2"))).await.unwrap();
-    let err = other.gc(GcPolicy { keep_newest: 1, actor: None, sweep_chunks: true, chunk_grace: Duration::ZERO }).await.unwrap_err();
-    let msg = err.to_string();
-    assert!(msg.contains("g/x@1") && msg.contains("\"k1\""), "{msg}");
-    assert_eq!(files_under(&e.objects.join("chunks")).len(), before, "no chunk of a snapshot it cannot read was deleted");
+    let mut ys = Vec::new();
+    for g in 1..=2u64 {
+        let s = commit_tree(&other, "g/y", 20 + g, 300_000).await;
+        other.upload(&s.id, None).await.unwrap();
+        ys.push(s);
+    }
+    let rep = other.gc(grace0()).await.unwrap();
+    assert_eq!(rep.removed, vec![ys[0].id.clone()], "the retention of g/y went on");
+    assert!(rep.chunks_deleted > 0, "g/y@1's own chunks under k2 were swept: {rep:?}");
+    assert_eq!(rep.unreadable.len(), 1, "{rep:?}");
+    let u = &rep.unreadable[0];
+    assert_eq!((u.id.to_string(), u.key_id.as_deref(), &u.keeps), ("g/x@1".to_string(), Some("k1"), &Namespace::Key("k1".into())));
+    assert!(u.error.contains("\"k1\"") && u.error.contains("k2"), "{}", u.error);
+    let msg = rep.errors.join("\n");
+    assert!(msg.contains("g/x@1") && msg.contains("\"k1\"") && msg.contains("chunks/hmac-sha256/k1/"), "{msg}");
+    assert_eq!(rep.chunks_kept_unreadable as usize, k1_before, "every k1 chunk is kept: {rep:?}");
+    assert_eq!(files_under(&k1_dir).len(), k1_before, "no chunk under the unknown key was deleted");
+    // Both still restore from the object tier alone.
+    other.evict(&ys[1].id).await.unwrap();
+    let co = other.checkout(&ys[1].id, None).await.unwrap();
+    assert!(co.fetched);
+    other.release(&co.lease).await.unwrap();
+    // Node a (k1, not k2) sweeps g/gone's chunks, not g/x's, and keeps b's.
+    let rep = a.gc(grace0()).await.unwrap();
+    assert!(rep.chunks_deleted > 0 && (rep.chunks_deleted as usize) < k1_before, "{rep:?}");
+    assert_eq!(rep.unreadable.iter().map(|u| (u.id.to_string(), u.keeps.clone())).collect::<Vec<_>>(), [("g/y@2".to_string(), Namespace::Key("k2".into()))]);
+    a.evict(&x.id).await.unwrap();
+    let co = a.checkout(&x.id, None).await.unwrap();
+    assert_eq!(read_tree(&co.path), read_tree(&x.path));
+    a.release(&co.lease).await.unwrap();
+
+    // A garbled manifest names no key: its chunks could be any; nothing is swept.
+    let junk = manifest_path(&e.objects, "g/junk", 1);
+    std::fs::create_dir_all(junk.parent().unwrap()).unwrap();
+    std::fs::write(&junk, b"\x00 not a manifest").unwrap();
+    let z = commit_tree(&other, "g/z", 30, 300_000).await;
+    other.upload(&z.id, None).await.unwrap();
+    other.remove(&z.id).await.unwrap();
+    let before = files_under(&e.objects.join("chunks")).len();
+    let rep = other.gc(grace0()).await.unwrap();
+    assert_eq!(rep.chunks_deleted, 0, "{rep:?}");
+    assert!(rep.unreadable.iter().any(|u| u.id.to_string() == "g/junk@1" && u.keeps == Namespace::All && u.key_id.is_none()), "{rep:?}");
+    assert_eq!(files_under(&e.objects.join("chunks")).len(), before);
+    // Gone again, the sweep resumes.
+    std::fs::remove_file(&junk).unwrap();
+    let rep = other.gc(grace0()).await.unwrap();
+    assert!(rep.chunks_deleted > 0, "{rep:?}");
 }
 
 /// Throughput of commit, upload and fetch with and without encryption, on

@@ -569,3 +569,81 @@ async fn actor_lease_on_a_directory_object_tier() {
     bad.node_id = "two words".into();
     assert!(Store::open(bad).await.err().unwrap().to_string().contains("node_id"));
 }
+
+/// Set a file's last-modified time (a local-directory object tier's
+/// last-modified time of the object).
+fn set_mtime(p: &std::path::Path, t: std::time::SystemTime) {
+    std::fs::File::options().write(true).open(p).unwrap().set_modified(t).unwrap();
+}
+
+/// An upload in progress on one node (some chunks PUT, its manifest not
+/// written yet) keeps its chunks through another node's sweep, even with no
+/// grace period: its intent names them. Once its upload is dead and the
+/// intent stale, the next sweep deletes the intent and the chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_keeps_the_chunks_of_an_upload_in_progress_on_another_node() {
+    use torpor_snapshotter::store::INTENT_TTL;
+    let grace0 = || GcPolicy { keep_newest: 1, actor: None, sweep_chunks: true, chunk_grace: Duration::ZERO };
+    let e = env();
+    let (one, faulty) = open_faulty(config(&e.root, &e.objects), &e.objects).await;
+    let node_b = env();
+    let two = Store::open(config(&node_b.root, &e.objects)).await.unwrap();
+    let s = commit_tree(&one, "u/busy", 7, 6 * 1024 * 1024).await;
+    faulty.hang_put_at.store(3, Ordering::SeqCst);
+    let (o, id) = (one.clone(), s.id.clone());
+    let task = tokio::spawn(async move { o.upload(&id, None).await });
+    let chunks = e.objects.join("chunks");
+    wait_for("three chunk PUTs done, the fourth hung", Duration::from_secs(60), || {
+        faulty.hung.load(Ordering::SeqCst) && files_under(&chunks).len() == 3
+    })
+    .await;
+    let intents = files_under(&e.objects.join("intents"));
+    assert_eq!(intents.len(), 1, "{intents:?}");
+
+    let rep = two.gc(grace0()).await.unwrap();
+    assert!(rep.errors.is_empty(), "{:?}", rep.errors);
+    assert_eq!((rep.chunks_deleted, rep.chunks_kept_in_use), (0, 3), "{rep:?}");
+    assert_eq!(files_under(&chunks).len(), 3);
+    assert!(files_under(&e.objects.join("sweeps")).is_empty(), "the sweep's announcement is gone when it is done");
+
+    // The upload dies with its node; its intent goes stale after INTENT_TTL
+    // (here: its last-modified time set back).
+    task.abort();
+    let _ = task.await;
+    set_mtime(&intents[0], std::time::SystemTime::now() - INTENT_TTL - Duration::from_secs(60));
+    let rep = two.gc(grace0()).await.unwrap();
+    assert_eq!(rep.chunks_deleted, 3, "{rep:?}");
+    assert!(files_under(&e.objects.join("intents")).is_empty(), "the stale intent is deleted");
+}
+
+/// An upload whose intent a sweep elsewhere may not have seen waits until
+/// that sweep's round is over (its announcement deleted, or past its
+/// window) before it checks and sends chunks; a dead sweep's stale
+/// announcement does not hold it up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_waits_for_a_sweep_announced_by_another_node() {
+    let e = env();
+    let store = Store::open(config(&e.root, &e.objects)).await.unwrap();
+    let sweeps = e.objects.join("sweeps");
+    std::fs::create_dir_all(&sweeps).unwrap();
+    let stale = sweeps.join("0123-1.json");
+    std::fs::write(&stale, br#"{"format":1,"node":"node-x","live_ms":60000}"#).unwrap();
+    set_mtime(&stale, std::time::SystemTime::now() - Duration::from_secs(3600));
+    let s1 = commit_tree(&store, "w/a", 1, 1024 * 1024).await;
+    assert!(store.upload(&s1.id, None).await.unwrap().durable);
+    assert_eq!(store.status().sweep_waits, 0, "a stale announcement is not waited for");
+
+    let live = sweeps.join("4567-1.json");
+    std::fs::write(&live, br#"{"format":1,"node":"node-x","live_ms":600000}"#).unwrap();
+    let s2 = commit_tree(&store, "w/a", 2, 1024 * 1024).await;
+    let (st, id) = (store.clone(), s2.id.clone());
+    let task = tokio::spawn(async move { st.upload(&id, None).await });
+    wait_for("the upload to wait for the sweep", Duration::from_secs(60), || store.status().sweep_waits == 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!task.is_finished());
+    assert!(!e.objects.join("actors/w/a/_gen/00000000000000000002/manifest.json").exists(), "no manifest while the sweep may delete");
+    std::fs::remove_file(&live).unwrap();
+    let info = task.await.unwrap().unwrap();
+    assert!(info.durable);
+    assert!(files_under(&e.objects.join("intents")).is_empty(), "the intent is deleted with the manifest written");
+}

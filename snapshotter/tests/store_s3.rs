@@ -324,3 +324,72 @@ async fn s3_actor_lease_fences_two_nodes() {
     c.shutdown().await;
     a.shutdown().await;
 }
+
+/// Two nodes share a bucket. Node 1's chunk index trusts the chunks it
+/// uploaded; once no manifest references them any more, node 2's sweep
+/// deletes them. Node 1's next upload of the same content must not take the
+/// index's word for it: it checks them (HEAD), finds them gone and sends them
+/// again, so its manifest never names a missing chunk — a third node fetches
+/// and verifies it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_chunks_swept_by_another_node_are_sent_again() {
+    use torpor_snapshotter::store::GcPolicy;
+    let gw = VersityGw::start("torpor-store-sweep-race").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let node = |dir: &str, id: &str| {
+        let mut c = s3_config(&gw, &tmp.path().join(dir), "shared");
+        c.node_id = id.to_string();
+        c
+    };
+    let one = Store::open(node("one", "node-1")).await.unwrap();
+    let two = Store::open(node("two", "node-2")).await.unwrap();
+    let x = actor("default/x");
+    let chunk_dir = gw.dir.path().join("data/torpor-store-sweep-race/shared/chunks");
+
+    // Node 1: generation 1 uploaded, then removed: its chunks are unreferenced.
+    let st = one.begin(&x).await.unwrap();
+    write_tree(&st.path, 41, 3 * 1024 * 1024);
+    let tree = read_tree(&st.path);
+    let g1 = one.commit(&st.id, CommitOptions::default()).await.unwrap();
+    one.upload(&g1.id, None).await.unwrap();
+    one.remove(&g1.id).await.unwrap();
+    let uploaded = files_under(&chunk_dir).len();
+    assert!(uploaded >= 4 && uploaded as u64 == g1.chunk_count, "{uploaded} chunk objects for {} chunks", g1.chunk_count);
+
+    // Node 2 sweeps them (no grace).
+    let rep = two.gc(GcPolicy { keep_newest: 1, actor: None, sweep_chunks: true, chunk_grace: Duration::ZERO }).await.unwrap();
+    assert!(rep.errors.is_empty(), "{:?}", rep.errors);
+    assert_eq!(rep.chunks_deleted as usize, uploaded);
+    assert!(files_under(&chunk_dir).is_empty());
+
+    // Node 1: the same content again, as generation 2.
+    let st = one.begin(&x).await.unwrap();
+    write_tree(&st.path, 41, 3 * 1024 * 1024);
+    let g2 = one.commit(&st.id, CommitOptions::default()).await.unwrap();
+    one.upload(&g2.id, None).await.unwrap();
+
+    // A third node restores it from the bucket alone, every chunk verified.
+    let three = Store::open(node("three", "node-3")).await.unwrap();
+    let latest = three.latest(&x).await.unwrap().unwrap();
+    assert_eq!(latest.id, g2.id);
+    let co = three.checkout(&latest.id, None).await.unwrap();
+    assert!(co.fetched);
+    assert_eq!(read_tree(&co.path), tree);
+    three.release(&co.lease).await.unwrap();
+    let status = one.status();
+    assert_eq!((status.chunks_checked, status.chunks_missing), (uploaded as u64, uploaded as u64), "{status:?}");
+    assert_eq!(files_under(&chunk_dir).len(), uploaded, "every chunk sent again");
+
+    // Generation 3, same content again: generation 2's manifest vouches for
+    // its chunks (no HEAD per chunk, nothing sent).
+    let sent = one.status().uploaded_chunks;
+    let st = one.begin(&x).await.unwrap();
+    write_tree(&st.path, 41, 3 * 1024 * 1024);
+    let g3 = one.commit(&st.id, CommitOptions::default()).await.unwrap();
+    one.upload(&g3.id, None).await.unwrap();
+    let status = one.status();
+    assert_eq!((status.chunks_checked, status.uploaded_chunks), (uploaded as u64, sent), "{status:?}");
+    for s in [&one, &two, &three] {
+        s.shutdown().await;
+    }
+}

@@ -51,6 +51,7 @@ pub const NONCE_LEN: usize = 24;
 pub const TAG_LEN: usize = 16;
 const HKDF_SALT: &[u8] = b"torpor-store-v1";
 const MANIFEST_AAD_PREFIX: &[u8] = b"torpor-sealed-manifest-v1\0";
+const INTENT_AAD_PREFIX: &[u8] = b"torpor-sealed-intent-v1\0";
 
 /// A key id: `[A-Za-z0-9][A-Za-z0-9._-]*`, at most 64 characters (it is a
 /// path segment of chunk objects and goes into chunk headers).
@@ -333,18 +334,55 @@ fn manifest_aad(key_id: &str, id: &SnapshotId) -> Vec<u8> {
     aad
 }
 
-/// Seal the `manifest.json` bytes of snapshot `id` under `key`. Deterministic.
-pub fn seal_manifest(key: &Key, id: &SnapshotId, plain: &[u8]) -> Result<Vec<u8>> {
-    let aad = manifest_aad(&key.id, id);
-    let mac = hmac(&key.manifest_nonce[..], &[&aad, &[0], plain]);
+/// Encrypt `plain` under the key's manifest subkey with a synthetic nonce
+/// (`HMAC(K_mnonce, aad || 0 || plain)[..24]`): (nonce, ciphertext || tag).
+fn seal_siv(key: &Key, aad: &[u8], plain: &[u8]) -> std::result::Result<([u8; NONCE_LEN], Vec<u8>), String> {
+    let mac = hmac(&key.manifest_nonce[..], &[aad, &[0], plain]);
     let mut nonce = [0u8; NONCE_LEN];
     nonce.copy_from_slice(&mac[..NONCE_LEN]);
     let mut buf = plain.to_vec();
-    let tag = key
-        .manifest
-        .encrypt_inout_detached(&XNonce::from(nonce), &aad, buf.as_mut_slice().into())
-        .map_err(|_| Error::Internal(format!("snapshot {id}: manifest too large to encrypt")))?;
+    let tag = key.manifest.encrypt_inout_detached(&XNonce::from(nonce), aad, buf.as_mut_slice().into()).map_err(|_| "too large to encrypt".to_string())?;
     buf.extend_from_slice(&tag);
+    Ok((nonce, buf))
+}
+
+fn intent_aad(key_id: &str, intent: &str) -> Vec<u8> {
+    let mut aad = INTENT_AAD_PREFIX.to_vec();
+    for part in [ALG, key_id, intent] {
+        aad.extend_from_slice(part.as_bytes());
+        aad.push(0);
+    }
+    aad
+}
+
+/// Seal the chunk list of upload intent `intent` (its object's id) under
+/// `key`: (nonce hex, base64 of ciphertext || tag). The AAD binds the key
+/// id and the intent id.
+pub fn seal_intent(key: &Key, intent: &str, plain: &[u8]) -> Result<(String, String)> {
+    let (nonce, buf) = seal_siv(key, &intent_aad(&key.id, intent), plain).map_err(|e| Error::Internal(format!("upload intent {intent}: {e}")))?;
+    Ok((hex::encode(nonce), base64::engine::general_purpose::STANDARD.encode(&buf)))
+}
+
+/// Open what [`seal_intent`] sealed.
+pub fn open_intent(key: &Key, intent: &str, nonce_hex: &str, ciphertext_b64: &str) -> std::result::Result<Vec<u8>, String> {
+    let mut nonce = [0u8; NONCE_LEN];
+    hex::decode_to_slice(nonce_hex, &mut nonce).map_err(|e| format!("nonce: {e}"))?;
+    let mut buf = base64::engine::general_purpose::STANDARD.decode(ciphertext_b64.as_bytes()).map_err(|e| format!("ciphertext: {e}"))?;
+    if buf.len() < TAG_LEN {
+        return Err(format!("ciphertext is {} bytes, shorter than its tag", buf.len()));
+    }
+    let tag = buf.split_off(buf.len() - TAG_LEN);
+    let tag = chacha20poly1305::Tag::try_from(&tag[..]).map_err(|_| "bad tag length".to_string())?;
+    key.manifest
+        .decrypt_inout_detached(&XNonce::from(nonce), &intent_aad(&key.id, intent), buf.as_mut_slice().into(), &tag)
+        .map_err(|_| format!("fails authentication under key {:?} (tampered or damaged)", key.id))?;
+    Ok(buf)
+}
+
+/// Seal the `manifest.json` bytes of snapshot `id` under `key`. Deterministic.
+pub fn seal_manifest(key: &Key, id: &SnapshotId, plain: &[u8]) -> Result<Vec<u8>> {
+    let aad = manifest_aad(&key.id, id);
+    let (nonce, buf) = seal_siv(key, &aad, plain).map_err(|e| Error::Internal(format!("snapshot {id}: manifest {e}")))?;
     let env = Envelope {
         sealed: ENVELOPE_FORMAT,
         snapshot: id.to_string(),
@@ -424,6 +462,20 @@ mod tests {
 
     fn sid(a: &str, g: u64) -> SnapshotId {
         SnapshotId::new(ActorName::new(a).unwrap(), g)
+    }
+
+    #[test]
+    fn sealed_intents_open_only_with_their_key_and_id() {
+        let k = key("k1", 1);
+        let plain = br#"["aa","bb"]"#;
+        let (nonce, ct) = seal_intent(&k, "0123", plain).unwrap();
+        assert_eq!(seal_intent(&k, "0123", plain).unwrap(), (nonce.clone(), ct.clone()), "deterministic");
+        assert_eq!(open_intent(&k, "0123", &nonce, &ct).unwrap(), plain);
+        assert!(open_intent(&k, "4567", &nonce, &ct).unwrap_err().contains("authentication"), "bound to the intent id");
+        assert!(open_intent(&key("k1", 2), "0123", &nonce, &ct).is_err(), "another key");
+        assert!(open_intent(&k, "0123", "zz", &ct).unwrap_err().contains("nonce"));
+        // Not the manifest AAD: a manifest's envelope cannot pass as an intent.
+        assert_ne!(intent_aad("k1", "x"), manifest_aad("k1", &sid("x", 1)));
     }
 
     #[test]

@@ -17,6 +17,11 @@ pub const SNAPSHOTS: TableDefinition<&str, &[u8]> = TableDefinition::new("snapsh
 pub const GENERATIONS: TableDefinition<&str, u64> = TableDefinition::new("generations");
 /// chunk digest → stored object size: chunks known durable in the object tier.
 pub const CHUNKS: TableDefinition<&str, u64> = TableDefinition::new("chunks");
+/// chunk index key → db key (`<actor>|<generation:020>`) of the snapshot
+/// whose manifest this node last wrote naming the chunk: while that manifest
+/// is in the object tier, the chunk is (docs/STORE.md, "Chunks shared across
+/// nodes"). Absent: not known (the chunk is checked with a HEAD before reuse).
+pub const CHUNK_REFS: TableDefinition<&str, &str> = TableDefinition::new("chunk_refs");
 /// lease id → JSON [`LeaseRecord`].
 pub const LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("leases");
 /// actor → JSON [`super::actor_lease::Held`]: actor leases this node holds
@@ -108,6 +113,7 @@ pub fn open(path: &Path) -> Result<Database> {
         tx.open_table(SNAPSHOTS).map_err(|e| Error::db("open table", e))?;
         tx.open_table(GENERATIONS).map_err(|e| Error::db("open table", e))?;
         tx.open_table(CHUNKS).map_err(|e| Error::db("open table", e))?;
+        tx.open_table(CHUNK_REFS).map_err(|e| Error::db("open table", e))?;
         tx.open_table(LEASES).map_err(|e| Error::db("open table", e))?;
         tx.open_table(META).map_err(|e| Error::db("open table", e))?;
         tx.open_table(ACTOR_LEASES).map_err(|e| Error::db("open table", e))?;
@@ -174,16 +180,28 @@ impl Tx {
         }
         Ok(())
     }
+    /// Record that the manifest of snapshot `manifest` (db key) names these chunks.
+    pub fn set_chunk_refs<'a>(&self, chunks: impl IntoIterator<Item = &'a str>, manifest: &str) -> Result<()> {
+        let mut t = self.0.open_table(CHUNK_REFS).map_err(|e| Error::db("open table", e))?;
+        for d in chunks {
+            t.insert(d, manifest).map_err(|e| Error::db("insert chunk ref", e))?;
+        }
+        Ok(())
+    }
     pub fn remove_chunks<'a>(&self, chunks: impl IntoIterator<Item = &'a str>) -> Result<()> {
         let mut t = self.0.open_table(CHUNKS).map_err(|e| Error::db("open table", e))?;
+        let mut r = self.0.open_table(CHUNK_REFS).map_err(|e| Error::db("open table", e))?;
         for d in chunks {
             t.remove(d).map_err(|e| Error::db("remove", e))?;
+            r.remove(d).map_err(|e| Error::db("remove chunk ref", e))?;
         }
         Ok(())
     }
     pub fn clear_chunks(&self) -> Result<()> {
         self.0.delete_table(CHUNKS).map_err(|e| Error::db("delete table", e))?;
         self.0.open_table(CHUNKS).map_err(|e| Error::db("open table", e))?;
+        self.0.delete_table(CHUNK_REFS).map_err(|e| Error::db("delete table", e))?;
+        self.0.open_table(CHUNK_REFS).map_err(|e| Error::db("open table", e))?;
         Ok(())
     }
     pub fn put_lease(&self, lease: &str, rec: &LeaseRecord) -> Result<()> {
@@ -260,14 +278,18 @@ pub fn record(db: &Database, id: &SnapshotId) -> Result<Option<Record>> {
     v.map(|v| decode("get snapshot", &key, v.value())).transpose()
 }
 
-/// Which of `digests` are known durable.
-pub fn known_chunks(db: &Database, digests: &[String]) -> Result<std::collections::HashSet<String>> {
+/// Which of `digests` (chunk index keys) are known durable, each with the
+/// db key of the snapshot whose manifest this node last wrote naming it
+/// (`None`: not recorded).
+pub fn known_chunks(db: &Database, digests: &[String]) -> Result<std::collections::HashMap<String, Option<String>>> {
     let tx = db.begin_read().map_err(|e| Error::db("begin read", e))?;
     let t = tx.open_table(CHUNKS).map_err(|e| Error::db("open table", e))?;
-    let mut out = std::collections::HashSet::new();
+    let r = tx.open_table(CHUNK_REFS).map_err(|e| Error::db("open table", e))?;
+    let mut out = std::collections::HashMap::new();
     for d in digests {
         if t.get(d.as_str()).map_err(|e| Error::db("get", e))?.is_some() {
-            out.insert(d.clone());
+            let by = r.get(d.as_str()).map_err(|e| Error::db("get chunk ref", e))?.map(|v| v.value().to_string());
+            out.insert(d.clone(), by);
         }
     }
     Ok(out)

@@ -86,6 +86,15 @@ pub enum Error {
         source: Box<object_store::Error>,
     },
 
+    /// The object tier answered something that contradicts what the store
+    /// just did (an object written and then not found).
+    #[error("object tier {path}: {detail}")]
+    Inconsistent { path: String, detail: String },
+
+    /// A chunk sweep could not finish (what is left waits for the next one).
+    #[error("chunk sweep incomplete: {0}")]
+    SweepIncomplete(String),
+
     #[error("fetch of snapshot {id} from the object tier failed: {source}")]
     FetchFailed {
         id: SnapshotId,

@@ -18,6 +18,7 @@ pub mod id;
 mod local;
 pub mod manifest;
 pub mod remote;
+mod sweep;
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
@@ -36,6 +37,7 @@ pub use error::{Error, Result};
 pub use id::{ActorName, SnapshotId};
 pub use manifest::{Entry, EntryKind, Manifest};
 pub use remote::{ChunkName, Remote};
+pub use sweep::{Namespace, UnreadableManifest, INTENT_TTL, SWEEP_DELETE_WINDOW};
 
 use db::{LeaseRecord, Record, Tx};
 use manifest::MANIFEST_FILE;
@@ -127,6 +129,16 @@ pub struct GcReport {
     pub chunk_bytes_deleted: u64,
     /// Unreferenced but younger than the grace period.
     pub chunks_kept_young: u64,
+    /// Unreferenced when the sweep began, then named by an upload in
+    /// progress (its intent) or a manifest written meanwhile.
+    pub chunks_kept_in_use: u64,
+    /// Unreferenced by what could be read, but where a manifest that cannot
+    /// be read may name chunks (its key's, or all: [`UnreadableManifest::keeps`]).
+    pub chunks_kept_unreadable: u64,
+    /// Manifests in the object tier this node cannot read (a key it does
+    /// not have, damage): kept, not collected, and their chunks kept. Also
+    /// in `errors`.
+    pub unreadable: Vec<UnreadableManifest>,
     pub errors: Vec<String>,
 }
 
@@ -148,6 +160,13 @@ pub struct StoreStatus {
     pub uploaded_chunks: u64,
     /// Chunks an upload skipped because they were known durable.
     pub deduplicated_chunks: u64,
+    /// Chunks known durable that an upload checked with a HEAD before
+    /// reusing them (no manifest of this node vouched for them any more).
+    pub chunks_checked: u64,
+    /// Of those, the ones found gone (swept by another node) and sent again.
+    pub chunks_missing: u64,
+    /// Uploads that waited for a chunk sweep of another node to finish.
+    pub sweep_waits: u64,
     pub fetched_bytes: u64,
     /// Most recent errors of background work, newest last.
     pub last_errors: Vec<(SystemTime, String)>,
@@ -159,6 +178,9 @@ struct Stats {
     uploaded_raw_bytes: u64,
     uploaded_chunks: u64,
     deduplicated_chunks: u64,
+    chunks_checked: u64,
+    chunks_missing: u64,
+    sweep_waits: u64,
     fetched_bytes: u64,
     disk_pressure: bool,
     last_errors: VecDeque<(SystemTime, String)>,
@@ -218,6 +240,15 @@ fn now_ms() -> u64 {
 
 fn ms_to_time(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+/// What an upload sends: the first place of every distinct chunk (digest →
+/// (file, offset, size)), their order, their object names, the key.
+struct UploadPlan {
+    first: HashMap<String, (PathBuf, u64, u32)>,
+    order: Vec<String>,
+    names: HashMap<String, ChunkName>,
+    key: Option<Arc<Key>>,
 }
 
 /// A writer's staging untouched for this long is abandoned (gc drops it).
@@ -1251,11 +1282,51 @@ impl Store {
         // durable chunks depend on it.
         let key = self.cfg.keyring.active().cloned();
         let names: HashMap<String, ChunkName> = order.iter().map(|d| (d.clone(), ChunkName::of(key.as_deref(), d))).collect();
+        // The intent first: from now on a sweep on another node either sees
+        // it or has finished deleting before the chunks are checked and sent
+        // (docs/STORE.md, "Chunks shared across nodes").
+        let mut intent = if order.is_empty() {
+            None
+        } else {
+            let all: Vec<ChunkName> = order.iter().filter_map(|d| names.get(d).cloned()).collect();
+            Some(self.write_intent(id, key.as_ref(), &all).await?)
+        };
+        let res = self.upload_under_intent(id, &bytes, UploadPlan { first, order, names, key }, intent.as_mut(), progress, started).await;
+        if let Some(it) = intent {
+            self.drop_intent(it).await;
+        }
+        res
+    }
+
+    async fn upload_under_intent(
+        &self,
+        id: &SnapshotId,
+        bytes: &[u8],
+        plan: UploadPlan,
+        mut intent: Option<&mut sweep::Intent>,
+        progress: Option<Progress>,
+        started: std::time::Instant,
+    ) -> Result<SnapshotInfo> {
+        let UploadPlan { first, order, names, key } = plan;
+        if let Some(it) = intent.as_deref_mut() {
+            self.wait_for_sweeps(id, it).await?;
+        }
         let index_keys: Vec<String> = order.iter().map(|d| names[d].index_key()).collect();
         let known = db::known_chunks(&self.db, &index_keys)?;
-        let todo: Vec<String> = order.into_iter().filter(|d| !known.contains(&names[d].index_key())).collect();
+        // Chunks the index calls durable may have been swept by another node
+        // since: checked (HEAD) unless a manifest this node wrote naming them
+        // is still there; missing ones are sent again.
+        let missing = self.missing_reused(&known).await?;
+        let todo: Vec<String> = order
+            .iter()
+            .filter(|d| {
+                let k = names[*d].index_key();
+                !known.contains_key(&k) || missing.contains(&k)
+            })
+            .cloned()
+            .collect();
         let total: u64 = todo.iter().map(|d| first[d].2 as u64).sum();
-        lock(&self.stats).deduplicated_chunks += known.len() as u64;
+        lock(&self.stats).deduplicated_chunks += (known.len() - missing.len()) as u64;
         if let Some(p) = &progress {
             let _ = p.send((0, total));
         }
@@ -1313,6 +1384,12 @@ impl Store {
                         tx.commit()?;
                         pending.clear();
                     }
+                    if let Some(it) = intent.as_deref_mut() {
+                        if let Err(e) = self.renew_intent_if_due(it).await {
+                            failure = Some(e);
+                            break;
+                        }
+                    }
                 }
                 Err(e) => {
                     failure = Some(e);
@@ -1329,13 +1406,16 @@ impl Store {
         if let Some(e) = failure {
             return Err(e);
         }
+        if let Some(it) = intent {
+            self.renew_intent_if_due(it).await?;
+        }
         // The commit point: the manifest (sealed under the key), written
         // last, then read back. One there already that opens to the same
         // manifest is this upload's, from an attempt whose answer was lost
         // (sealed under the key active then).
         let object = match &key {
-            None => bytes.clone(),
-            Some(k) => crypto::seal_manifest(k, id, &bytes)?,
+            None => bytes.to_vec(),
+            Some(k) => crypto::seal_manifest(k, id, bytes)?,
         };
         let ring = &self.cfg.keyring;
         self.fence(&id.actor).await?;
@@ -1346,6 +1426,11 @@ impl Store {
             return Err(Error::Corrupt { id: id.clone(), what: format!("manifest read back from the object tier ({}) differs from the one written", self.remote.manifest_path(id)) });
         };
         let tx = Tx::begin(&self.db)?;
+        // While this manifest is there, it vouches for its chunks (the next
+        // upload reusing them checks it instead of each chunk).
+        if opened.key.as_ref().map(|k| k.id()) == key.as_ref().map(|k| k.id()) {
+            tx.set_chunk_refs(index_keys.iter().map(|k| k.as_str()), &id.db_key())?;
+        }
         let mut r = tx.get(id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
         r.remote = RemoteState::Durable;
         r.upload_now = false;
@@ -1464,8 +1549,11 @@ impl Store {
         if policy.keep_newest == 0 {
             return Err(Error::InvalidArgument("gc keep_newest must be ≥ 1 (the newest snapshot is never collected)".into()));
         }
-        self.refresh(policy.actor.as_ref()).await?;
         let mut report = GcReport::default();
+        // A manifest this node cannot read (a key it does not have) is
+        // reported and kept; the rest of gc goes on.
+        let mut unreadable = BTreeMap::new();
+        self.refresh_for_gc(policy.actor.as_ref(), &mut unreadable).await?;
         // Stagings no writer committed or aborted within a day (its shim died
         // and its cleanup could not settle it) are dropped.
         let stale: Vec<String> = lock(&self.stagings)
@@ -1503,55 +1591,24 @@ impl Store {
             }
         }
         if policy.sweep_chunks {
-            self.sweep_chunks(policy.chunk_grace, &mut report).await?;
+            if let Err(e) = self.sweep_chunks(policy.chunk_grace, &mut report, &mut unreadable).await {
+                warn!(error = %e, "chunk sweep stopped");
+                report.errors.push(format!("chunk sweep stopped: {e}"));
+            }
         }
-        info!(removed = report.removed.len(), chunks_deleted = report.chunks_deleted, "gc done");
+        for u in unreadable.into_values() {
+            warn!(snapshot = %u.id, key = u.key_id.as_deref().unwrap_or("-"), error = %u.error, keeps = %u.keeps, "gc: a manifest in the object tier cannot be read here: kept, and its chunks with it");
+            report.errors.push(u.to_string());
+            report.unreadable.push(u);
+        }
+        info!(
+            removed = report.removed.len(),
+            chunks_deleted = report.chunks_deleted,
+            unreadable = report.unreadable.len(),
+            errors = report.errors.len(),
+            "gc done"
+        );
         Ok(report)
-    }
-
-    async fn sweep_chunks(&self, grace: Duration, report: &mut GcReport) -> Result<()> {
-        let _w = self.sweep.write().await;
-        let mut referenced = HashSet::new();
-        for id in self.remote.all_snapshots().await? {
-            let Some(bytes) = self.remote.get_manifest(&id).await? else { continue };
-            // A manifest that cannot be read (or opened: a key this node does
-            // not have) stops the sweep: its chunks are unknown.
-            let opened = crypto::open_manifest(&self.cfg.keyring, &id, &bytes).map_err(|e| match e {
-                Error::Corrupt { id, what } => Error::Corrupt { id, what: format!("{what}; chunk sweep stopped") },
-                Error::UnknownKey { id, key_id, detail } => Error::UnknownKey { id, key_id, detail: format!("{detail}; chunk sweep stopped") },
-                e => e,
-            })?;
-            let m = Manifest::parse(&opened.plain, Some(&id))
-                .map_err(|what| Error::Corrupt { id: id.clone(), what: format!("manifest in the object tier: {what}; chunk sweep stopped") })?;
-            referenced.extend(m.unique_chunks().into_iter().map(|c| ChunkName::of(opened.key.as_deref(), &c.digest)));
-        }
-        let cutoff = now_ms() as i64 - grace.as_millis() as i64;
-        let mut victims = Vec::new();
-        for (name, size, modified) in self.remote.all_chunks().await? {
-            if referenced.contains(&name) {
-                continue;
-            }
-            if modified > cutoff {
-                report.chunks_kept_young += 1;
-                continue;
-            }
-            victims.push((name, size));
-        }
-        // Forget them as durable before deleting them.
-        let tx = Tx::begin(&self.db)?;
-        let index_keys: Vec<String> = victims.iter().map(|(n, _)| n.index_key()).collect();
-        tx.remove_chunks(index_keys.iter().map(|k| k.as_str()))?;
-        tx.commit()?;
-        for (name, size) in victims {
-            match self.remote.delete_chunk(&name).await {
-                Ok(()) => {
-                    report.chunks_deleted += 1;
-                    report.chunk_bytes_deleted += size;
-                }
-                Err(e) => report.errors.push(format!("chunk {name}: {e}")),
-            }
-        }
-        Ok(())
     }
 
     /// Forget every chunk known durable (the next uploads check by PUTting
@@ -1592,6 +1649,9 @@ impl Store {
         st.uploaded_raw_bytes = s.uploaded_raw_bytes;
         st.uploaded_chunks = s.uploaded_chunks;
         st.deduplicated_chunks = s.deduplicated_chunks;
+        st.chunks_checked = s.chunks_checked;
+        st.chunks_missing = s.chunks_missing;
+        st.sweep_waits = s.sweep_waits;
         st.fetched_bytes = s.fetched_bytes;
         st.last_errors = s.last_errors.iter().cloned().collect();
         st

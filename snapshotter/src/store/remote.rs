@@ -5,6 +5,8 @@
 //! <prefix>/chunks/hmac-sha256/<key id>/<2 hex>/<64 hex>        chunk objects sealed under a key
 //! <prefix>/actors/<actor>/_gen/<generation:020>/manifest.json  manifests (the commit point)
 //! <prefix>/actors/<actor>/lease.json                           the actor lease (one writer per actor)
+//! <prefix>/intents/<32 hex>.json                               an upload in progress: the chunks its manifest will name
+//! <prefix>/sweeps/<32 hex>.json                                a chunk sweep deleting (announced, with its window)
 //! ```
 
 use std::sync::Arc;
@@ -57,6 +59,25 @@ impl ChunkName {
         match self {
             ChunkName::Plain(d) => d.clone(),
             ChunkName::Sealed { key_id, address } => format!("hmac-sha256/{key_id}/{address}"),
+        }
+    }
+
+    /// The name an index key gives (the inverse of [`ChunkName::index_key`]).
+    pub fn from_index_key(key: &str) -> Option<ChunkName> {
+        match key.split('/').collect::<Vec<_>>().as_slice() {
+            [d] if super::chunk::is_digest(d) => Some(ChunkName::Plain(d.to_string())),
+            ["hmac-sha256", key_id, a] if super::crypto::check_key_id(key_id).is_ok() && super::chunk::is_digest(a) => {
+                Some(ChunkName::Sealed { key_id: key_id.to_string(), address: a.to_string() })
+            }
+            _ => None,
+        }
+    }
+
+    /// The key the chunk is sealed under (`None`: plaintext).
+    pub fn key_id(&self) -> Option<&str> {
+        match self {
+            ChunkName::Plain(_) => None,
+            ChunkName::Sealed { key_id, .. } => Some(key_id),
         }
     }
 
@@ -244,6 +265,72 @@ impl Remote {
             }
             Err(e) => Err(Error::remote("put lease", &path, e)),
         }
+    }
+
+    /// `<prefix>/intents/<id>.json`: an upload's intent (see `store::guard`).
+    pub fn intent_path(&self, id: &str) -> Path {
+        self.join(&["intents", &format!("{id}.json")])
+    }
+
+    pub fn intents_root(&self) -> Path {
+        self.join(&["intents"])
+    }
+
+    /// `<prefix>/sweeps/<id>.json`: a sweep's announcement (see `store::guard`).
+    pub fn sweep_path(&self, id: &str) -> Path {
+        self.join(&["sweeps", &format!("{id}.json")])
+    }
+
+    pub fn sweeps_root(&self) -> Path {
+        self.join(&["sweeps"])
+    }
+
+    /// Write a small object (unconditionally).
+    pub async fn put_object(&self, op: &'static str, path: &Path, bytes: Vec<u8>) -> Result<()> {
+        self.store.put(path, PutPayload::from(bytes)).await.map_err(|e| Error::remote(op, path, e))?;
+        Ok(())
+    }
+
+    /// An object's metadata (size, last modified by the object store's
+    /// clock), or `None` when there is no such object.
+    pub async fn head(&self, op: &'static str, path: &Path) -> Result<Option<object_store::ObjectMeta>> {
+        match self.store.head(path).await {
+            Ok(m) => Ok(Some(m)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::remote(op, path, e)),
+        }
+    }
+
+    /// A small object's bytes, or `None` when there is no such object.
+    pub async fn get_object(&self, op: &'static str, path: &Path) -> Result<Option<Bytes>> {
+        match self.store.get(path).await {
+            Ok(r) => Ok(Some(r.bytes().await.map_err(|e| Error::remote(op, path, e))?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(Error::remote(op, path, e)),
+        }
+    }
+
+    /// Delete an object (absent already: fine).
+    pub async fn delete_object(&self, op: &'static str, path: &Path) -> Result<()> {
+        match self.store.delete(path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(Error::remote(op, path, e)),
+        }
+    }
+
+    /// Every object under `root` (recursively).
+    pub async fn list_objects(&self, root: &Path) -> Result<Vec<object_store::ObjectMeta>> {
+        self.store.list(Some(root)).try_collect().await.map_err(|e| Error::remote("list", root, e))
+    }
+
+    /// Is the chunk object there?
+    pub async fn chunk_exists(&self, name: &ChunkName) -> Result<bool> {
+        Ok(self.head("check chunk", &self.chunk_path(name)).await?.is_some())
+    }
+
+    /// Is the snapshot's manifest there?
+    pub async fn manifest_exists(&self, id: &SnapshotId) -> Result<bool> {
+        Ok(self.head("check manifest", &self.manifest_path(id)).await?.is_some())
     }
 
     pub async fn put_chunk(&self, name: &ChunkName, object: Vec<u8>) -> Result<()> {
