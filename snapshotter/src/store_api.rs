@@ -85,7 +85,13 @@ fn status(op: &str, e: store::Error) -> ttrpc::Error {
             Code::INVALID_ARGUMENT
         }
         e if e.is_not_found() => Code::NOT_FOUND,
-        E::NotDurable { .. } | E::Pinned { .. } | E::NoLocalCopy { .. } | E::LeaseHeld { .. } | E::LeaseLost { .. } | E::UnknownKey { .. } => {
+        E::NotDurable { .. }
+        | E::Pinned { .. }
+        | E::PinnedElsewhere { .. }
+        | E::NoLocalCopy { .. }
+        | E::LeaseHeld { .. }
+        | E::LeaseLost { .. }
+        | E::UnknownKey { .. } => {
             Code::FAILED_PRECONDITION
         }
         E::Conflict { .. } => Code::ABORTED,

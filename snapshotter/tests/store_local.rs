@@ -647,3 +647,75 @@ async fn an_upload_waits_for_a_sweep_announced_by_another_node() {
     assert!(info.durable);
     assert!(files_under(&e.objects.join("intents")).is_empty(), "the intent is deleted with the manifest written");
 }
+
+/// A fetch in progress keeps its chunks through another node's sweep even
+/// when the snapshot's manifest goes meanwhile (a removal that checked for
+/// pins just before this one was written): its pin names them. A pin whose
+/// node stopped renewing it goes stale and is deleted; a daemon restarted
+/// with a checkout still held renews its pin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_in_progress_keeps_its_chunks_through_a_sweep_on_another_node() {
+    use torpor_snapshotter::store::INTENT_TTL;
+    let grace0 = || GcPolicy { keep_newest: 1, actor: None, sweep_chunks: true, chunk_grace: Duration::ZERO };
+    let e = env();
+    let owner = Store::open(config(&e.root, &e.objects)).await.unwrap();
+    let s = commit_tree(&owner, "gold/x", 3, 6 * 1024 * 1024).await;
+    owner.upload(&s.id, None).await.unwrap();
+    let chunks = e.objects.join("chunks");
+    let n = files_under(&chunks).len();
+    assert!(n >= 8, "{n}");
+
+    let b = env();
+    let (fetcher, faulty) = open_faulty(config(&b.root, &e.objects), &e.objects).await;
+    faulty.hang_get_at.store(2, Ordering::SeqCst);
+    let (f, id) = (fetcher.clone(), s.id.clone());
+    let task = tokio::spawn(async move { f.checkout(&id, None).await });
+    wait_for("the fetch to hang mid-way", Duration::from_secs(60), || faulty.hung.load(Ordering::SeqCst)).await;
+    let pins_dir = e.objects.join("actors/gold/x/_pins");
+    let pins = files_under(&pins_dir);
+    assert_eq!(pins.len(), 1);
+    std::fs::remove_file(e.objects.join("actors/gold/x/_gen/00000000000000000001/manifest.json")).unwrap();
+    owner.forget_chunk_index().await.unwrap();
+    let rep = owner.gc(grace0()).await.unwrap();
+    assert!(rep.errors.is_empty(), "{:?}", rep.errors);
+    assert_eq!((rep.chunks_deleted, rep.chunks_kept_in_use as usize), (0, n), "{rep:?}");
+    assert_eq!(files_under(&chunks).len(), n);
+
+    // The fetching node dies; its pin is not renewed and goes stale.
+    task.abort();
+    let _ = task.await;
+    set_mtime(&pins[0], std::time::SystemTime::now() - INTENT_TTL - Duration::from_secs(60));
+    let rep = owner.gc(grace0()).await.unwrap();
+    assert_eq!(rep.chunks_deleted as usize, n, "{rep:?}");
+    assert!(files_under(&pins_dir).is_empty(), "the stale pin is deleted");
+
+    // A checkout held across a restart of its daemon: the pin is renewed
+    // (without the chunk list: the fetch is over), deleted at release.
+    let s2 = commit_tree(&owner, "gold/y", 4, 1024 * 1024).await;
+    owner.upload(&s2.id, None).await.unwrap();
+    let c = env();
+    let config_c = || {
+        let mut cfg = config(&c.root, &e.objects);
+        cfg.node_id = "node-c".into(); // the others: this machine's id
+        cfg
+    };
+    let node_c = Store::open(config_c()).await.unwrap();
+    let co = node_c.checkout(&s2.id, None).await.unwrap();
+    assert!(co.fetched);
+    node_c.shutdown().await;
+    drop(node_c);
+    let pins_dir = e.objects.join("actors/gold/y/_pins");
+    let pin = files_under(&pins_dir).pop().unwrap();
+    set_mtime(&pin, std::time::SystemTime::now() - Duration::from_secs(3600));
+    let node_c = Store::open(config_c()).await.unwrap();
+    node_c.lease_pass().await;
+    let renewed: serde_json::Value = serde_json::from_slice(&std::fs::read(&pin).unwrap()).unwrap();
+    assert_eq!(renewed["snapshot"].as_str(), Some("gold/y@1"));
+    assert_eq!(renewed["chunks"].as_array().map(|a| a.len()), Some(0), "{renewed}");
+    let age = std::fs::metadata(&pin).unwrap().modified().unwrap().elapsed().unwrap_or_default();
+    assert!(age < INTENT_TTL, "rewritten: {age:?} old");
+    assert!(matches!(owner.remove(&s2.id).await, Err(Error::PinnedElsewhere { .. })));
+    node_c.release(&co.lease).await.unwrap();
+    assert!(files_under(&pins_dir).is_empty());
+    owner.remove(&s2.id).await.unwrap();
+}

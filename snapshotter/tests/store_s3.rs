@@ -393,3 +393,57 @@ async fn s3_chunks_swept_by_another_node_are_sent_again() {
         s.shutdown().await;
     }
 }
+
+/// A checkout on one node that fetched a snapshot pins it in the bucket:
+/// the retention of another node (gc, remove) keeps it until the checkout
+/// is released (the clone of a golden snapshot whose actor lives elsewhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_a_checkout_on_another_node_pins_its_snapshot() {
+    use torpor_snapshotter::store::GcPolicy;
+    let gw = VersityGw::start("torpor-store-pins").await;
+    let tmp = tempfile::tempdir().unwrap();
+    let node = |dir: &str, id: &str| {
+        let mut c = s3_config(&gw, &tmp.path().join(dir), "shared");
+        c.node_id = id.to_string();
+        c
+    };
+    let owner = Store::open(node("a", "node-a")).await.unwrap();
+    let cloner = Store::open(node("b", "node-b")).await.unwrap();
+    let golden = actor("golden/base");
+    let mut gens = Vec::new();
+    for seed in [51, 52] {
+        let st = owner.begin(&golden).await.unwrap();
+        write_tree(&st.path, seed, 2 * 1024 * 1024);
+        let s = owner.commit(&st.id, CommitOptions::default()).await.unwrap();
+        owner.upload(&s.id, None).await.unwrap();
+        gens.push(s);
+    }
+    let source = gens[0].id.clone();
+    let tree = read_tree(&gens[0].path);
+
+    let co = cloner.checkout(&source, None).await.unwrap();
+    assert!(co.fetched);
+    assert_eq!(read_tree(&co.path), tree);
+    let pins_dir = gw.dir.path().join("data/torpor-store-pins/shared/actors/golden/base/_pins");
+    let pins = files_under(&pins_dir);
+    assert_eq!(pins.len(), 1, "one pin while the checkout holds it");
+    let pin: serde_json::Value = serde_json::from_slice(&std::fs::read(&pins[0]).unwrap()).unwrap();
+    assert_eq!((pin["node"].as_str(), pin["snapshot"].as_str()), (Some("node-b"), Some("golden/base@1")), "{pin}");
+
+    // The owner's retention keeps it; a removal is refused naming the node.
+    let rep = owner.gc(GcPolicy { keep_newest: 1, actor: None, sweep_chunks: true, chunk_grace: Duration::ZERO }).await.unwrap();
+    assert_eq!((rep.removed.len(), rep.kept_pinned.clone()), (0, vec![source.clone()]), "{rep:?}");
+    assert!(owner.remote().get_manifest(&source).await.unwrap().is_some());
+    let err = owner.remove(&source).await.unwrap_err();
+    assert!(matches!(err, Error::PinnedElsewhere { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("golden/base@1") && msg.contains("node-b"), "{msg}");
+
+    // Released: the pin goes, and so does the superseded generation.
+    cloner.release(&co.lease).await.unwrap();
+    assert!(files_under(&pins_dir).is_empty(), "the pin is deleted at release");
+    let rep = owner.gc(GcPolicy { keep_newest: 1, actor: None, sweep_chunks: true, chunk_grace: Duration::ZERO }).await.unwrap();
+    assert_eq!(rep.removed, vec![source.clone()], "{rep:?}");
+    owner.shutdown().await;
+    cloner.shutdown().await;
+}

@@ -225,8 +225,8 @@ impl Store {
         self.lease_pass_one(actor).await
     }
 
-    /// Renews every held lease and completes surrenders; run every
-    /// `lease_ttl / 3` by the daemon. Errors are logged and kept in status.
+    /// Renews every held lease and completes surrenders, and the checkout
+    /// pins that are due; run every `lease_ttl / 3` by the daemon. Errors are logged and kept in status.
     pub async fn lease_pass(&self) {
         let held = match self.actor_leases() {
             Ok(h) => h,
@@ -241,6 +241,7 @@ impl Store {
                 self.note_error(format!("actor lease of {}: {e}", h.doc.actor));
             }
         }
+        self.renew_pins().await;
     }
 
     async fn lease_pass_one(&self, actor: &ActorName) -> Result<()> {

@@ -103,6 +103,10 @@ impl Record {
 pub struct LeaseRecord {
     pub key: String,
     pub created_ms: u64,
+    /// The checkout fetched the snapshot: its pin in the object tier
+    /// (`<prefix>/actors/<actor>/_pins/<id>.json`), deleted at release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote_pin: Option<String>,
 }
 
 pub fn open(path: &Path) -> Result<Database> {

@@ -43,6 +43,11 @@ pub enum Error {
     #[error("snapshot {id} is pinned by {leases} lease(s); release them first")]
     Pinned { id: SnapshotId, leases: usize },
 
+    /// A checkout on another node fetched (or is fetching) the snapshot and
+    /// pins it in the object tier until it releases it.
+    #[error("snapshot {id} is checked out on node {node} (pinned in the object tier: {pin}); it is kept until that node releases it (or stops renewing the pin)")]
+    PinnedElsewhere { id: SnapshotId, node: String, pin: String },
+
     #[error("snapshot {id} has no local copy to {op} (it is {state})")]
     NoLocalCopy { id: SnapshotId, op: &'static str, state: String },
 

@@ -17,6 +17,7 @@ pub mod error;
 pub mod id;
 mod local;
 pub mod manifest;
+mod pin;
 pub mod remote;
 mod sweep;
 
@@ -25,7 +26,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::StreamExt;
 use redb::Database;
 use tokio::sync::{watch, Notify};
 use tracing::{debug, error, info, warn};
@@ -216,6 +217,8 @@ pub struct Store {
     /// Held while a staging directory is renamed into place or linked into
     /// a view: a view sees the whole staging or none of it.
     placing: Arc<Mutex<()>>,
+    /// Pins in the object tier of this node's checkouts that fetched (path → state).
+    pins: Mutex<HashMap<String, pin::PinState>>,
     /// lease → view directory of a staging ([`Store::view_staging`]).
     views: Mutex<HashMap<String, PathBuf>>,
     /// Stagings committed since the daemon started → their snapshot (a
@@ -306,6 +309,7 @@ impl Store {
             stagings: Mutex::new(HashMap::new()),
             placing: Arc::new(Mutex::new(())),
             views: Mutex::new(HashMap::new()),
+            pins: Mutex::new(HashMap::new()),
             committed: Mutex::new(HashMap::new()),
             commit_done: Notify::new(),
             lease_lock: tokio::sync::Mutex::new(()),
@@ -1011,12 +1015,12 @@ impl Store {
         if let Some(p) = progress {
             let _ = p.send((m.logical_bytes, m.logical_bytes));
         }
-        let lease = self.add_lease(&id, None)?;
+        let lease = self.add_lease(&id, None, None)?;
         let rec = db::record(&self.db, &id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
         Ok(Checkout { info: self.info(&rec)?, path: dir, lease, fetched: false, verified_bytes })
     }
 
-    fn add_lease(&self, id: &SnapshotId, new_local: Option<LocalState>) -> Result<String> {
+    fn add_lease(&self, id: &SnapshotId, new_local: Option<LocalState>, remote_pin: Option<String>) -> Result<String> {
         let lease = random_id();
         let tx = Tx::begin(&self.db)?;
         let mut rec = tx.get(id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
@@ -1025,7 +1029,7 @@ impl Store {
             rec.local = l;
         }
         tx.put(&rec)?;
-        tx.put_lease(&lease, &LeaseRecord { key: id.db_key(), created_ms: now_ms() })?;
+        tx.put_lease(&lease, &LeaseRecord { key: id.db_key(), created_ms: now_ms(), remote_pin })?;
         tx.commit()?;
         Ok(lease)
     }
@@ -1044,8 +1048,14 @@ impl Store {
         }
         let res = self.fetch_into(&rec, &staging, progress).await;
         match res {
-            Ok(()) => {
-                let lease = self.add_lease(&id, Some(LocalState::Present))?;
+            Ok(pin) => {
+                let lease = match self.add_lease(&id, Some(LocalState::Present), Some(pin.clone())) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        self.drop_pin(&pin).await;
+                        return Err(e);
+                    }
+                };
                 let rec = db::record(&self.db, &id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
                 info!(snapshot = %id, bytes = rec.logical_bytes, ms = started.elapsed().as_millis() as u64, "fetched from the object tier");
                 self.wake.notify_one();
@@ -1068,7 +1078,9 @@ impl Store {
         }
     }
 
-    async fn fetch_into(&self, rec: &Record, staging: &Path, progress: Option<Progress>) -> Result<()> {
+    /// Fetch into `staging` and rename into place; returns the checkout pin
+    /// written in the object tier (`store::pin`).
+    async fn fetch_into(&self, rec: &Record, staging: &Path, progress: Option<Progress>) -> Result<String> {
         let id = rec.id();
         let mpath = self.remote.manifest_path(&id);
         let bytes = self
@@ -1086,6 +1098,40 @@ impl Store {
             }
         }
         let m = self.check_manifest(&id, &bytes, &rec.manifest_digest, "object tier")?;
+        // Pinned in the object tier before any chunk is fetched; the
+        // manifest still there after that: a removal from now on finds the
+        // pin, a sweep that has not seen the pin saw the manifest.
+        let names: Vec<ChunkName> = m.unique_chunks().into_iter().map(|c| ChunkName::of(key.as_deref(), &c.digest)).collect();
+        let pin = self.write_pin(&id, key.as_ref(), &names).await?;
+        let res = match self.remote.manifest_exists(&id).await {
+            Ok(true) => self.fetch_chunks_into(&id, staging, m, bytes, key, progress, &pin).await,
+            Ok(false) => {
+                warn!(snapshot = %id, "the snapshot was removed from the object tier as its fetch began");
+                Err(Error::NotFound(id.clone()))
+            }
+            Err(e) => Err(e),
+        };
+        match res {
+            Ok(()) => Ok(pin),
+            Err(e) => {
+                self.drop_pin(&pin).await;
+                Err(e)
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn fetch_chunks_into(
+        &self,
+        id: &SnapshotId,
+        staging: &Path,
+        m: Manifest,
+        bytes: Vec<u8>,
+        key: Option<Arc<Key>>,
+        progress: Option<Progress>,
+        pin: &str,
+    ) -> Result<()> {
+        let id = id.clone();
         std::fs::create_dir(staging).map_err(|e| Error::io("create fetch staging", staging, e))?;
         let (root, m2) = (staging.to_path_buf(), m.clone());
         let paths = blocking(move || local::materialize_skeleton(&root, &m2)).await?;
@@ -1117,7 +1163,7 @@ impl Store {
         }
         let files = Arc::new(files);
         let wanted = Arc::new(wanted);
-        futures::stream::iter(order.into_iter().map(|digest| {
+        let stream = futures::stream::iter(order.into_iter().map(|digest| {
             let (files, wanted, done, progress, id, key) = (files.clone(), wanted.clone(), done.clone(), progress.clone(), id.clone(), key.clone());
             async move {
                 let name = ChunkName::of(key.as_deref(), &digest);
@@ -1154,12 +1200,13 @@ impl Store {
                 Ok::<u64, Error>(fetched)
             }
         }))
-        .buffer_unordered(self.cfg.fetch_concurrency)
-        .try_for_each(|fetched| {
-            lock(&self.stats).fetched_bytes += fetched;
-            futures::future::ready(Ok(()))
-        })
-        .await?;
+        .buffer_unordered(self.cfg.fetch_concurrency);
+        let mut stream = Box::pin(stream);
+        while let Some(fetched) = stream.next().await {
+            lock(&self.stats).fetched_bytes += fetched?;
+            self.renew_pin_if_due(pin, &id).await?;
+        }
+        drop(stream);
         drop(files);
         let (root, target) = (staging.to_path_buf(), self.snapshot_dir(&id));
         blocking(move || {
@@ -1189,6 +1236,9 @@ impl Store {
             }
         }
         tx.commit()?;
+        if let Some(pin) = &l.remote_pin {
+            self.drop_pin(pin).await;
+        }
         self.wake.notify_one();
         Ok(())
     }
@@ -1519,6 +1569,10 @@ impl Store {
         if pins > 0 {
             return Err(Error::Pinned { id: id.clone(), leases: pins });
         }
+        if !rec.removing && rec.remote != RemoteState::Absent {
+            // A checkout on another node that fetched it keeps it.
+            self.check_not_pinned_elsewhere(id).await?;
+        }
         if !rec.removing {
             let tx = Tx::begin(&self.db)?;
             let mut r = tx.get(id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
@@ -1585,7 +1639,7 @@ impl Store {
                 let id = r.id();
                 match self.remove(&id).await {
                     Ok(()) => report.removed.push(id),
-                    Err(Error::Pinned { .. }) => report.kept_pinned.push(id),
+                    Err(Error::Pinned { .. } | Error::PinnedElsewhere { .. }) => report.kept_pinned.push(id),
                     Err(e) => report.errors.push(format!("{id}: {e}")),
                 }
             }

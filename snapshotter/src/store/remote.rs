@@ -5,6 +5,7 @@
 //! <prefix>/chunks/hmac-sha256/<key id>/<2 hex>/<64 hex>        chunk objects sealed under a key
 //! <prefix>/actors/<actor>/_gen/<generation:020>/manifest.json  manifests (the commit point)
 //! <prefix>/actors/<actor>/lease.json                           the actor lease (one writer per actor)
+//! <prefix>/actors/<actor>/_pins/<32 hex>.json                  a checkout elsewhere fetched (fetches) a snapshot of the actor
 //! <prefix>/intents/<32 hex>.json                               an upload in progress: the chunks its manifest will name
 //! <prefix>/sweeps/<32 hex>.json                                a chunk sweep deleting (announced, with its window)
 //! ```
@@ -402,13 +403,24 @@ impl Remote {
 
     /// Every snapshot with a manifest in the object tier.
     pub async fn all_snapshots(&self) -> Result<Vec<SnapshotId>> {
+        Ok(self.actor_objects().await?.0)
+    }
+
+    /// Every snapshot with a manifest, and every checkout pin, in the object tier.
+    pub async fn actor_objects(&self) -> Result<(Vec<SnapshotId>, Vec<object_store::ObjectMeta>)> {
         let root = self.join(&["actors"]);
         let metas: Vec<_> = self.store.list(Some(&root)).try_collect().await.map_err(|e| Error::remote("list", &root, e))?;
         let mut out = Vec::new();
+        let mut pins = Vec::new();
         for m in metas {
             let parts: Vec<String> = m.location.prefix_match(&root).map(|it| it.map(|p| p.as_ref().to_string()).collect()).unwrap_or_default();
-            // <actor segments…>/_gen/<generation>/manifest.json
             let n = parts.len();
+            // <actor segments…>/_pins/<id>.json
+            if n >= 3 && parts[n - 2] == "_pins" && parts[n - 1].ends_with(".json") && ActorName::new(parts[..n - 2].join("/")).is_ok() {
+                pins.push(m);
+                continue;
+            }
+            // <actor segments…>/_gen/<generation>/manifest.json
             if n < 4 || parts[n - 1] != "manifest.json" || parts[n - 3] != "_gen" {
                 continue;
             }
@@ -416,7 +428,19 @@ impl Remote {
             out.push(SnapshotId::new(actor, generation));
         }
         out.sort();
-        Ok(out)
+        Ok((out, pins))
+    }
+
+    /// `<prefix>/actors/<actor>/_pins/<id>.json`
+    pub fn pin_path(&self, actor: &ActorName, id: &str) -> Path {
+        self.actor_root(actor).join("_pins").join(format!("{id}.json"))
+    }
+
+    /// The checkout pins of `actor`.
+    pub async fn pins(&self, actor: &ActorName) -> Result<Vec<object_store::ObjectMeta>> {
+        let root = self.actor_root(actor).join("_pins");
+        let list = self.store.list_with_delimiter(Some(&root)).await.map_err(|e| Error::remote("list", &root, e))?;
+        Ok(list.objects.into_iter().filter(|m| m.location.filename().is_some_and(|f| f.ends_with(".json"))).collect())
     }
 
     /// Every chunk object: (name, size, last modified). Objects under

@@ -72,10 +72,11 @@ const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 const INTENT_FORMAT: u32 = 1;
 const ANNOUNCEMENT_FORMAT: u32 = 1;
 
-/// `<prefix>/intents/<id>.json`
+/// `<prefix>/intents/<id>.json`, and a checkout pin
+/// `<prefix>/actors/<actor>/_pins/<id>.json` (`store::pin`).
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct IntentFile {
+pub(super) struct IntentFile {
     format: u32,
     node: String,
     snapshot: String,
@@ -84,10 +85,10 @@ struct IntentFile {
     key_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     key_check: Option<String>,
-    /// Plaintext uploads: the chunks (sha256 hex).
+    /// Plaintext: the chunks (sha256 hex). A pin whose fetch is over names none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     chunks: Option<Vec<String>>,
-    /// Sealed uploads: the chunk addresses (a JSON array), sealed under the key.
+    /// Sealed: the chunk addresses (a JSON array), sealed under the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     nonce: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -183,7 +184,7 @@ fn namespace_of(bytes: &[u8]) -> Namespace {
 
 /// What the manifests and intents of the object tier reference.
 #[derive(Default)]
-struct Refs {
+pub(super) struct Refs {
     names: HashSet<ChunkName>,
     /// Kept whole: something that cannot be read may name chunks there.
     kept: BTreeSet<Namespace>,
@@ -204,10 +205,9 @@ impl Refs {
 impl Store {
     // ----- the uploader's side -----
 
-    /// Write the intent of the upload of `id`, naming `names` (all sealed
-    /// under `key`, or all plaintext).
-    pub(crate) async fn write_intent(&self, id: &SnapshotId, key: Option<&Arc<Key>>, names: &[ChunkName]) -> Result<Intent> {
-        let intent_id = random_id();
+    /// An intent's (or pin's) bytes: object `object_id`, about snapshot
+    /// `id`, naming `names` (all sealed under `key`, or all plaintext).
+    pub(super) fn chunk_list_object(&self, object_id: &str, id: &SnapshotId, key: Option<&Arc<Key>>, names: &[ChunkName]) -> Result<Vec<u8>> {
         let mut file = IntentFile {
             format: INTENT_FORMAT,
             node: self.cfg.node_id.clone(),
@@ -222,15 +222,22 @@ impl Store {
             None => file.chunks = Some(names.iter().map(|n| n.hex().to_string()).collect()),
             Some(k) => {
                 let plain = serde_json::to_vec(&names.iter().map(|n| n.hex()).collect::<Vec<_>>())
-                    .map_err(|e| Error::Internal(format!("encode upload intent: {e}")))?;
-                let (nonce, ct) = crypto::seal_intent(k, &intent_id, &plain)?;
+                    .map_err(|e| Error::Internal(format!("encode chunk list: {e}")))?;
+                let (nonce, ct) = crypto::seal_intent(k, object_id, &plain)?;
                 file.key_id = Some(k.id().to_string());
                 file.key_check = Some(k.check_value().to_string());
                 file.nonce = Some(nonce);
                 file.ciphertext = Some(ct);
             }
         }
-        let bytes = serde_json::to_vec(&file).map_err(|e| Error::Internal(format!("encode upload intent: {e}")))?;
+        serde_json::to_vec(&file).map_err(|e| Error::Internal(format!("encode chunk list: {e}")))
+    }
+
+    /// Write the intent of the upload of `id`, naming `names` (all sealed
+    /// under `key`, or all plaintext).
+    pub(crate) async fn write_intent(&self, id: &SnapshotId, key: Option<&Arc<Key>>, names: &[ChunkName]) -> Result<Intent> {
+        let intent_id = random_id();
+        let bytes = self.chunk_list_object(&intent_id, id, key, names)?;
         let now = Instant::now();
         let mut intent = Intent { path: self.remote.intent_path(&intent_id), id: intent_id, bytes, renewed: now, server_ms: 0, server_at: now };
         self.put_intent(&mut intent).await?;
@@ -404,8 +411,14 @@ impl Store {
         Ok(())
     }
 
+    /// The node and snapshot an intent or pin names.
+    pub(super) fn chunk_list_header(bytes: &[u8]) -> std::result::Result<(String, String), String> {
+        let file: IntentFile = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        Ok((file.node, file.snapshot))
+    }
+
     /// The chunks an upload intent names, into `refs`.
-    fn intent_refs(&self, path: &OPath, bytes: &[u8], refs: &mut Refs) -> std::result::Result<(), String> {
+    pub(super) fn intent_refs(&self, path: &OPath, bytes: &[u8], refs: &mut Refs) -> std::result::Result<(), String> {
         let file: IntentFile = serde_json::from_slice(bytes).map_err(|e| format!("not an upload intent: {e}"))?;
         let intent_id = path.filename().and_then(|f| f.strip_suffix(".json")).ok_or("not named <id>.json")?;
         if file.format != INTENT_FORMAT {
@@ -572,10 +585,28 @@ impl Store {
                 refs.kept.insert(Namespace::All);
             }
         }
-        // Manifests written since the first listing.
-        for id in self.remote.all_snapshots().await? {
+        // Manifests written since the first listing, and checkout pins
+        // (fetches in progress: the chunks they name).
+        let (ids, pins) = self.remote.actor_objects().await?;
+        for id in ids {
             if seen.insert(id.clone()) {
                 self.manifest_refs(&id, refs, unreadable).await?;
+            }
+        }
+        for m in pins {
+            if m.last_modified.timestamp_millis() < stale_before {
+                info!(pin = %m.location, "deleting a stale checkout pin (its node stopped renewing it)");
+                if let Err(e) = self.remote.delete_object("delete stale checkout pin", &m.location).await {
+                    report.errors.push(e.to_string());
+                }
+                continue;
+            }
+            let Some(bytes) = self.remote.get_object("read checkout pin", &m.location).await? else { continue };
+            if let Err(why) = self.intent_refs(&m.location, &bytes, refs) {
+                let msg = format!("checkout pin {} cannot be read ({why}): the chunk sweep deletes nothing until it is gone (it goes stale {} s after it was last written)", m.location, INTENT_TTL.as_secs());
+                warn!("{msg}");
+                report.errors.push(msg);
+                refs.kept.insert(Namespace::All);
             }
         }
         // Sweeps that died: their announcements.
