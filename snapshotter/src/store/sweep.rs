@@ -168,6 +168,28 @@ impl std::fmt::Display for UnreadableManifest {
     }
 }
 
+/// A kind of object that lists chunks in use ([`Store::chunk_lists_refs`]).
+struct ChunkListKind {
+    what: &'static str,
+    why_stale: &'static str,
+    read_op: &'static str,
+    delete_op: &'static str,
+}
+
+const INTENTS: ChunkListKind = ChunkListKind {
+    what: "upload intent",
+    why_stale: "its upload died",
+    read_op: "read upload intent",
+    delete_op: "delete stale upload intent",
+};
+
+const PINS: ChunkListKind = ChunkListKind {
+    what: "checkout pin",
+    why_stale: "its node stopped renewing it",
+    read_op: "read checkout pin",
+    delete_op: "delete stale checkout pin",
+};
+
 /// Which part of the chunk objects an unreadable manifest (or intent) may name.
 fn namespace_of(bytes: &[u8]) -> Namespace {
     if let Some(k) = crypto::sealed_key_id(bytes) {
@@ -541,6 +563,37 @@ impl Store {
         outcome
     }
 
+    /// The chunks named by chunk-list objects (`kind`: upload intents,
+    /// checkout pins) count as referenced; one last written before
+    /// `stale_before` is deleted instead, one that cannot be read keeps
+    /// every chunk until it goes stale.
+    async fn chunk_lists_refs(
+        &self,
+        kind: &ChunkListKind,
+        objects: Vec<object_store::ObjectMeta>,
+        stale_before: i64,
+        refs: &mut Refs,
+        report: &mut GcReport,
+    ) -> Result<()> {
+        for m in objects {
+            if m.last_modified.timestamp_millis() < stale_before {
+                info!(object = %m.location, "deleting a stale {} ({})", kind.what, kind.why_stale);
+                if let Err(e) = self.remote.delete_object(kind.delete_op, &m.location).await {
+                    report.errors.push(e.to_string());
+                }
+                continue;
+            }
+            let Some(bytes) = self.remote.get_object(kind.read_op, &m.location).await? else { continue };
+            if let Err(why) = self.intent_refs(&m.location, &bytes, refs) {
+                let msg = format!("{} {} cannot be read ({why}): the chunk sweep deletes nothing until it is gone (it goes stale {} s after it was last written)", kind.what, m.location, INTENT_TTL.as_secs());
+                warn!("{msg}");
+                report.errors.push(msg);
+                refs.kept.insert(Namespace::All);
+            }
+        }
+        Ok(())
+    }
+
     /// One round: announce, confirm the victims against the intents and the
     /// manifests written since, delete for at most the window.
     #[allow(clippy::too_many_arguments)]
@@ -569,22 +622,8 @@ impl Store {
 
         // Uploads in progress.
         let stale_before = ann_ms - INTENT_TTL.as_millis() as i64;
-        for m in self.remote.list_objects(&self.remote.intents_root()).await? {
-            if m.last_modified.timestamp_millis() < stale_before {
-                info!(intent = %m.location, "deleting a stale upload intent (its upload died)");
-                if let Err(e) = self.remote.delete_object("delete stale upload intent", &m.location).await {
-                    report.errors.push(e.to_string());
-                }
-                continue;
-            }
-            let Some(bytes) = self.remote.get_object("read upload intent", &m.location).await? else { continue };
-            if let Err(why) = self.intent_refs(&m.location, &bytes, refs) {
-                let msg = format!("upload intent {} cannot be read ({why}): the chunk sweep deletes nothing until it is gone (it goes stale {} s after it was last written)", m.location, INTENT_TTL.as_secs());
-                warn!("{msg}");
-                report.errors.push(msg);
-                refs.kept.insert(Namespace::All);
-            }
-        }
+        let intents = self.remote.list_objects(&self.remote.intents_root()).await?;
+        self.chunk_lists_refs(&INTENTS, intents, stale_before, refs, report).await?;
         // Manifests written since the first listing, and checkout pins
         // (fetches in progress: the chunks they name).
         let (ids, pins) = self.remote.actor_objects().await?;
@@ -593,22 +632,7 @@ impl Store {
                 self.manifest_refs(&id, refs, unreadable).await?;
             }
         }
-        for m in pins {
-            if m.last_modified.timestamp_millis() < stale_before {
-                info!(pin = %m.location, "deleting a stale checkout pin (its node stopped renewing it)");
-                if let Err(e) = self.remote.delete_object("delete stale checkout pin", &m.location).await {
-                    report.errors.push(e.to_string());
-                }
-                continue;
-            }
-            let Some(bytes) = self.remote.get_object("read checkout pin", &m.location).await? else { continue };
-            if let Err(why) = self.intent_refs(&m.location, &bytes, refs) {
-                let msg = format!("checkout pin {} cannot be read ({why}): the chunk sweep deletes nothing until it is gone (it goes stale {} s after it was last written)", m.location, INTENT_TTL.as_secs());
-                warn!("{msg}");
-                report.errors.push(msg);
-                refs.kept.insert(Namespace::All);
-            }
-        }
+        self.chunk_lists_refs(&PINS, pins, stale_before, refs, report).await?;
         // Sweeps that died: their announcements.
         let stale_ann = ann_ms - (STALE_ANNOUNCEMENT.as_millis() as i64).max(live.as_millis() as i64 * 2);
         for m in self.remote.list_objects(&self.remote.sweeps_root()).await? {
