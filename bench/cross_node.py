@@ -152,6 +152,20 @@ class Node:
                 log(f"cross_node: node {self.letter}: snapshots rm {s['snapshot']}: {e}")
 
 
+
+def all_at_once(one, errors: list) -> int:
+    """Runs one(i, t0) for the CLONES clones in threads started together;
+    t0 (ns) is their common start. Raises if any of them recorded an error."""
+    t0 = sr.now_ns()
+    threads = [threading.Thread(target=one, args=(i, t0)) for i in range(CLONES)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise sr.RunError("; ".join(errors))
+    return t0
+
 def nodes():
     env_b = os.environ.get("TORPOR_RIG_ENV_NODE") == "b"
     a_state = os.environ.get("TORPOR_RIG_A_STATE" if env_b else "TORPOR_RIG_STATE", "/run/torpor-test")
@@ -369,14 +383,7 @@ def clone_rep(a: Node, golden_actor: str, golden_crc: str) -> dict:
             errors.append(f"clone {i}: {type(e).__name__}: {e}")
 
     try:
-        t0 = sr.now_ns()
-        threads = [threading.Thread(target=one, args=(i, t0)) for i in range(CLONES)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise sr.RunError("; ".join(errors))
+        t0 = all_at_once(one, errors)
         for i, ip in enumerate(ips):
             if sr.actor_call(ip, ["sum"])[0] != golden_crc:
                 raise sr.RunError(f"clone {i}: memory CRC differs from the golden actor's")
@@ -534,14 +541,7 @@ class BaselineClones:
                 errors.append(f"clone {i}: {type(e).__name__}: {e}")
 
         try:
-            t0 = sr.now_ns()
-            threads = [threading.Thread(target=one, args=(i, t0)) for i in range(CLONES)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-            if errors:
-                raise sr.RunError("; ".join(errors))
+            t0 = all_at_once(one, errors)
             for i, p in enumerate(pids):
                 if call_in_netns(p, ["sum"])[0] != self.crc:
                     raise sr.RunError(f"clone {i}: memory CRC differs from the checkpointed actor's")
