@@ -28,17 +28,6 @@ pub const RESUME_DURING_RESTORE: &str = "resume-during-restore";
 /// Every container restored and running, RUNNING not persisted yet.
 pub const RESUME_AFTER_RESTORE: &str = "resume-after-restore";
 
-/// All points, in the order a suspend and a resume pass them.
-pub const ALL: [&str; 7] = [
-    SUSPEND_AFTER_PERSIST,
-    SUSPEND_AFTER_FREEZE,
-    SUSPEND_DURING_DUMP,
-    SUSPEND_AFTER_DUMP,
-    RESUME_AFTER_PERSIST,
-    RESUME_DURING_RESTORE,
-    RESUME_AFTER_RESTORE,
-];
-
 /// The environment variable naming the directory of armed points.
 pub const DIR_ENV: &str = "TORPOR_FAILPOINTS_DIR";
 
@@ -56,13 +45,13 @@ pub fn hit(shim: &str, point: &str) {
         return;
     }
     if point.contains("-during-") {
-        log::warn!(point, shim; "failpoint armed: the shim is killed once CRIU runs");
+        tracing::warn!(point, shim, "failpoint armed: the shim is killed once CRIU runs");
         let shim = shim.to_string();
         std::thread::spawn(move || {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
             while std::time::Instant::now() < deadline {
                 if criu_below(std::process::id()) {
-                    log::warn!(point = "during", shim = shim.as_str(); "failpoint: CRIU runs, killing the shim");
+                    tracing::warn!(point = "during", shim = shim.as_str(), "failpoint: CRIU runs, killing the shim");
                     kill_self();
                 }
                 std::thread::sleep(std::time::Duration::from_millis(1));
@@ -70,7 +59,7 @@ pub fn hit(shim: &str, point: &str) {
         });
         return;
     }
-    log::warn!(point, shim; "failpoint: killing the shim");
+    tracing::warn!(point, shim, "failpoint: killing the shim");
     kill_self();
 }
 

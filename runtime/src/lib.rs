@@ -1,38 +1,36 @@
-//! torpor-runtime: the behaviour behind `containerd-shim-torpor-v1`, independent
-//! of containerd's wire types.
+//! torpor-runtime: the behaviour behind `containerd-shim-torpor-v1`,
+//! independent of containerd's wire types.
 //!
-//! - [`spec`]: `torpor.dev/*` annotations validated into an [`spec::ActorSpec`];
-//! - [`reaper`]: the SIGCHLD reaper every child process of the shim goes through;
-//! - [`runc`]: the runc (and, through it, CRIU) command driver;
-//! - [`stdio`]: the plumbing between containerd's FIFOs and a process's stdio;
-//! - [`process`] and [`container`]: supervised processes and containers;
-//! - [`cgroup`]: OOM and resource statistics from the container's cgroup;
-//! - [`actor`] and [`lifecycle`]: the persisted actor state and suspend/resume;
-//! - [`snapshots`]: the client of the node's snapshot store (torpor-snapshotter);
-//! - [`recovery`] and [`identity`]: what a shim's death leaves, and the
-//!   restore of a kept checkpoint into a new container of the same identity;
-//! - [`claim`]: an actor runs at most once on the node (a flock per actor);
-//! - [`failpoint`]: test-only crash points (feature `failpoints`).
+//! Layers, bottom up; a module imports only the layers below it:
+//!
+//! | layer | what it holds |
+//! |---|---|
+//! | [`system`] | drivers: runc, CRIU, cgroups, netns, stdio, rootfs, reaper, held ports |
+//! | [`oci`] | the bundle's spec, `torpor.dev/*` annotations, what torpor adds to a bundle |
+//! | [`task`] | containers, processes, exits: what containerd sees, one state enum per container |
+//! | [`actor`] | what an actor is: record, identity, claim, the store client |
+//! | [`lifecycle`] | what an actor does: freeze, suspend, resume, adopt, cleanup after a shim death |
+//! | [`trigger`] | what moves it: activation, the request file and idle policy, the lease fence |
+//! | [`pod`] | the facade the shim sees: [`Runtime`] |
+//!
+//! [`error`] and [`failpoint`] (test-only crash points) are used by all.
 
-pub mod activation;
 pub mod actor;
-pub mod cgroup;
-pub mod claim;
-pub mod container;
-pub mod criu;
 pub mod error;
 pub mod failpoint;
-pub mod fence;
-pub mod identity;
 pub mod lifecycle;
-pub mod policy;
-pub mod process;
-pub mod reaper;
-pub mod rootfs;
-pub mod recovery;
-pub mod runc;
-pub mod snapshots;
-pub mod spec;
-pub mod stdio;
+pub mod oci;
+pub mod pod;
+pub mod system;
+pub mod task;
+pub mod trigger;
 
-pub use error::{Error, Result};
+pub use error::{Error, Result, StoreErrorKind};
+pub use lifecycle::cleanup::after_shim_death;
+pub use oci::spec::{group_of, read_spec};
+pub use pod::{CreateRequest, Runtime};
+pub use system::reaper::set_tag;
+pub use system::rootfs::upper_dir;
+pub use system::runc::{read_pid, CheckpointOpts};
+pub use system::stdio::StdioConfig;
+pub use task::{wait_exit, Event, ExitInfo, ProcessState, Status};

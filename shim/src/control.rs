@@ -12,7 +12,7 @@ use log::{info, warn};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
-use torpor_runtime::container::Runtime;
+use torpor_runtime::Runtime;
 
 /// Directory of the shims' control sockets.
 pub const SOCKET_DIR: &str = "/run/torpor/shims";

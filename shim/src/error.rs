@@ -1,7 +1,7 @@
 //! Maps runtime errors onto the ttrpc codes containerd expects.
 
 use containerd_shim::protos::ttrpc::{self, Code};
-use torpor_runtime::Error;
+use torpor_runtime::{Error, StoreErrorKind};
 
 /// Converts a runtime error into a ttrpc status with the matching code.
 pub fn to_ttrpc(e: Error) -> ttrpc::Error {
@@ -9,10 +9,18 @@ pub fn to_ttrpc(e: Error) -> ttrpc::Error {
         Error::InvalidAnnotation { .. } | Error::InvalidArgument(_) => Code::INVALID_ARGUMENT,
         Error::NotFound(_) => Code::NOT_FOUND,
         Error::AlreadyExists(_) => Code::ALREADY_EXISTS,
-        Error::FailedPrecondition(_) => Code::FAILED_PRECONDITION,
-        Error::Store(_) => Code::UNAVAILABLE,
+        Error::FailedPrecondition(_) | Error::WrongState(_) => Code::FAILED_PRECONDITION,
         Error::Corrupt(_) => Code::DATA_LOSS,
-        Error::Unimplemented(_) => Code::UNIMPLEMENTED,
+        Error::Store { kind, .. } => match kind {
+            StoreErrorKind::NotFound => Code::NOT_FOUND,
+            StoreErrorKind::InvalidArgument => Code::INVALID_ARGUMENT,
+            StoreErrorKind::LeaseHeld | StoreErrorKind::LeaseLost | StoreErrorKind::FailedPrecondition => {
+                Code::FAILED_PRECONDITION
+            }
+            StoreErrorKind::Corrupt => Code::DATA_LOSS,
+            StoreErrorKind::Unimplemented => Code::UNIMPLEMENTED,
+            StoreErrorKind::Unavailable | StoreErrorKind::Other => Code::UNAVAILABLE,
+        },
         Error::Io { .. } | Error::Sys { .. } | Error::Runc { .. } | Error::Json { .. } => Code::UNKNOWN,
     };
     ttrpc::Error::RpcStatus(ttrpc::get_status(code, e.to_string()))
@@ -45,6 +53,10 @@ mod tests {
         assert_eq!(code(Error::NotFound("x".into())), Code::NOT_FOUND);
         assert_eq!(code(Error::AlreadyExists("x".into())), Code::ALREADY_EXISTS);
         assert_eq!(code(Error::FailedPrecondition("x".into())), Code::FAILED_PRECONDITION);
+        assert_eq!(code(Error::store(StoreErrorKind::LeaseLost, "x")), Code::FAILED_PRECONDITION);
+        assert_eq!(code(Error::store(StoreErrorKind::NotFound, "x")), Code::NOT_FOUND);
+        assert_eq!(code(Error::store(StoreErrorKind::Corrupt, "x")), Code::DATA_LOSS);
+        assert_eq!(code(Error::store(StoreErrorKind::Unavailable, "x")), Code::UNAVAILABLE);
         let bad = Error::InvalidAnnotation {
             key: "torpor.dev/idle-after".into(),
             value: "banana".into(),

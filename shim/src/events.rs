@@ -7,9 +7,9 @@ use containerd_shim::protos::events::task::{TaskExit, TaskOOM};
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
 use containerd_shim::protos::protobuf::MessageDyn;
 use containerd_shim::protos::ttrpc::context::with_duration;
-use log::warn;
+use tracing::warn;
 use tokio::sync::mpsc;
-use torpor_runtime::container::Event;
+use torpor_runtime::Event;
 
 /// A queued event: its topic and message.
 pub type Queued = (String, Box<dyn MessageDyn>);

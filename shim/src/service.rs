@@ -10,32 +10,12 @@ use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::protos::types::introspection::{RuntimeInfo, RuntimeVersion};
 use containerd_shim::{Config, Flags, StartOpts};
-use log::{info, warn};
+use tracing::{info, warn};
 use tokio::sync::mpsc;
-use torpor_runtime::container::{read_spec, Runtime};
+use torpor_runtime::{group_of, Runtime};
 
 use crate::events::{timestamp, Events};
 use crate::task::TaskService;
-
-/// Annotations whose value groups containers into one shim: the CRI sandbox
-/// id (one shim per pod), or an explicit group for `ctr` users.
-const GROUP_LABELS: [&str; 3] = [
-    "io.kubernetes.cri.sandbox-id",
-    "io.containerd.torpor.v1.group",
-    "io.containerd.runc.v2.group",
-];
-
-/// The shim a container of `bundle` (id `id`) is served by: its group
-/// label, else its own id.
-fn group_of(bundle: &std::path::Path, id: &str) -> String {
-    read_spec(bundle)
-        .ok()
-        .and_then(|spec| {
-            let ann = spec.annotations().as_ref()?;
-            GROUP_LABELS.iter().find_map(|l| ann.get(*l)).cloned()
-        })
-        .unwrap_or_else(|| id.to_string())
-}
 
 /// The logger of `delete`: containerd logs what the cleanup wrote to stderr
 /// ("warnings while cleaning up dead shim"), and nothing else reaches it.
@@ -108,14 +88,14 @@ impl Shim for Service {
         let bundle = std::env::current_dir()
             .map_err(|e| containerd_shim::Error::Other(format!("get bundle dir: {e}")))?;
         let shim = group_of(&bundle, &self.id);
-        info!(container = self.id.as_str(), shim = shim.as_str(); "cleaning up after the shim died");
-        torpor_runtime::recovery::after_shim_death(&self.namespace, &shim, &self.id, &bundle).await;
+        info!(container = self.id.as_str(), shim = shim.as_str(), "cleaning up after the shim died");
+        torpor_runtime::after_shim_death(&self.namespace, &shim, &self.id, &bundle).await;
         let rootfs = bundle.join("rootfs");
         if let Err(e) = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0) {
             warn!("cleanup: unmount {rootfs:?}: {e}");
         }
         crate::control::remove(&shim);
-        let pid = torpor_runtime::runc::read_pid(&bundle.join("init.pid")).unwrap_or(0);
+        let pid = torpor_runtime::read_pid(&bundle.join("init.pid")).unwrap_or(0);
         Ok(DeleteResponse {
             pid: pid as u32,
             exit_status: 137,
@@ -164,11 +144,10 @@ impl Shim for Service {
         let (tx, rx) = mpsc::unbounded_channel();
         events.forward(rx);
         // Children carry the shim id: found and killed after a shim death.
-        torpor_runtime::reaper::set_tag(&self.id);
+        torpor_runtime::set_tag(&self.id);
         let runtime = Runtime::new(&self.namespace, tx);
         crate::control::serve(runtime.clone(), self.id.clone());
-        runtime.start_policy(self.id.clone());
-        runtime.start_fence(self.id.clone());
+        runtime.start_triggers(&self.id);
         TaskService::new(runtime, events, self.exit.clone())
     }
 }

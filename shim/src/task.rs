@@ -1,5 +1,5 @@
 //! The containerd task service (containerd.task.v3.Task): each request is
-//! checked, mapped onto [`torpor_runtime::container::Runtime`], and the
+//! checked, mapped onto [`torpor_runtime::Runtime`], and the
 //! matching task event is published.
 
 use std::path::{Path, PathBuf};
@@ -22,11 +22,8 @@ use containerd_shim::protos::shim::oci::{CheckpointOptions, ProcessDetails};
 use containerd_shim::protos::shim_async::Task;
 use containerd_shim::protos::ttrpc::{self, r#async::TtrpcContext, Code};
 use containerd_shim::protos::types::task::{ProcessInfo, Status as TaskStatus};
-use log::{info, warn};
-use torpor_runtime::container::{CreateRequest, Runtime};
-use torpor_runtime::process::{wait_exit, Status};
-use torpor_runtime::runc::CheckpointOpts;
-use torpor_runtime::stdio::StdioConfig;
+use tracing::{info, warn};
+use torpor_runtime::{wait_exit, CheckpointOpts, CreateRequest, Runtime, Status, StdioConfig};
 
 use crate::error::IntoTtrpc;
 use crate::events::{timestamp, Events};
@@ -78,7 +75,7 @@ fn unmount_rootfs(bundle: &Path) {
 #[async_trait]
 impl Task for TaskService {
     async fn create(&self, _ctx: &TtrpcContext, req: CreateTaskRequest) -> ttrpc::Result<CreateTaskResponse> {
-        info!(id = req.id.as_str(), bundle = req.bundle.as_str(); "create");
+        info!(id = req.id.as_str(), bundle = req.bundle.as_str(), "create");
         if !req.parent_checkpoint.is_empty() {
             return Err(status(
                 Code::UNIMPLEMENTED,
@@ -103,14 +100,14 @@ impl Task for TaskService {
                 rootfs_upper: req
                     .rootfs
                     .iter()
-                    .find_map(|m| torpor_runtime::rootfs::upper_dir(&m.type_, m.options.iter().map(String::as_str))),
+                    .find_map(|m| torpor_runtime::upper_dir(&m.type_, m.options.iter().map(String::as_str))),
             })
             .await;
         let pid = match created {
             Ok(pid) => pid,
             Err(e) => {
                 unmount_rootfs(&bundle);
-                warn!(id = req.id.as_str(); "create failed: {e}");
+                warn!(id = req.id.as_str(), "create failed: {e}");
                 return Err(crate::error::to_ttrpc(e));
             }
         };
@@ -272,7 +269,7 @@ impl Task for TaskService {
             image_path: PathBuf::from(image),
             work_path: work.clone(),
         };
-        info!(id = req.id.as_str(), image = image.as_str(), exit = o.exit; "checkpoint");
+        info!(id = req.id.as_str(), image = image.as_str(), exit = o.exit, "checkpoint");
         let r = self.runtime.checkpoint(&req.id, opts).await;
         if temporary {
             let _ = std::fs::remove_dir_all(&work);
@@ -306,8 +303,6 @@ impl Task for TaskService {
         process["terminal"] = serde_json::Value::Bool(req.terminal);
         let json = serde_json::to_vec(&process)
             .map_err(|e| status(Code::INTERNAL, format!("encode exec process spec: {e}")))?;
-        // An exec into a suspended or frozen actor wakes it first.
-        self.runtime.ensure_running(&req.id).await.ttrpc()?;
         let stdio = StdioConfig {
             stdin: req.stdin.clone(),
             stdout: req.stdout.clone(),

@@ -8,7 +8,7 @@
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use log::{debug, warn};
+use tracing::{debug, warn};
 use nix::errno::Errno;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
@@ -35,7 +35,7 @@ static REAPER: OnceLock<Reaper> = OnceLock::new();
 
 /// The environment variable every child the shim starts carries, set to
 /// the shim's id: after the shim died, its runc, CRIU and lazy-pages
-/// processes are found (and killed) by it, see [`crate::recovery`].
+/// processes are found (and killed) by it, see [`crate::lifecycle::cleanup`].
 pub const TAG_ENV: &str = "TORPOR_SHIM";
 
 static TAG: OnceLock<String> = OnceLock::new();
@@ -97,7 +97,7 @@ fn reap_all(subs: &Subscribers) {
                 return;
             }
         };
-        debug!(pid = exit.pid, status = exit.status; "reaped child");
+        debug!(pid = exit.pid, status = exit.status, "reaped child");
         lock(subs).retain(|(_, tx)| tx.send(exit).is_ok());
     }
 }
@@ -207,6 +207,28 @@ fn exit_status(code: i32) -> std::process::ExitStatus {
         std::process::ExitStatus::from_raw(code - 128)
     } else {
         std::process::ExitStatus::from_raw((code & 0xff) << 8)
+    }
+}
+
+/// SIGKILLs every process tagged with the dead shim's id (its runc, CRIU
+/// and lazy-pages children, which outlive it).
+pub fn kill_tagged(shim: &str) {
+    let needle = format!("{}={shim}", TAG_ENV);
+    let me = std::process::id().to_string();
+    let Ok(rd) = std::fs::read_dir("/proc") else { return };
+    for e in rd.flatten() {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        if pid == me || !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(env) = std::fs::read(e.path().join("environ")) else { continue };
+        if env.split(|b| *b == 0).any(|v| v == needle.as_bytes()) {
+            let comm = std::fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+            warn!(pid = pid.as_str(), comm = comm.trim(), "cleanup: killing a process the dead shim left");
+            if let Ok(p) = pid.parse::<i32>() {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::Signal::SIGKILL);
+            }
+        }
     }
 }
 

@@ -5,15 +5,27 @@ use std::time::SystemTime;
 
 use tokio::sync::watch;
 
-use crate::stdio::{ProcessIo, StdioConfig};
+use crate::system::stdio::{ProcessIo, StdioConfig};
 
-/// A process's status, named as containerd names task statuses.
+/// A process's status as containerd names task statuses (what `State`
+/// reports; derived from a container's [`crate::task::ContainerState`] or
+/// an exec's [`ExecState`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     Created,
     Running,
     Paused,
     Stopped,
+}
+
+/// Where an exec'd process is (its exit is in [`Process::exit_info`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExecState {
+    /// Registered by Exec, not started.
+    Created,
+    /// `runc exec` under way.
+    Starting,
+    Running,
 }
 
 /// How a process ended.
@@ -31,7 +43,6 @@ pub struct Process {
     /// 0 until the process exists.
     pub pid: i32,
     pub stdio: StdioConfig,
-    pub status: Status,
     pub io: ProcessIo,
     /// For an exec: its OCI process spec, written for `runc exec --process`.
     pub spec_file: Option<PathBuf>,
@@ -44,7 +55,6 @@ impl Process {
             exec_id: exec_id.to_string(),
             pid: 0,
             stdio,
-            status: Status::Created,
             io: ProcessIo::null(),
             spec_file: None,
             exit: watch::channel(None).0,
@@ -69,7 +79,6 @@ impl Process {
             status,
             at: SystemTime::now(),
         };
-        self.status = Status::Stopped;
         self.io.close();
         self.exit.send_replace(Some(info));
         info

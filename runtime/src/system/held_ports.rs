@@ -1,4 +1,4 @@
-//! Activation: while an actor is suspended, the shim holds its listening TCP
+//! Held ports: while an actor is suspended, the shim holds its listening TCP
 //! ports in the pod's network namespace. The first real connection resumes
 //! the actor and is handed over to it; so is every connection that arrives
 //! during the resume. Kubelet-style probes do not wake the actor and do not
@@ -11,62 +11,21 @@
 //! ports are dropped (not refused) by an iptables rule in the pod's network
 //! namespace, so a client racing the resume retransmits and is served.
 
-use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use log::{debug, info, warn};
+use tracing::{debug, info, warn};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, IoContext, Result};
+use crate::system::netns::{in_netns, iptables_in};
 
 /// How long a new connection may stay silent before it counts as real
 /// traffic (a server-speaks-first client). A TCP probe closes sooner.
 const PROBE_WINDOW: Duration = Duration::from_millis(100);
-
-/// TCP ports in LISTEN state in the network namespace of `pid`.
-pub fn listening_ports(pid: i32) -> Vec<u16> {
-    let mut ports = Vec::new();
-    for table in ["tcp", "tcp6"] {
-        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else { continue };
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() > 3 && f[3] == "0A" {
-                if let Some(port) = f[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) {
-                    ports.push(port);
-                }
-            }
-        }
-    }
-    ports.sort_unstable();
-    ports.dedup();
-    ports
-}
-
-/// Runs `f` on a thread that has entered the network namespace `netns`.
-fn in_netns<T: Send + 'static>(netns: &Path, f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> Result<T> {
-    let ns = File::open(netns).io_context(|| format!("open network namespace {netns:?}"))?;
-    let path = netns.to_path_buf();
-    std::thread::spawn(move || {
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(std::io::Error::from)?;
-        f()
-    })
-    .join()
-    .map_err(|_| Error::InvalidArgument(format!("thread in {path:?} panicked")))?
-    .io_context(|| format!("in network namespace {:?}", netns))
-}
-
-/// Runs `iptables ARGS` (or ip6tables) in the network namespace `netns`,
-/// through nsenter and the reaper (the shim reaps all its children).
-async fn iptables_in(netns: &Path, tool: &str, args: &[&str]) -> Result<std::process::Output> {
-    let mut cmd = std::process::Command::new("nsenter");
-    cmd.arg(format!("--net={}", netns.display())).arg(tool).arg("-w").args(args);
-    crate::reaper::output(cmd).await
-}
 
 /// Drop (not refuse) new connections to `ports` while the actor is being
 /// restored.
@@ -87,37 +46,6 @@ async fn syn_drop(netns: &Path, ports: &[u16], insert: bool) -> Result<()> {
             "iptables {op} in {netns:?}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         )))
-    }
-}
-
-/// Removes the network lock CRIU leaves in the pod's network namespace
-/// after a dump (its `CRIU` chain drops every packet until a restore): the
-/// pod must stay reachable while suspended, for probes and activation.
-pub async fn unlock_criu_network(netns: &Path) -> Result<()> {
-    let mut errors = String::new();
-    for tool in ["iptables", "ip6tables"] {
-        for args in [
-            &["-D", "INPUT", "-j", "CRIU"][..],
-            &["-D", "OUTPUT", "-j", "CRIU"][..],
-            &["-F", "CRIU"][..],
-            &["-X", "CRIU"][..],
-        ] {
-            let o = iptables_in(netns, tool, args).await?;
-            let err = String::from_utf8_lossy(&o.stderr);
-            // A chain or rule that is not there is fine (nothing locked).
-            if !o.status.success()
-                && !err.contains("No chain")
-                && !err.contains("does a matching rule exist")
-                && !err.contains("Bad rule")
-            {
-                errors.push_str(&format!("{tool} {}: {}; ", args.join(" "), err.trim()));
-            }
-        }
-    }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(format!("unlock the network after the dump: {errors}")))
     }
 }
 
@@ -157,7 +85,7 @@ impl Armed {
             .io_context(|| "register activation listeners".into())?;
         let (stop_tx, stop_rx) = oneshot::channel();
         tokio::spawn(watch(listeners, wake, stop_rx));
-        info!(ports:? = ports; "activation armed");
+        info!(ports = ?ports, "activation armed");
         Ok(Armed {
             netns: netns.to_path_buf(),
             ports,
@@ -211,7 +139,7 @@ impl Handover {
             warn!("activation: remove the SYN drop rule: {e}");
         }
         if n > 0 {
-            info!(connections = n; "activation: connections handed over");
+            info!(connections = n, "activation: connections handed over");
         }
     }
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, IoContext, Result};
-use crate::snapshots::{SnapshotRef, Staging};
+use crate::actor::store_client::{SnapshotRef, Staging};
 
 /// Where torpor keeps node state (suspended images, actor records).
 pub const STATE_ROOT: &str = "/var/lib/torpor";
@@ -125,7 +125,7 @@ pub struct Record {
     pub restored_names: std::collections::BTreeSet<String>,
 }
 
-/// A staging directory of the snapshot store (see [`crate::snapshots`]).
+/// A staging directory of the snapshot store (see [`crate::actor::store_client`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StagingRecord {
     pub id: String,

@@ -22,16 +22,15 @@ use std::path::Path;
 
 use crate::actor::Store;
 use crate::error::{Error, Result};
-use crate::snapshots::{SnapshotRef, SnapshotStore};
-use crate::spec::{RestoreSource, RESTORE_FROM};
+use crate::oci::spec::CRI_CONTAINER_NAME;
+use crate::actor::store_client::{SnapshotRef, SnapshotStore};
+use crate::oci::annotations::{RestoreSource, RESTORE_FROM};
 
-/// CRI's annotation with the container's name in its pod.
-pub const CRI_CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
 
 /// Who an app container is, across pods and shims.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Identity {
-    /// The actor id ([`crate::spec::ActorSpec::actor`]).
+    /// The actor id ([`crate::oci::annotations::ActorSpec::actor`]).
     pub actor: String,
     /// The container's name within the actor.
     pub container: String,

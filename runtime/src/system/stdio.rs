@@ -17,13 +17,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use log::{debug, warn};
+use tracing::{debug, warn};
 use nix::fcntl::OFlag;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::oneshot;
 
 use crate::error::{Error, IoContext, Result};
-use crate::runc::ProcessStdio;
+use crate::system::runc::ProcessStdio;
 
 /// How long to wait, after a process exited, for its output to drain. A
 /// grandchild that kept the pipe open must not hold up the exit forever.
@@ -268,6 +268,12 @@ fn stdin_thread(fifo: &str, mut dst: File) -> Result<File> {
 
 fn is_tty(f: &File) -> bool {
     nix::unistd::isatty(f).unwrap_or(false)
+}
+
+impl std::fmt::Debug for ProcessIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProcessIo").field("terminal", &self.console.is_some()).finish_non_exhaustive()
+    }
 }
 
 impl ProcessIo {

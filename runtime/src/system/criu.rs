@@ -25,7 +25,7 @@ pub fn parse_version(out: &str) -> Option<(u32, u32, u32)> {
 pub async fn check() -> Result<()> {
     let mut cmd = Command::new("criu");
     cmd.arg("--version");
-    let out = crate::reaper::output(cmd).await.map_err(|e| {
+    let out = crate::system::reaper::output(cmd).await.map_err(|e| {
         Error::FailedPrecondition(format!(
             "CRIU not found: running `criu --version` failed ({e}); torpor needs CRIU >= {}.{}",
             MIN_VERSION.0, MIN_VERSION.1

@@ -1,15 +1,15 @@
-//! The runc command driver. Every call goes through the [`reaper`](crate::reaper);
+//! The runc command driver. Every call goes through the [`reaper`](crate::system::reaper);
 //! a failure carries the last error runc wrote to its JSON log (for a
 //! checkpoint or restore, that names the CRIU log too).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use log::debug;
+use tracing::debug;
 use serde::Deserialize;
 
 use crate::error::{Error, IoContext, Result};
-use crate::reaper;
+use crate::system::reaper;
 
 /// Where torpor keeps runc's state, one directory per containerd namespace.
 pub const DEFAULT_ROOT: &str = "/run/torpor/runc";
@@ -27,13 +27,6 @@ pub struct ProcessStdio {
     pub stdin: std::process::Stdio,
     pub stdout: std::process::Stdio,
     pub stderr: std::process::Stdio,
-}
-
-/// `runc state` output (the fields torpor uses).
-#[derive(Debug, Deserialize)]
-pub struct State {
-    pub pid: i32,
-    pub status: String,
 }
 
 #[derive(Deserialize)]
@@ -96,7 +89,7 @@ impl Runc {
 
     /// Runs a runc subcommand that does not touch a container's stdio.
     async fn run(&self, args: &[&str]) -> Result<Vec<u8>> {
-        debug!(args:? = args; "runc");
+        debug!(args = ?args, "runc");
         let out = reaper::output(self.command(args)).await?;
         if out.status.success() {
             Ok(out.stdout)
@@ -107,7 +100,7 @@ impl Runc {
 
     /// Runs a runc subcommand that hands `stdio` to the container process.
     async fn run_with_stdio(&self, args: &[&str], stdio: ProcessStdio) -> Result<()> {
-        debug!(args:? = args; "runc");
+        debug!(args = ?args, "runc");
         let mut cmd = self.command(args);
         cmd.stdin(stdio.stdin).stdout(stdio.stdout).stderr(stdio.stderr);
         let code = reaper::status(cmd).await?;
@@ -189,15 +182,6 @@ impl Runc {
         self.run(&["resume", id]).await.map(|_| ())
     }
 
-    pub async fn state(&self, id: &str) -> Result<State> {
-        let out = self.run(&["state", id]).await?;
-        serde_json::from_slice(&out).map_err(|source| Error::Json {
-            context: format!("parse runc state of {id}"),
-            source,
-        })
-    }
-
-    /// Pids of every process in the container.
     pub async fn ps(&self, id: &str) -> Result<Vec<i32>> {
         let out = self.run(&["ps", "--format", "json", id]).await?;
         let pids: Option<Vec<i32>> = serde_json::from_slice(&out).map_err(|source| Error::Json {
@@ -246,7 +230,7 @@ pub struct CheckpointOpts {
 impl Runc {
     /// `runc checkpoint`. On failure the error quotes CRIU's log.
     pub async fn checkpoint(&self, id: &str, o: &CheckpointOpts) -> Result<()> {
-        crate::criu::check().await?;
+        crate::system::criu::check().await?;
         let args = checkpoint_args(id, o);
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
         self.run(&refs).await.map(|_| ()).map_err(|e| self.with_criu_log(e, &o.work_path, "dump.log"))
@@ -268,7 +252,7 @@ impl Runc {
             from.work.to_string_lossy(),
             pid_file.to_string_lossy(),
         );
-        crate::criu::check().await?;
+        crate::system::criu::check().await?;
         let console = console_socket.map(|p| p.to_string_lossy().into_owned());
         let mut args = vec![
             "restore", "--detach", "--no-subreaper", "--tcp-established", "--bundle", &b, "--image-path", &i,

@@ -28,7 +28,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use log::debug;
+use tracing::debug;
 use nix::errno::Errno;
 use nix::fcntl::{openat, openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fchmod, fchmodat, fstatat, futimens, makedev, mkdirat, mknodat, utimensat};
@@ -183,7 +183,7 @@ impl Capture<'_> {
                 self.tar.append_data(&mut h, &rel, std::io::empty()).map_err(io)?;
             } else {
                 // A socket: its listener (CRIU) binds it again at restore.
-                debug!(path:? = path; "rootfs diff: socket skipped");
+                debug!(path = ?path, "rootfs diff: socket skipped");
                 continue;
             }
             self.stats.entries += 1;

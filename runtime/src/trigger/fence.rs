@@ -6,7 +6,7 @@
 //! (or whose daemon hangs) cannot renew, so its copy of the actor must stop
 //! before the lease can expire. Every [`POLL`] (sooner when the last answer
 //! runs out sooner) the shim asks its daemon to confirm the lease
-//! ([`crate::snapshots::SnapshotStore::confirm`]), which answers with the
+//! ([`crate::actor::store_client::SnapshotStore::confirm`]), which answers with the
 //! time until which the actor may run without asking again (the lease's
 //! expiry less a third of `lease_ttl`, the margin for clock skew); a
 //! confirmation is not waited for past that time. The actor is frozen
@@ -16,16 +16,15 @@
 //! when the lease can be confirmed again (the object tier came back and
 //! nobody took the actor), it is thawed; when it was lost, it stays frozen
 //! until its pod is removed. Resumes and thaws confirm the lease first too
-//! ([`Runtime::resume_actor`]).
+//! ([`crate::lifecycle::Actor::resume`]).
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use log::{debug, info, warn};
+use tracing::{debug, info, warn};
 
 use crate::actor::Lifecycle;
-use crate::container::Runtime;
-use crate::error::Error;
-use crate::lifecycle::confirm_lease;
+use crate::error::{Error, StoreErrorKind};
+use crate::lifecycle::Actor;
 
 /// How often a running actor's lease is confirmed, at most; more often
 /// when the last answer runs out sooner (half of the time it has left).
@@ -36,23 +35,22 @@ fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-impl Runtime {
-    /// Confirms the lease of shim `group`'s actor every [`POLL`].
-    pub fn start_fence(&self, group: String) {
-        let rt = self.clone();
-        tokio::spawn(async move {
-            let mut valid_until = None;
-            loop {
-                // Asked again well before the last answer runs out.
-                let left = valid_until.map_or(POLL, |t: u64| Duration::from_millis(t.saturating_sub(now_ms()) / 2));
-                tokio::time::sleep(left.clamp(MIN_POLL, POLL)).await;
-                rt.fence_pass(&group, &mut valid_until).await;
-            }
-        });
-    }
+/// Confirms the lease of shim `group`'s actor every [`POLL`].
+pub fn start(actor: &Actor, group: String) {
+    let actor = actor.clone();
+    tokio::spawn(async move {
+        let mut valid_until = None;
+        loop {
+            // Asked again well before the last answer runs out.
+            let left = valid_until.map_or(POLL, |t: u64| Duration::from_millis(t.saturating_sub(now_ms()) / 2));
+            tokio::time::sleep(left.clamp(MIN_POLL, POLL)).await;
+            pass(&actor, &group, &mut valid_until).await;
+        }
+    });
+}
 
-    async fn fence_pass(&self, group: &str, valid_until: &mut Option<u64>) {
-        let Some(rec) = self.actor_status().await else { return };
+async fn pass(actor: &Actor, group: &str, valid_until: &mut Option<u64>) {
+        let Some(rec) = actor.status() else { return };
         let fenced = rec.fenced.is_some() && rec.state == Lifecycle::Frozen;
         if rec.state != Lifecycle::Running && !fenced {
             // Not running: the last answer is stale by the time it runs again.
@@ -60,13 +58,13 @@ impl Runtime {
             return;
         }
         // No waiting on an answer past the time the last one gave.
-        let confirm = confirm_lease(&rec.actor, group);
+        let confirm = actor.store.confirm_lease(&rec.actor, group);
         let answer = match *valid_until {
             Some(t) if !fenced => {
                 let left = Duration::from_millis(t.saturating_sub(now_ms()));
                 tokio::time::timeout(left, confirm)
                     .await
-                    .unwrap_or_else(|_| Err(Error::Store("no answer from the snapshot store before the last confirmation ran out".into())))
+                    .unwrap_or_else(|_| Err(Error::store(StoreErrorKind::Unavailable, "no answer from the snapshot store before the last confirmation ran out")))
             }
             _ => confirm.await,
         };
@@ -75,22 +73,22 @@ impl Runtime {
             Ok(Some(until)) => {
                 *valid_until = Some(until);
                 if fenced {
-                    match self.resume_actor().await {
-                        Ok(_) => info!(actor = rec.actor.as_str(); "lease confirmed again: actor thawed"),
-                        Err(e) => warn!(actor = rec.actor.as_str(); "lease confirmed again, but the thaw failed: {e}"),
+                    match actor.resume().await {
+                        Ok(_) => info!(actor = rec.actor.as_str(), "lease confirmed again: actor thawed"),
+                        Err(e) => warn!(actor = rec.actor.as_str(), "lease confirmed again, but the thaw failed: {e}"),
                     }
                 }
             }
             Err(e) if fenced => {
-                debug!(actor = rec.actor.as_str(); "actor stays frozen: {e}");
+                debug!(actor = rec.actor.as_str(), "actor stays frozen: {e}");
             }
             Err(e) => {
-                let lost = matches!(e, Error::FailedPrecondition(_));
+                let lost = e.is_store(StoreErrorKind::LeaseLost);
                 // No answer yet at all: nothing shows the lease (fencing is
                 // undone by the next confirmation).
                 let lapsed = valid_until.is_none_or(|t| now_ms() >= t);
                 if !lost && !lapsed {
-                    warn!(actor = rec.actor.as_str(), valid_until = valid_until.unwrap_or(0); "could not confirm the actor's lease (the actor runs on until it lapses): {e}");
+                    warn!(actor = rec.actor.as_str(), valid_until = valid_until.unwrap_or(0), "could not confirm the actor's lease (the actor runs on until it lapses): {e}");
                     return;
                 }
                 let why = if lost {
@@ -98,11 +96,10 @@ impl Runtime {
                 } else {
                     format!("frozen by the lease fence: the lease could not be confirmed before it lapsed ({e})")
                 };
-                warn!(actor = rec.actor.as_str(); "{why}");
-                if let Err(fe) = self.freeze_as(Some(why)).await {
-                    warn!(actor = rec.actor.as_str(); "the lease fence could not freeze the actor: {fe}");
+                warn!(actor = rec.actor.as_str(), "{why}");
+                if let Err(fe) = actor.freeze_as(Some(why)).await {
+                    warn!(actor = rec.actor.as_str(), "the lease fence could not freeze the actor: {fe}");
                 }
             }
         }
     }
-}

@@ -1,0 +1,17 @@
+//! The actor layer: what an actor *is*, below what it does.
+//!
+//! - [`record`]: the persisted lifecycle record (`actor.json`, written
+//!   atomically before each transition is acted on) and its directory;
+//! - [`identity`]: who an app container is across pods and shims, and the
+//!   lookup of the snapshot kept for it;
+//! - [`claim`]: an actor runs at most once on the node (a flock per actor);
+//! - [`store_client`]: the shim's one client of the node's snapshot store.
+//!
+//! Imports [`crate::system`], [`crate::oci`] and [`crate::error`] only.
+
+pub mod claim;
+pub mod identity;
+pub mod record;
+pub mod store_client;
+
+pub use record::{now_ms, sync_dir, Lifecycle, Record, StagingRecord, Store, STATE_ROOT};

@@ -1,0 +1,410 @@
+//! The shim's client of the node's snapshot store (torpor-snapshotter's store
+//! API, ttrpc on `/run/torpor/store.sock` or `$TORPOR_STORE_SOCKET`).
+//!
+//! A suspend writes its CRIU images into a staging directory the store hands
+//! out ([`SnapshotStore::begin`]) and commits it ([`SnapshotStore::commit`]);
+//! a resume checks a snapshot out ([`SnapshotStore::checkout`]: a verified
+//! local copy, fetched from the object tier if it was evicted) and releases it
+//! once the restored processes no longer read it.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use torpor_api::store as api;
+use torpor_api::ttrpc;
+
+use std::sync::{Arc, Mutex};
+
+use tracing::{info, warn};
+
+use crate::error::{Error, Result, StoreErrorKind};
+
+/// Calls that only touch the daemon's metadata.
+const QUICK: Duration = Duration::from_secs(30);
+/// A lease confirmation: short, the fence decides on a missing answer.
+const CONFIRM: Duration = Duration::from_secs(3);
+/// Commit hashes every file; checkout may fetch from the object tier.
+const LONG: Duration = Duration::from_secs(900);
+
+/// A snapshot's identity in the store.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct SnapshotRef {
+    pub actor: String,
+    pub generation: u64,
+}
+
+impl std::fmt::Display for SnapshotRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.actor, self.generation)
+    }
+}
+
+/// Label of a committed snapshot: the staging id it was committed from
+/// (finds the snapshot of a commit whose answer was lost).
+pub const LABEL_STAGING: &str = "torpor.dev/staging";
+/// Labels: the shim that suspended, the container names, the versions.
+pub const LABEL_SHIM: &str = "torpor.dev/shim";
+pub const LABEL_CONTAINERS: &str = "torpor.dev/containers";
+pub const LABEL_RUNTIME: &str = "torpor.dev/runtime";
+
+/// A staging directory to write a new snapshot into.
+#[derive(Debug, Clone)]
+pub struct Staging {
+    pub id: String,
+    pub path: PathBuf,
+}
+
+/// A checked-out snapshot: its files (read only) stay until [`SnapshotStore::release`].
+#[derive(Debug, Clone)]
+pub struct Checkout {
+    pub snapshot: SnapshotRef,
+    pub path: PathBuf,
+    pub lease: String,
+}
+
+/// Client of the node's snapshot store: one per shim, long-lived. It
+/// connects on first use and again after the connection failed (a
+/// restarted torpor-snapshotter); a call that finds its connection broken
+/// is retried once on a new one. Answers keep their kind
+/// ([`StoreErrorKind`]) up to the caller.
+#[derive(Clone)]
+pub struct SnapshotStore {
+    socket: PathBuf,
+    client: Arc<Mutex<Option<api::StoreClient>>>,
+}
+
+impl Default for SnapshotStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SnapshotStore {
+    /// The client of the store API socket (`$TORPOR_STORE_SOCKET` or
+    /// `/run/torpor/store.sock`); nothing is connected yet.
+    pub fn new() -> Self {
+        Self::at(torpor_api::store_socket())
+    }
+
+    /// The client of the store API socket `socket`.
+    pub fn at(socket: PathBuf) -> Self {
+        SnapshotStore { socket, client: Arc::default() }
+    }
+
+    fn cached(&self) -> Option<api::StoreClient> {
+        self.client.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    async fn connect(&self) -> Result<api::StoreClient> {
+        let socket = &self.socket;
+        if !socket.exists() {
+            return Err(Error::store(
+                StoreErrorKind::Unavailable,
+                format!("the snapshot store socket {} does not exist: is torpor-snapshotter running?", socket.display()),
+            ));
+        }
+        let c = ttrpc::asynchronous::Client::connect(&format!("unix://{}", socket.display()))
+            .await
+            .map_err(|e| Error::store(StoreErrorKind::Unavailable, format!("connect to the snapshot store at {}: {e}", socket.display())))?;
+        let client = api::StoreClient::new(c);
+        *self.client.lock().unwrap_or_else(|p| p.into_inner()) = Some(client.clone());
+        Ok(client)
+    }
+
+    fn forget(&self) {
+        self.client.lock().unwrap_or_else(|p| p.into_inner()).take();
+    }
+
+    /// One RPC: on the cached connection, or a new one; a transport
+    /// failure on a cached connection is retried once on a new one.
+    /// `precondition` is what FAILED_PRECONDITION means for this call.
+    async fn call<T, F, Fut>(&self, op: &str, precondition: StoreErrorKind, f: F) -> Result<T>
+    where
+        F: Fn(api::StoreClient) -> Fut,
+        Fut: std::future::Future<Output = ttrpc::Result<T>>,
+    {
+        let mut client = self.cached();
+        loop {
+            let fresh = client.is_none();
+            let c = match client.take() {
+                Some(c) => c,
+                None => self.connect().await?,
+            };
+            match f(c).await {
+                Ok(v) => return Ok(v),
+                Err(ttrpc::Error::RpcStatus(s)) => return Err(self.status_error(op, precondition, s)),
+                Err(e) => {
+                    self.forget();
+                    if fresh {
+                        return Err(Error::store(
+                            StoreErrorKind::Unavailable,
+                            format!("snapshot store ({}) {op}: {e}", self.socket.display()),
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Maps the daemon's answer onto a typed store error, keeping its
+    /// message (which names the snapshot and the problem).
+    fn status_error(&self, op: &str, precondition: StoreErrorKind, s: ttrpc::proto::Status) -> Error {
+        use ttrpc::Code;
+        let kind = match s.code() {
+            Code::NOT_FOUND => StoreErrorKind::NotFound,
+            Code::INVALID_ARGUMENT => StoreErrorKind::InvalidArgument,
+            Code::FAILED_PRECONDITION => precondition,
+            Code::DATA_LOSS => StoreErrorKind::Corrupt,
+            Code::UNIMPLEMENTED => StoreErrorKind::Unimplemented,
+            Code::UNAVAILABLE | Code::DEADLINE_EXCEEDED => StoreErrorKind::Unavailable,
+            _ => StoreErrorKind::Other,
+        };
+        Error::store(kind, format!("snapshot store ({}) {op}: {}", self.socket.display(), s.message))
+    }
+
+    pub async fn begin(&self, actor: &str) -> Result<Staging> {
+        let mut req = api::BeginRequest::new();
+        req.actor = actor.to_string();
+        let req = &req;
+        let r = self.call("begin", StoreErrorKind::FailedPrecondition, |c| async move { c.begin(ctx(QUICK), req).await }).await?;
+        Ok(Staging { id: r.staging_id, path: PathBuf::from(r.path) })
+    }
+
+    pub async fn commit(
+        &self,
+        staging: &Staging,
+        labels: HashMap<String, String>,
+        keep_local: Option<Duration>,
+    ) -> Result<SnapshotRef> {
+        let mut req = api::CommitRequest::new();
+        req.staging_id = staging.id.clone();
+        req.labels = labels;
+        req.keep_local_seconds = keep_local.map(|d| d.as_secs());
+        let req = &req;
+        let info = self.call("commit", StoreErrorKind::FailedPrecondition, |c| async move { c.commit(ctx(LONG), req).await }).await?;
+        snapshot_ref(&info).ok_or_else(|| Error::store(StoreErrorKind::Other, "commit answered without a snapshot id"))
+    }
+
+    pub async fn abort(&self, staging: &Staging) -> Result<()> {
+        let mut req = api::AbortRequest::new();
+        req.staging_id = staging.id.clone();
+        let req = &req;
+        self.call("abort", StoreErrorKind::FailedPrecondition, |c| async move { c.abort(ctx(QUICK), req).await }).await?;
+        Ok(())
+    }
+
+    /// The actor's newest snapshot in either tier, if any.
+    pub async fn latest(&self, actor: &str) -> Result<Option<SnapshotRef>> {
+        let mut req = api::LatestRequest::new();
+        req.actor = actor.to_string();
+        let req = &req;
+        let r = self.call("latest", StoreErrorKind::FailedPrecondition, |c| async move { c.latest(ctx(LONG), req).await }).await?;
+        Ok(r.info.into_option().as_ref().and_then(snapshot_ref))
+    }
+
+    pub async fn checkout(&self, snap: &SnapshotRef) -> Result<Checkout> {
+        let mut req = api::CheckoutRequest::new();
+        req.id = protobuf::MessageField::some(id(snap));
+        let op = format!("checkout {snap}");
+        let req = &req;
+        let r = self.call(&op, StoreErrorKind::FailedPrecondition, |c| async move { c.checkout(ctx(LONG), req).await }).await?;
+        Ok(Checkout { snapshot: snap.clone(), path: PathBuf::from(r.path), lease: r.lease })
+    }
+
+    /// The files of `staging` (committed in the background), pinned for a
+    /// restore: `NotFound` once the commit is done (check the snapshot out).
+    pub async fn view_staging(&self, staging: &Staging) -> Result<(PathBuf, String)> {
+        let mut req = api::ViewStagingRequest::new();
+        req.staging_id = staging.id.clone();
+        let req = &req;
+        let r = self.call("view staging", StoreErrorKind::FailedPrecondition, |c| async move { c.view_staging(ctx(QUICK), req).await }).await?;
+        Ok((PathBuf::from(r.path), r.lease))
+    }
+
+    pub async fn release(&self, checkout: &Checkout) -> Result<()> {
+        let mut req = api::ReleaseRequest::new();
+        req.lease = checkout.lease.clone();
+        let req = &req;
+        self.call("release", StoreErrorKind::FailedPrecondition, |c| async move { c.release(ctx(QUICK), req).await }).await?;
+        Ok(())
+    }
+
+    /// Takes `actor`'s lease in the object tier for this node (`owner`: the
+    /// shim). `FailedPrecondition` naming the holder while another node has it.
+    pub async fn acquire(&self, actor: &str, owner: &str) -> Result<u64> {
+        let mut req = api::AcquireRequest::new();
+        req.actor = actor.to_string();
+        req.owner = owner.to_string();
+        let req = &req;
+        let r = self.call("acquire of the actor lease", StoreErrorKind::LeaseHeld, |c| async move { c.acquire(ctx(QUICK), req).await }).await?;
+        Ok(r.epoch)
+    }
+
+    /// `actor` may go on running here (shim `owner`): this node holds its
+    /// lease. Returns the time (unix ms) until which that stays true without
+    /// asking again. `FailedPrecondition` when the lease was lost; `Store`
+    /// when the daemon could not tell (unreachable, the object tier down).
+    pub async fn confirm(&self, actor: &str, owner: &str) -> Result<u64> {
+        let mut req = api::ConfirmRequest::new();
+        req.actor = actor.to_string();
+        req.owner = owner.to_string();
+        let req = &req;
+        let r = self.call("confirm of the actor lease", StoreErrorKind::LeaseLost, |c| async move { c.confirm(ctx(CONFIRM), req).await }).await?;
+        Ok(r.valid_until_unix_ms)
+    }
+
+    /// `actor` leaves this node: its lease goes once its newest snapshot is durable.
+    pub async fn surrender(&self, actor: &str, owner: &str) -> Result<()> {
+        let mut req = api::SurrenderRequest::new();
+        req.actor = actor.to_string();
+        req.owner = owner.to_string();
+        let req = &req;
+        self.call("surrender of the actor lease", StoreErrorKind::FailedPrecondition, |c| async move { c.surrender(ctx(QUICK), req).await }).await?;
+        Ok(())
+    }
+
+    /// The snapshots of `actor` this node's store knows (with their labels).
+    pub async fn list(&self, actor: &str) -> Result<Vec<(SnapshotRef, HashMap<String, String>)>> {
+        let mut req = api::ListRequest::new();
+        req.actor = actor.to_string();
+        let req = &req;
+        let r = self.call("list", StoreErrorKind::FailedPrecondition, |c| async move { c.list(ctx(QUICK), req).await }).await?;
+        Ok(r.snapshots.iter().filter_map(|i| Some((snapshot_ref(i)?, i.labels.clone()))).collect())
+    }
+
+    /// Deletes a snapshot from both tiers.
+    pub async fn remove(&self, snap: &SnapshotRef) -> Result<()> {
+        let (op, req) = (format!("remove {snap}"), id(snap));
+        let req = &req;
+        self.call(&op, StoreErrorKind::FailedPrecondition, |c| async move { c.remove(ctx(LONG), req).await }).await?;
+        Ok(())
+    }
+}
+
+/// What the actor's lifecycle asks of the store, with what it was doing
+/// in front of the store's message.
+impl SnapshotStore {
+    /// A staging directory for a new snapshot of `actor`.
+    pub async fn begin_staging(&self, actor: &str) -> Result<Staging> {
+        self.begin(actor)
+            .await
+            .map_err(|e| e.context(&format!("suspend of actor {actor}: no staging directory in the snapshot store")))
+    }
+
+    /// Commits a suspend's staging directory. A staging the store no
+    /// longer has was either committed by an attempt whose answer was lost
+    /// (found by its label) or is gone: `NotFound`, the checkpoint is lost.
+    pub async fn commit_staging(
+        &self,
+        actor: &str,
+        staging: &Staging,
+        labels: HashMap<String, String>,
+        keep_local: Option<Duration>,
+    ) -> Result<SnapshotRef> {
+        match self.commit(staging, labels, keep_local).await {
+            Ok(s) => Ok(s),
+            Err(e) if e.is_store(StoreErrorKind::NotFound) => {
+                let found = self.list(actor).await?.into_iter().find(|(_, l)| l.get(LABEL_STAGING) == Some(&staging.id));
+                match found {
+                    Some((s, _)) => Ok(s),
+                    None => Err(Error::store(
+                        StoreErrorKind::NotFound,
+                        format!(
+                            "the staging directory {} ({}) of actor {actor}'s suspend is gone from the snapshot store ({e}): the checkpoint is lost",
+                            staging.id,
+                            staging.path.display()
+                        ),
+                    )),
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A view of a suspend's staging (not committed yet), as a checkout of
+    /// the snapshot it becomes (`snap` names the actor's generation in the
+    /// shim's record; the store numbers the snapshot when the commit
+    /// completes). `NotFound` once the commit is done.
+    pub async fn view_staging_as(&self, staging: &Staging, snap: &SnapshotRef) -> Result<Checkout> {
+        let (path, lease) = self.view_staging(staging).await?;
+        Ok(Checkout { snapshot: snap.clone(), path, lease })
+    }
+
+    /// This node still holds `actor`'s lease (for shim `owner`): until
+    /// when. A torpor-snapshotter older than lease confirmation (a node
+    /// halfway through an upgrade) cannot tell: `None`, logged once per
+    /// shim; the actor is then guarded by its lease's acquisition only.
+    pub async fn confirm_lease(&self, actor: &str, owner: &str) -> Result<Option<u64>> {
+        match self.confirm(actor, owner).await {
+            Ok(until) => Ok(Some(until)),
+            Err(e) if e.is_store(StoreErrorKind::Unimplemented) => {
+                static ONCE: std::sync::Once = std::sync::Once::new();
+                ONCE.call_once(|| warn!(actor, "the node's torpor-snapshotter cannot confirm actor leases (upgrade it): no lease fence for this shim's actor ({e})"));
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The actor leaves this node (pod removed, shim dead): its lease goes
+    /// once its newest snapshot is durable. Logged, never fails.
+    pub async fn surrender_logged(&self, actor: &str, owner: &str) {
+        if let Err(e) = self.surrender(actor, owner).await {
+            warn!(actor, "surrender of the actor lease: {e} (it expires unless renewed)");
+        }
+    }
+
+    /// Drops a staging directory (a failed suspend); logged, never fails.
+    pub async fn abort_logged(&self, staging: &Staging) {
+        match self.abort(staging).await {
+            Ok(()) => {}
+            Err(e) if e.is_store(StoreErrorKind::NotFound) => {}
+            Err(e) => warn!(staging = staging.id.as_str(), "abort of the staging directory {:?}: {e}", staging.path),
+        }
+    }
+
+    /// Releases a checkout lease; logged, never fails.
+    pub async fn release_logged(&self, lease: &str) {
+        let co = Checkout { snapshot: SnapshotRef { actor: String::new(), generation: 0 }, path: PathBuf::new(), lease: lease.to_string() };
+        match self.release(&co).await {
+            Ok(()) => {}
+            Err(e) if e.is_store(StoreErrorKind::NotFound) => {}
+            Err(e) => warn!(lease, "release of a snapshot checkout: {e}"),
+        }
+    }
+
+    /// Removes every snapshot of `actor` from the store (a default-id
+    /// actor removed while RUNNING: they are stale). Logged, never fails.
+    pub async fn remove_all_logged(&self, actor: &str) {
+        let r = async {
+            let mut gone = Vec::new();
+            for (s, _) in self.list(actor).await? {
+                self.remove(&s).await?;
+                gone.push(s.to_string());
+            }
+            Ok::<_, Error>(gone)
+        }
+        .await;
+        match r {
+            Ok(gone) if gone.is_empty() => {}
+            Ok(gone) => info!(actor, removed = ?gone, "stale snapshots of the actor removed"),
+            Err(e) => warn!(actor, "removal of the actor's stale snapshots: {e}"),
+        }
+    }
+}
+
+fn ctx(timeout: Duration) -> ttrpc::context::Context {
+    ttrpc::context::with_timeout(timeout.as_nanos() as i64)
+}
+
+fn id(s: &SnapshotRef) -> api::SnapshotId {
+    let mut id = api::SnapshotId::new();
+    id.actor = s.actor.clone();
+    id.generation = s.generation;
+    id
+}
+
+fn snapshot_ref(info: &api::SnapshotInfo) -> Option<SnapshotRef> {
+    info.id.as_ref().map(|i| SnapshotRef { actor: i.actor.clone(), generation: i.generation })
+}

@@ -1,0 +1,257 @@
+//! The lifecycle layer: what an actor does — freeze, suspend, resume, the
+//! restore of a kept snapshot into a new pod (adopt), and the cleanup after
+//! a shim's death. An actor is all app containers of one shim (the pod's,
+//! under CRI), moved as one unit.
+//!
+//! ```text
+//!             create/start (fresh, or adopt a stored snapshot)
+//!                               │
+//!    ┌────────── RUNNING ◄──────────────────────────┐
+//!    │ freeze          │ suspend                    │ resume
+//!    ▼                 ▼                            │
+//!  FROZEN ──────► SUSPENDING ──► SUSPENDED ─────────┘ (RESUMING)
+//! ```
+//!
+//! One file per operation: [`freeze`], [`suspend`], [`resume`], [`adopt`],
+//! [`cleanup`]; this module holds the [`Actor`] they share and its record.
+//!
+//! **Locking.** The record is behind a `std::sync::Mutex`, held only to
+//! read or change it (never across an `.await`); every change is persisted
+//! ([`record::Store::save`]) before it is acted on. Lifecycle operations of
+//! the actor run one at a time: each takes the actor's *gate* (a queue,
+//! protecting no data), claims its transition in the record (SUSPENDING,
+//! RESUMING...) and runs its commands outside any lock, so `torporctl
+//! status`, the lease fence and containerd's State/Pids/Stats never wait
+//! for a dump or a restore.
+//!
+//! Imports [`crate::task`], [`crate::actor`], [`crate::oci`] and
+//! [`crate::system`]; nothing above.
+
+pub mod adopt;
+pub mod cleanup;
+pub mod freeze;
+pub mod resume;
+pub mod suspend;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+use crate::actor::claim::Claim;
+use crate::actor::record::{self, Lifecycle, Record};
+use crate::actor::store_client::{self, SnapshotStore};
+use crate::error::{Error, Result};
+use crate::oci::annotations::ActorSpec;
+use crate::system::held_ports;
+use crate::task::Tasks;
+
+pub use adopt::Adopted;
+pub use suspend::CommitState;
+
+/// The actor of one shim, and what its operations share.
+#[derive(Clone)]
+pub struct Actor {
+    pub(crate) tasks: Tasks,
+    pub(crate) store: SnapshotStore,
+    state_root: PathBuf,
+    /// The record and its directory, once the first app container exists.
+    slot: Arc<Mutex<Option<(record::Store, Record)>>>,
+    /// Lifecycle operations one at a time (see the module doc).
+    gate: Arc<tokio::sync::Mutex<()>>,
+    /// Listeners held for the suspended actor.
+    held: Arc<Mutex<Option<held_ports::Armed>>>,
+    /// Where the held listeners report a real connection.
+    wake: mpsc::UnboundedSender<()>,
+    /// Lazy-pages daemons still serving a restored actor's memory.
+    lazy: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    /// The node-local claim on the actor, held while the shim runs it.
+    claim: Arc<Mutex<Option<Claim>>>,
+    /// The background commit of the last suspend's snapshot.
+    commit: Arc<Mutex<Option<tokio::sync::watch::Receiver<CommitState>>>>,
+    /// Containers created to be restored from a kept snapshot, until Start.
+    adoptions: Arc<Mutex<HashMap<String, Adopted>>>,
+}
+
+/// Locks a std mutex, through a poisoned one (a panic elsewhere does not
+/// make the state unreadable).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Actor {
+    /// `wake` receives one message per real inbound connection to a held
+    /// port (see [`crate::trigger::activation`]).
+    pub fn new(tasks: Tasks, store: SnapshotStore, state_root: PathBuf, wake: mpsc::UnboundedSender<()>) -> Actor {
+        Actor {
+            tasks,
+            store,
+            state_root,
+            slot: Arc::default(),
+            gate: Arc::default(),
+            held: Arc::default(),
+            wake,
+            lazy: Arc::default(),
+            claim: Arc::default(),
+            commit: Arc::default(),
+            adoptions: Arc::default(),
+        }
+    }
+
+    /// The record, changed by `f` and persisted; `FailedPrecondition`
+    /// without an actor.
+    pub(crate) fn update<T>(&self, f: impl FnOnce(&mut Record) -> T) -> Result<T> {
+        let mut slot = lock(&self.slot);
+        let (store, rec) = slot.as_mut().ok_or_else(no_actor)?;
+        let out = f(rec);
+        store.save(rec)?;
+        Ok(out)
+    }
+
+    /// Like [`Actor::update`], but only if `f` says there is something to
+    /// save (`Some`); nothing (and `None`) without an actor.
+    pub(crate) fn update_if<T>(&self, f: impl FnOnce(&mut Record) -> Option<T>) -> Result<Option<T>> {
+        let mut slot = lock(&self.slot);
+        let Some((store, rec)) = slot.as_mut() else { return Ok(None) };
+        let Some(out) = f(rec) else { return Ok(None) };
+        store.save(rec)?;
+        Ok(Some(out))
+    }
+
+    /// A copy of the record, if the shim has an actor.
+    pub(crate) fn record(&self) -> Option<Record> {
+        lock(&self.slot).as_ref().map(|(_, r)| r.clone())
+    }
+
+    /// The record's directory (CRIU work dirs, the shim key).
+    pub(crate) fn dir(&self) -> Option<record::Store> {
+        lock(&self.slot).as_ref().map(|(s, _)| s.clone())
+    }
+
+    /// The actor's record, with its running containers, if the shim has
+    /// app containers.
+    pub fn status(&self) -> Option<Record> {
+        let mut rec = self.record()?;
+        rec.containers = self.tasks.app_containers();
+        Some(rec)
+    }
+
+    /// Sets up the actor record when the first app container is created,
+    /// after claiming the actor on this node (see [`crate::actor::claim`]):
+    /// a second shim of the same actor is refused here.
+    pub async fn init(&self, group: &str, spec: &ActorSpec, explicit: bool) -> Result<()> {
+        let _gate = self.gate.lock().await;
+        if lock(&self.slot).is_some() {
+            return Ok(());
+        }
+        let store = record::Store::new(&self.state_root, group)?;
+        let mut rec = Record::new(spec.actor.clone().unwrap_or_else(|| group.to_string()));
+        rec.explicit_actor = explicit;
+        rec.keep_local_s = spec.keep_local.map(|d| d.as_secs().max(1));
+        let claim = Claim::take(&rec.actor, group)?;
+        // One node runs the actor: its lease in the object tier (refused,
+        // naming the holder, while another node has it).
+        let epoch = self.store.acquire(&rec.actor, group).await.map_err(|e| e.context(&format!("actor {}", rec.actor)))?;
+        info!(actor = rec.actor.as_str(), epoch, "actor lease held by this node");
+        if let Err(e) = store.save(&rec) {
+            self.store.surrender_logged(&rec.actor, group).await;
+            return Err(e);
+        }
+        *lock(&self.claim) = Some(claim);
+        *lock(&self.slot) = Some((store, rec));
+        Ok(())
+    }
+
+    /// Records app container `id`'s name (its identity within the actor)
+    /// and cgroup, before it runs.
+    pub fn add_member(&self, id: &str, name: &str, cgroup: Option<String>) -> Result<()> {
+        self.update_if(|rec| {
+            rec.names.insert(id.to_string(), name.to_string());
+            if let Some(cg) = cgroup {
+                rec.cgroups.insert(id.to_string(), cg);
+            }
+            Some(())
+        })
+        .map(|_| ())
+    }
+
+    /// App container `id` started (cold or restored): the actor ran.
+    pub fn ran(&self, id: &str) {
+        let r = self.update_if(|rec| {
+            if rec.ran || !rec.names.contains_key(id) {
+                return None;
+            }
+            rec.ran = true;
+            Some(())
+        });
+        if let Err(e) = r {
+            warn!(container = id, "save the actor record: {e}");
+        }
+    }
+
+    /// Drops the actor's record once no app container is left: retention
+    /// of its snapshots, its leases, its claim.
+    pub async fn forget_if_empty(&self) {
+        if self.tasks.has_app_containers() {
+            return;
+        }
+        // A suspend's commit under way lands in the store first.
+        if let Err(e) = self.wait_commit().await {
+            warn!("the actor is removed while its suspend's commit fails: {e}");
+        }
+        self.wait_lazy_daemons().await;
+        let _gate = self.gate.lock().await;
+        let Some((store, rec)) = lock(&self.slot).take() else { return };
+        for lease in &rec.leases {
+            self.store.release_logged(lease).await;
+        }
+        // Retention: a SUSPENDED actor's snapshots stay (restorable by
+        // identity; the store's gc keeps the newest). A running actor has
+        // moved past them: with the default id (its pod) they are stale; an
+        // explicit actor id keeps them (resume anywhere).
+        if matches!(rec.state, Lifecycle::Running | Lifecycle::Frozen) && rec.ran && !rec.explicit_actor {
+            self.store.remove_all_logged(&rec.actor).await;
+        }
+        // Another node may take the actor now (once its newest snapshot is
+        // durable: the store uploads it first).
+        self.store.surrender_logged(&rec.actor, &store.key()).await;
+        if let Err(e) = store.remove() {
+            warn!("remove actor state: {e}");
+        }
+        let _ = std::fs::remove_dir_all(crate::oci::bundle::request_dir(&store.key()));
+        lock(&self.held).take();
+        lock(&self.claim).take();
+        lock(&self.commit).take();
+    }
+
+    /// Nothing to wake any more (the suspended container was stopped):
+    /// the held ports go.
+    pub fn release_held_ports(&self) {
+        lock(&self.held).take();
+    }
+}
+
+pub(crate) fn no_actor() -> Error {
+    Error::FailedPrecondition("this shim has no actor (no app container)".into())
+}
+
+/// The container's name in the actor (its image directory in a snapshot).
+pub(crate) fn name_of<'a>(rec: &'a Record, id: &'a str) -> &'a str {
+    rec.names.get(id).map(String::as_str).unwrap_or(id)
+}
+
+/// The labels a suspend's snapshot is committed with.
+pub(crate) fn commit_labels(shim: &str, rec: &Record) -> HashMap<String, String> {
+    let mut names: Vec<&str> = rec.containers.iter().map(|id| name_of(rec, id)).collect();
+    names.sort_unstable();
+    let mut l = HashMap::new();
+    l.insert(store_client::LABEL_SHIM.to_string(), shim.to_string());
+    l.insert(store_client::LABEL_CONTAINERS.to_string(), names.join(","));
+    l.insert(store_client::LABEL_RUNTIME.to_string(), format!("torpor-runtime {}", env!("CARGO_PKG_VERSION")));
+    if let Some(s) = &rec.staging {
+        l.insert(store_client::LABEL_STAGING.to_string(), s.id.clone());
+    }
+    l
+}

@@ -1,0 +1,313 @@
+//! RUNNING again: a suspended actor restored from its snapshot (checked out
+//! of the node's store: verified, fetched from the object tier if it was
+//! evicted; or a view of the staging its suspend is still committing), or a
+//! frozen one thawed. RESUMING is persisted before the restore; the held
+//! connections are handed over once the processes run.
+
+use std::path::Path;
+use std::time::Instant;
+
+use tracing::{info, warn};
+
+use crate::actor::record::{self, Lifecycle, Record};
+use crate::actor::store_client::SnapshotRef;
+use crate::error::{Error, IoContext, Result, StoreErrorKind};
+use crate::failpoint;
+use crate::lifecycle::{lock, name_of, Actor};
+use crate::system::reaper;
+use crate::system::runc::RestoreFrom;
+use crate::task::Status;
+
+impl Actor {
+    /// RUNNING again (see the module doc).
+    pub async fn resume(&self) -> Result<Record> {
+        let started = Instant::now();
+        loop {
+            if let Some(r) = self.resume_once(started).await? {
+                return Ok(r);
+            }
+            // The commit finished between the suspend's record and the
+            // view of its staging: its outcome is recorded once we let go.
+            self.wait_commit().await?;
+        }
+    }
+
+    /// Resumes the actor if `id` is one of its suspended or frozen
+    /// containers (before an exec, for example).
+    pub async fn ensure_running(&self, id: &str) -> Result<()> {
+        let state = match self.record() {
+            Some(rec) if rec.containers.iter().any(|c| c == id) => rec.state,
+            _ => return Ok(()),
+        };
+        if matches!(state, Lifecycle::Suspended | Lifecycle::Frozen) {
+            self.resume().await?;
+        }
+        Ok(())
+    }
+
+    /// One attempt of [`Actor::resume`]; `None` when the suspend's staging
+    /// was committed meanwhile (try again with the snapshot).
+    async fn resume_once(&self, started: Instant) -> Result<Option<Record>> {
+        let _gate = self.gate.lock().await;
+        let dir = self.dir().ok_or_else(super::no_actor)?;
+        let rec = self.record().ok_or_else(super::no_actor)?;
+        if matches!(rec.state, Lifecycle::Frozen | Lifecycle::Suspended) {
+            // Only while this node still holds the actor's lease.
+            if let Err(e) = self.store.confirm_lease(&rec.actor, &dir.key()).await {
+                let e = e.context(&format!("resume of actor {}", rec.actor));
+                warn!(actor = rec.actor.as_str(), "resume refused, the actor stays {}: {e}", rec.state);
+                self.update(|r| r.last_error = Some(e.to_string()))?;
+                return Err(e);
+            }
+        }
+        match rec.state {
+            Lifecycle::Frozen => return self.thaw(&rec, started).await.map(Some),
+            Lifecycle::Suspended => {}
+            s => return Err(Error::WrongState(format!("actor {} is {s}, not SUSPENDED or FROZEN", rec.actor))),
+        }
+        let snap = match (&rec.snapshot, &rec.staging) {
+            (Some(snap), _) => snap.clone(),
+            // Resumed before the background commit is done: restored from
+            // the dump this shim just wrote (a view of its staging), which
+            // the commit goes on turning into the snapshot.
+            (None, Some(_)) => SnapshotRef { actor: rec.actor.clone(), generation: rec.generation },
+            (None, None) => {
+                return Err(Error::FailedPrecondition(format!(
+                    "actor {} is SUSPENDED but has neither a snapshot nor a staging{}",
+                    rec.actor,
+                    rec.last_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()
+                )))
+            }
+        };
+        let from = match (&rec.snapshot, &rec.staging) {
+            (None, Some(st)) => format!("the dump of its suspend (staging {}, commit under way)", st.id),
+            _ => format!("snapshot {snap}"),
+        };
+        self.update(|r| r.state = Lifecycle::Resuming)?;
+        failpoint::hit(&dir.key(), failpoint::RESUME_AFTER_PERSIST);
+        // The snapshot's verified files; nothing is started from bad data.
+        let co = match &rec.staging {
+            Some(st) if rec.snapshot.is_none() => match self.store.view_staging_as(&st.to_staging(), &snap).await {
+                Err(e) if e.is_store(StoreErrorKind::NotFound) => {
+                    self.update(|r| r.state = Lifecycle::Suspended)?;
+                    return Ok(None);
+                }
+                r => r,
+            },
+            _ => self.store.checkout(&snap).await,
+        };
+        let co = match co {
+            Ok(co) => co,
+            Err(e) => {
+                let e = e.context(&format!("resume of actor {} from {from}", rec.actor));
+                warn!(actor = rec.actor.as_str(), from = from.as_str(), "resume refused, the actor stays SUSPENDED: {e}");
+                self.update(|r| {
+                    r.state = Lifecycle::Suspended;
+                    r.last_error = Some(e.to_string());
+                })?;
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.update(|r| r.leases.push(co.lease.clone())) {
+            self.store.release_logged(&co.lease).await;
+            let _ = self.update(|r| {
+                r.leases.retain(|l| *l != co.lease);
+                r.state = Lifecycle::Suspended;
+            });
+            return Err(e);
+        }
+        let armed = lock(&self.held).take();
+        let handover = match armed {
+            Some(a) => Some(a.begin_handover().await),
+            None => None,
+        };
+        let result = self.restore_all(&dir, &rec, &co.path).await;
+        if result.is_ok() {
+            failpoint::hit(&dir.key(), failpoint::RESUME_AFTER_RESTORE);
+            // RUNNING is recorded before the held connections are let in:
+            // once the actor serves, its checkpoint is no longer its state.
+            let saved = self.update(|r| {
+                r.state = Lifecycle::Running;
+                r.last_error = None;
+                r.last_resume_ms = Some(started.elapsed().as_millis() as u64);
+                r.committed_at_ms = None;
+            });
+            if let Err(e) = saved {
+                warn!(actor = rec.actor.as_str(), "resumed, but the record could not be saved: {e}");
+            }
+        }
+        if let Some(h) = handover {
+            h.finish().await;
+        }
+        if let Err(e) = result {
+            self.wait_lazy_daemons().await;
+            self.store.release_logged(&co.lease).await;
+            let _ = self.update(|r| r.leases.retain(|l| *l != co.lease));
+            return Err(e);
+        }
+        // The checkout is released once the lazy-pages daemons are done
+        // with it; the store's gc and retention remove the snapshot.
+        let pending: Vec<_> = std::mem::take(&mut *lock(&self.lazy));
+        let me = self.clone();
+        let lease = co.lease.clone();
+        lock(&self.lazy).push(tokio::spawn(async move {
+            for h in pending {
+                let _ = h.await;
+            }
+            me.store.release_logged(&lease).await;
+            me.forget_lease(&lease);
+        }));
+        let rec = self.record().ok_or_else(super::no_actor)?;
+        info!(actor = rec.actor.as_str(), from = from.as_str(), ms = rec.last_resume_ms, "actor resumed");
+        Ok(Some(rec))
+    }
+
+    /// A frozen actor: thawed.
+    async fn thaw(&self, rec: &Record, started: Instant) -> Result<Record> {
+        for id in &rec.containers {
+            if self.tasks.status(id) == Some(Status::Paused) {
+                self.tasks.resume(id).await?;
+            }
+        }
+        self.update(|r| {
+            r.state = Lifecycle::Running;
+            r.last_resume_ms = Some(started.elapsed().as_millis() as u64);
+            if r.fenced.take().is_some() {
+                r.last_error = None;
+            }
+            r.clone()
+        })
+    }
+
+    /// A checkout lease was released: drop it from the record.
+    fn forget_lease(&self, lease: &str) {
+        let _ = self.update_if(|rec| {
+            if !rec.leases.iter().any(|l| l == lease) {
+                return None;
+            }
+            rec.leases.retain(|l| l != lease);
+            Some(())
+        });
+    }
+
+    async fn restore_all(&self, dir: &record::Store, rec: &Record, images: &Path) -> Result<()> {
+        for id in &rec.containers {
+            if !self.tasks.is_suspended(id) {
+                continue;
+            }
+            failpoint::hit(&dir.key(), failpoint::RESUME_DURING_RESTORE);
+            let image = images.join(name_of(rec, id));
+            if let Err(e) = self.restore_one(dir, rec.generation, id, &image).await {
+                warn!(actor = rec.actor.as_str(), container = id.as_str(), "resume failed: {e}");
+                self.update(|r| {
+                    r.state = Lifecycle::Suspended;
+                    r.last_error = Some(e.to_string());
+                })?;
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// `runc restore` of one suspended container from `image`: with lazy
+    /// pages (memory served on demand over userfaultfd by a `criu
+    /// lazy-pages` daemon, the rest prefetched in the background), falling
+    /// back to a full restore when that cannot be used. CRIU's work
+    /// directories are the shim's, outside the (read-only) snapshot.
+    pub(crate) async fn restore_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path) -> Result<i32> {
+        let image = image.to_path_buf();
+        if lazy_pages_enabled() {
+            let work = dir.work_dir(generation, id, "lazy");
+            match LazyDaemon::start(&image, &work).await {
+                Ok(daemon) => {
+                    let from = RestoreFrom { image: image.clone(), work, lazy: true };
+                    match self.tasks.restore(id, &from).await {
+                        Ok(pid) => {
+                            lock(&self.lazy).push(daemon.finish());
+                            return Ok(pid);
+                        }
+                        Err(e) => {
+                            warn!(container = id, "lazy-pages restore failed, restoring in full: {e}");
+                            daemon.kill();
+                        }
+                    }
+                }
+                Err(e) => warn!(container = id, "no lazy pages ({e}): restoring in full"),
+            }
+        }
+        let work = dir.work_dir(generation, id, "restore");
+        self.tasks.restore(id, &RestoreFrom { image, work, lazy: false }).await
+    }
+
+    /// Waits until every lazy-pages daemon has served all its pages (a
+    /// process with pages still missing cannot be dumped again).
+    pub(crate) async fn wait_lazy_daemons(&self) {
+        let pending: Vec<_> = std::mem::take(&mut *lock(&self.lazy));
+        for h in pending {
+            let _ = h.await;
+        }
+    }
+}
+
+/// Lazy-pages restore is on unless `TORPOR_LAZY_PAGES=0`.
+fn lazy_pages_enabled() -> bool {
+    std::env::var("TORPOR_LAZY_PAGES").map(|v| v != "0").unwrap_or(true)
+}
+
+/// A `criu lazy-pages` daemon serving one container's memory.
+struct LazyDaemon {
+    pid: i32,
+    exit: reaper::Subscription,
+}
+
+impl LazyDaemon {
+    /// Starts the daemon and waits until it listens in `work`.
+    async fn start(image: &Path, work: &Path) -> Result<LazyDaemon> {
+        std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
+        let exit = reaper::subscribe();
+        let mut cmd = std::process::Command::new("criu");
+        cmd.arg("lazy-pages")
+            .arg("--images-dir")
+            .arg(image)
+            .arg("--work-dir")
+            .arg(work)
+            .args(["--log-file", "lazy-pages.log"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        reaper::tag(&mut cmd);
+        let child = cmd.spawn().io_context(|| "spawn criu lazy-pages".into())?;
+        let pid = child.id() as i32;
+        drop(child); // reaped by the reaper
+        let socket = work.join("lazy-pages.socket");
+        let mut daemon = LazyDaemon { pid, exit };
+        for _ in 0..400 {
+            if socket.exists() {
+                return Ok(daemon);
+            }
+            if let Ok(Some(e)) = tokio::time::timeout(std::time::Duration::from_millis(5), daemon.exit.next()).await {
+                if e.pid == pid {
+                    return Err(Error::InvalidArgument(format!(
+                        "criu lazy-pages exited with {} (see {:?})",
+                        e.status,
+                        work.join("lazy-pages.log")
+                    )));
+                }
+            }
+        }
+        daemon.kill();
+        Err(Error::InvalidArgument("criu lazy-pages did not start listening".into()))
+    }
+
+    /// A task that ends when the daemon has served every page and exited.
+    fn finish(mut self) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            let pid = self.pid;
+            let _ = self.exit.wait_for(pid).await;
+        })
+    }
+
+    fn kill(&self) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), nix::sys::signal::Signal::SIGKILL);
+    }
+}

@@ -1,0 +1,351 @@
+//! SUSPENDED: every app container checkpointed with CRIU into a staging
+//! directory of the node's snapshot store (the processes end, their memory
+//! is freed), while containerd keeps seeing them RUNNING: no exit is
+//! published and their stdio FIFOs stay open. The snapshot is committed in
+//! the background; the suspend returns once the memory is freed.
+//!
+//! SUSPENDING is persisted before anything is touched; SUSPENDED once every
+//! dump is complete. A suspend that fails part-way restores or thaws what
+//! it already touched: the actor is RUNNING (or FROZEN) again, and the
+//! reason is kept in its record.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use tracing::{info, warn};
+
+use crate::actor::record::{self, Lifecycle, Record, StagingRecord};
+use crate::actor::store_client::{SnapshotRef, Staging};
+use crate::error::{Error, IoContext, Result, StoreErrorKind};
+use crate::failpoint;
+use crate::lifecycle::{commit_labels, lock, name_of, Actor};
+use crate::system::held_ports;
+use crate::system::netns;
+use crate::system::runc::CheckpointOpts;
+use crate::task::Status;
+
+/// The state of a background commit (see [`Actor::wait_commit`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommitState {
+    Running,
+    Failed(String),
+    Done,
+}
+
+/// How `last_error` starts while a suspend's commit fails.
+const COMMIT_FAILED: &str = "commit of the suspend's snapshot failed";
+
+impl Actor {
+    /// SUSPENDED: checkpoint every app container and free its memory.
+    pub async fn suspend(&self) -> Result<Record> {
+        let started = Instant::now();
+        // The lazy-pages daemons of the last resume must be done (a process
+        // with pages still missing cannot be dumped). Waited for outside the
+        // gate: no resume can start new ones once we hold it.
+        let _gate = loop {
+            self.wait_lazy_daemons().await;
+            let gate = self.gate.lock().await;
+            if lock(&self.lazy).is_empty() {
+                break gate;
+            }
+        };
+        let dir = self.dir().ok_or_else(super::no_actor)?;
+        let rec = self.record().ok_or_else(super::no_actor)?;
+        if !matches!(rec.state, Lifecycle::Running | Lifecycle::Frozen) {
+            return Err(Error::WrongState(format!(
+                "actor {} is {}: only a RUNNING or FROZEN actor can be suspended",
+                rec.actor, rec.state
+            )));
+        }
+        let ids = self.tasks.app_containers();
+        if ids.is_empty() {
+            return Err(Error::FailedPrecondition(format!("actor {} has no running container", rec.actor)));
+        }
+        let was = rec.state;
+        let (netns, ports) = self.activation_target(&ids);
+        // Where the checkpoint goes: without the store there is nowhere to
+        // put it, and the actor keeps running.
+        let staging = match self.store.begin_staging(&rec.actor).await {
+            Ok(s) => s,
+            Err(e) => {
+                warn!(actor = rec.actor.as_str(), "suspend refused, actor keeps running: {e}");
+                self.update(|r| r.last_error = Some(e.to_string()))?;
+                return Err(e);
+            }
+        };
+        let persisted = self.update(|r| {
+            r.generation = r.generation.checked_add(1).ok_or_else(|| {
+                Error::FailedPrecondition(format!("actor {}: generation {} cannot grow", r.actor, r.generation))
+            })?;
+            r.state = Lifecycle::Suspending;
+            r.containers = ids.clone();
+            r.staging = Some(StagingRecord { id: staging.id.clone(), path: staging.path.clone() });
+            Ok::<_, Error>(r.clone())
+        });
+        let rec = match persisted {
+            Ok(Ok(rec)) => rec,
+            Ok(Err(e)) | Err(e) => {
+                self.store.abort_logged(&staging).await;
+                return Err(e);
+            }
+        };
+        let generation = rec.generation;
+        failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_PERSIST);
+
+        let images: Vec<(String, PathBuf)> = ids.iter().map(|id| (id.clone(), staging.path.join(name_of(&rec, id)))).collect();
+        if let Err(e) = self.checkpoint_all(&dir, generation, &images, was == Lifecycle::Frozen).await {
+            warn!(actor = rec.actor.as_str(), "suspend failed, actor keeps running: {e}");
+            self.store.abort_logged(&staging).await;
+            let _ = std::fs::remove_dir_all(dir.work_root());
+            self.update(|r| {
+                r.state = was;
+                r.last_error = Some(e.to_string());
+                r.generation -= 1;
+                r.staging = None;
+            })?;
+            return Err(e);
+        }
+        // Every dump is complete: recorded before anything else, so that a
+        // shim death from here on commits the staging.
+        let rec = self.update(|r| {
+            r.state = Lifecycle::Suspended;
+            r.snapshot = None;
+            r.last_error = None;
+            r.restore_snapshot = None;
+            r.restored_names.clear();
+            r.committed_at_ms = Some(record::now_ms());
+            r.last_suspend_ms = Some(started.elapsed().as_millis() as u64);
+            r.clone()
+        })?;
+        failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_DUMP);
+        let _ = std::fs::remove_dir_all(dir.work_root());
+        if let Some(ns) = &netns {
+            if let Err(e) = netns::unlock_criu_network(ns).await {
+                warn!(actor = rec.actor.as_str(), "{e}");
+            }
+        }
+        if let (Some(netns), false) = (netns, ports.is_empty()) {
+            match held_ports::Armed::arm(&netns, ports, self.wake.clone()) {
+                Ok(armed) => *lock(&self.held) = Some(armed),
+                Err(e) => warn!(actor = rec.actor.as_str(), "no activation on inbound connections: {e}"),
+            }
+        }
+        self.start_commit(&dir, &rec);
+        info!(actor = rec.actor.as_str(), ms = rec.last_suspend_ms, "actor suspended");
+        Ok(rec)
+    }
+
+    /// The stop of app container `id` (SIGTERM) of an actor with
+    /// `torpor.dev/on-stop: suspend`: the actor is suspended first (all its
+    /// app containers), so that its containers then stop as suspended ones
+    /// and its newest state is the snapshot the next pod restores — on this
+    /// node or, once the lease is surrendered at the pod's removal (after
+    /// the upload), on any other. A suspend that fails is logged and the
+    /// stop goes on as a plain stop.
+    pub async fn suspend_on_stop(&self, id: &str) {
+        if !self.tasks.suspends_on_stop(id) {
+            return;
+        }
+        // Not when the lease fence froze it: its state is no longer its own.
+        let state = self.record().filter(|rec| rec.fenced.is_none()).map(|rec| rec.state);
+        if !matches!(state, Some(Lifecycle::Running | Lifecycle::Frozen)) {
+            return;
+        }
+        match self.suspend().await {
+            Ok(rec) => info!(actor = rec.actor.as_str(), container = id, generation = rec.generation, "suspended on stop (torpor.dev/on-stop: suspend)"),
+            Err(e) => warn!(container = id, "suspend on stop failed, the container stops without it: {e}"),
+        }
+    }
+
+    /// Commits the suspend's staging directory in the background, retrying
+    /// until it is committed (the processes are gone: the staging is the
+    /// actor). A failure is kept in `last_error` (`torporctl status`).
+    fn start_commit(&self, dir: &record::Store, rec: &Record) {
+        let Some(staging) = rec.staging.as_ref().map(StagingRecord::to_staging) else { return };
+        let (tx, rx) = tokio::sync::watch::channel(CommitState::Running);
+        *lock(&self.commit) = Some(rx);
+        let labels = commit_labels(&dir.key(), rec);
+        let keep_local = rec.keep_local_s.map(Duration::from_secs);
+        let actor = rec.actor.clone();
+        let me = self.clone();
+        tokio::spawn(async move {
+            let mut delay = Duration::from_millis(500);
+            loop {
+                let _ = tx.send(CommitState::Running);
+                let t = Instant::now();
+                match me.store.commit_staging(&actor, &staging, labels.clone(), keep_local).await {
+                    Ok(snap) => {
+                        info!(actor = actor.as_str(), snapshot = %snap, ms = t.elapsed().as_millis() as u64, "suspend committed to the snapshot store");
+                        me.commit_settled(&staging, Ok(snap));
+                        let _ = tx.send(CommitState::Done);
+                        return;
+                    }
+                    Err(e) => {
+                        let lost = e.is_store(StoreErrorKind::NotFound);
+                        warn!(actor = actor.as_str(), staging = staging.id.as_str(), "commit of the suspend failed{}: {e}", if lost { "" } else { " (retrying)" });
+                        me.commit_settled(&staging, Err(&e));
+                        let _ = tx.send(CommitState::Failed(e.to_string()));
+                        if lost {
+                            return;
+                        }
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(30));
+                    }
+                }
+            }
+        });
+    }
+
+    /// Records the outcome of a commit attempt.
+    fn commit_settled(&self, staging: &Staging, r: std::result::Result<SnapshotRef, &Error>) {
+        let saved = self.update_if(|rec| {
+            if rec.staging.as_ref().map(|s| s.id.as_str()) != Some(staging.id.as_str()) {
+                return None;
+            }
+            match r {
+                Ok(snap) => {
+                    rec.snapshot = Some(snap);
+                    rec.staging = None;
+                    if rec.last_error.as_deref().is_some_and(|e| e.starts_with(COMMIT_FAILED)) {
+                        rec.last_error = None;
+                    }
+                }
+                Err(e) => rec.last_error = Some(format!("{COMMIT_FAILED} (retrying): {e}")),
+            }
+            Some(())
+        });
+        if let Err(e) = saved {
+            warn!(staging = staging.id.as_str(), "save the actor record after a commit: {e}");
+        }
+    }
+
+    /// Waits for the attempt of a background commit under way; an error if
+    /// it failed (it is retried; the actor stays SUSPENDED meanwhile).
+    pub(crate) async fn wait_commit(&self) -> Result<()> {
+        let rx = lock(&self.commit).clone();
+        let Some(mut rx) = rx else { return Ok(()) };
+        let state = match rx.wait_for(|s| *s != CommitState::Running).await {
+            Ok(s) => s.clone(),
+            Err(_) => return Ok(()), // the task ended
+        };
+        match state {
+            CommitState::Failed(e) => Err(Error::store(StoreErrorKind::Other, format!("the suspend's snapshot is not committed: {e}"))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Freeze all, dump each into its image directory; on a failure, bring
+    /// back what was touched, to the state it had (`was_frozen`: paused).
+    async fn checkpoint_all(&self, dir: &record::Store, generation: u64, images: &[(String, PathBuf)], was_frozen: bool) -> Result<()> {
+        for (id, _) in images {
+            if self.tasks.has_live_execs(id)? {
+                return Err(Error::FailedPrecondition(format!("container {id} has exec sessions running")));
+            }
+        }
+        let mut frozen = Vec::new();
+        let mut dumped: Vec<(String, PathBuf)> = Vec::new();
+        let mut failure = None;
+        for (id, _) in images {
+            if self.tasks.status(id) == Some(Status::Running) {
+                if let Err(e) = self.tasks.pause(id).await {
+                    failure = Some(e);
+                    break;
+                }
+                // Only what this suspend paused is thawed by a rollback.
+                frozen.push(id.clone());
+            }
+        }
+        if failure.is_none() {
+            failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_FREEZE);
+            for (id, image) in images {
+                if let Err(e) = self.dump_one(dir, generation, id, image).await {
+                    failure = Some(e);
+                    break;
+                }
+                dumped.push((id.clone(), image.clone()));
+                // Its files, while no process changes them.
+                if let Some(upper) = self.tasks.app_info(id).ok().and_then(|i| i.rootfs_upper) {
+                    if let Err(e) = capture_rootfs(id, &upper, image).await {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        let Some(e) = failure else { return Ok(()) };
+        // Roll back: restore what was dumped, thaw what was only frozen.
+        for (id, image) in &dumped {
+            if let Err(re) = self.restore_one(dir, generation, id, image).await {
+                warn!(container = id.as_str(), "rollback restore after a failed suspend: {re}");
+            }
+        }
+        if was_frozen {
+            // A frozen actor goes back to frozen: re-pause what was restored.
+            for (id, _) in &dumped {
+                if self.tasks.status(id) == Some(Status::Running) {
+                    let _ = self.tasks.pause(id).await;
+                }
+            }
+        }
+        for id in frozen.iter().filter(|id| !dumped.iter().any(|(d, _)| d == *id)) {
+            if let Err(re) = self.tasks.resume(id).await {
+                warn!(container = id.as_str(), "rollback thaw after a failed suspend: {re}");
+            }
+        }
+        Err(e)
+    }
+
+    /// The dump of one app container into `image`; CRIU's work dir (logs)
+    /// stays outside the snapshot.
+    async fn dump_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path) -> Result<()> {
+        let work = dir.work_dir(generation, id, "dump");
+        std::fs::create_dir_all(image)
+            .and_then(|_| std::fs::create_dir_all(&work))
+            .io_context(|| format!("create {image:?}"))?;
+        let terminal = self.tasks.app_info(id)?.terminal;
+        let opts = CheckpointOpts {
+            exit: true,
+            open_tcp: true,
+            external_unix_sockets: true,
+            file_locks: true,
+            terminal,
+            image_path: image.to_path_buf(),
+            work_path: work,
+            ..Default::default()
+        };
+        failpoint::hit(&dir.key(), failpoint::SUSPEND_DURING_DUMP);
+        self.tasks.dump(id, &opts).await
+    }
+
+    /// The pod network namespace and the TCP ports to hold while suspended:
+    /// `torpor.dev/activate-on`, or what the actor listens on now.
+    fn activation_target(&self, ids: &[String]) -> (Option<PathBuf>, Vec<u16>) {
+        let mut netns = None;
+        let mut ports = Vec::new();
+        for info in ids.iter().filter_map(|id| self.tasks.app_info(id).ok()) {
+            netns = netns.or(info.netns);
+            match &info.actor.activate_on {
+                Some(p) => ports.extend(p.iter().copied()),
+                None if info.pid > 0 => ports.extend(netns::listening_ports(info.pid)),
+                None => {}
+            }
+        }
+        ports.sort_unstable();
+        ports.dedup();
+        (netns, ports)
+    }
+}
+
+/// Writes container `id`'s rootfs changes (its overlay upper directory
+/// `upper`) into its image directory: a restore in a new container applies
+/// them ([`crate::system::rootfs`]).
+async fn capture_rootfs(id: &str, upper: &Path, image: &Path) -> Result<()> {
+    let started = Instant::now();
+    let (upper, out) = (upper.to_path_buf(), image.join(crate::system::rootfs::DIFF_FILE));
+    let stats = tokio::task::spawn_blocking(move || crate::system::rootfs::capture(&upper, &out))
+        .await
+        .map_err(|e| Error::Io { context: format!("capture the rootfs changes of {id}"), source: std::io::Error::other(e) })??;
+    info!(container = id, entries = stats.entries, bytes = stats.bytes, deletions = stats.deletions,
+        ms = started.elapsed().as_millis() as u64, "rootfs changes captured");
+    Ok(())
+}

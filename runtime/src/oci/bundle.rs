@@ -1,0 +1,133 @@
+//! The bundle of an app container, as torpor adapts it at create: the
+//! request directory bind-mounted at `/run/torpor`, and torpor's CRIU
+//! configuration (`org.criu.config`).
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Value};
+
+use crate::error::{Error, IoContext, Result};
+
+/// Host directory of the in-container request files.
+pub const REQUEST_ROOT: &str = "/run/torpor/actors";
+/// Where it appears inside the container.
+pub const REQUEST_MOUNT: &str = "/run/torpor";
+/// The host side of the request directory of shim `group`.
+pub fn request_dir(group: &str) -> PathBuf {
+    Path::new(REQUEST_ROOT).join(group)
+}
+
+/// CRIU options for the dumps of app containers (runc reads the file named
+/// by the `org.criu.config` annotation): a connection still in the listen
+/// backlog must not make a suspend fail; the client sees it reset, as if the
+/// server had restarted.
+const CRIU_CONFIG: &str = "skip-in-flight\n";
+
+/// Adapts an app container's `config.json`: the request directory bind
+/// mount, and torpor's CRIU configuration.
+pub fn adapt_spec(bundle: &Path, group: &str) -> Result<()> {
+    adapt_spec_in(Path::new(REQUEST_ROOT), bundle, group)
+}
+
+/// [`adapt_spec`] with the request directories under `root` (and the CRIU
+/// configuration beside it).
+fn adapt_spec_in(root: &Path, bundle: &Path, group: &str) -> Result<()> {
+    let dir = root.join(group);
+    std::fs::create_dir_all(&dir).io_context(|| format!("create {dir:?}"))?;
+    let criu_conf = root.with_file_name("criu.conf");
+    if std::fs::read_to_string(&criu_conf).ok().as_deref() != Some(CRIU_CONFIG) {
+        std::fs::write(&criu_conf, CRIU_CONFIG).io_context(|| format!("write {criu_conf:?}"))?;
+    }
+    let path = bundle.join("config.json");
+    let text = std::fs::read(&path).io_context(|| format!("read {path:?}"))?;
+    let mut spec: Value = serde_json::from_slice(&text).map_err(|source| Error::Json {
+        context: format!("parse {path:?}"),
+        source,
+    })?;
+    let Some(mounts) = spec.get_mut("mounts").and_then(Value::as_array_mut) else {
+        return Err(Error::InvalidArgument(format!("{path:?} has no mounts list")));
+    };
+    if !mounts.iter().any(|m| m["destination"] == REQUEST_MOUNT) {
+        mounts.push(json!({
+            "destination": REQUEST_MOUNT,
+            "type": "bind",
+            "source": dir,
+            "options": ["rbind", "rw", "nosuid", "nodev", "noexec"],
+        }));
+    }
+    if let Some(obj) = spec.as_object_mut() {
+        let ann = obj.entry("annotations").or_insert_with(|| json!({}));
+        if let Some(ann) = ann.as_object_mut() {
+            ann.entry("org.criu.config").or_insert_with(|| json!(criu_conf));
+        }
+    }
+    write_spec(bundle, &path, &spec)
+}
+
+/// CRIU options added for the restore of a checkpoint a dead shim kept into
+/// a new pod: its established TCP connections were bound to the old pod's
+/// IP, which the new pod does not have; they come back closed (the peers
+/// saw them end with the old pod).
+const CRIU_RECOVERY: &str = "tcp-close\n";
+
+/// The per-container CRIU configuration of a container restored from a
+/// kept checkpoint: `org.criu.config` points to it (when it pointed to
+/// torpor's), with [`CRIU_RECOVERY`] while `restoring`, without it after
+/// (the container's later dumps keep their connections).
+pub fn recovery_criu_config(bundle: &Path, restoring: bool) -> Result<()> {
+    let own = bundle.join("criu-recovery.conf");
+    if !restoring {
+        if own.exists() {
+            std::fs::write(&own, CRIU_CONFIG).io_context(|| format!("write {own:?}"))?;
+        }
+        return Ok(());
+    }
+    let path = bundle.join("config.json");
+    let text = std::fs::read(&path).io_context(|| format!("read {path:?}"))?;
+    let mut spec: Value = serde_json::from_slice(&text).map_err(|source| Error::Json {
+        context: format!("parse {path:?}"),
+        source,
+    })?;
+    let global = Path::new(REQUEST_ROOT).with_file_name("criu.conf");
+    let ann = &mut spec["annotations"]["org.criu.config"];
+    if ann.as_str() != Some(&*global.to_string_lossy()) {
+        return Ok(()); // the user's own CRIU configuration: left alone
+    }
+    std::fs::write(&own, format!("{CRIU_CONFIG}{CRIU_RECOVERY}")).io_context(|| format!("write {own:?}"))?;
+    *ann = json!(own);
+    write_spec(bundle, &path, &spec)
+}
+
+/// Replaces the bundle's config.json (`path`) with `spec` (tmp file + rename).
+fn write_spec(bundle: &Path, path: &Path, spec: &Value) -> Result<()> {
+    let tmp = bundle.join(".config.json.tmp");
+    let out = serde_json::to_vec(spec).map_err(|source| Error::Json {
+        context: "encode config.json".into(),
+        source,
+    })?;
+    std::fs::write(&tmp, out).io_context(|| format!("write {tmp:?}"))?;
+    std::fs::rename(&tmp, path).io_context(|| format!("rename {tmp:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_mount_is_added_once() {
+        let b = tempfile::tempdir().unwrap();
+        std::fs::write(b.path().join("config.json"), r#"{"ociVersion":"1.2.0","mounts":[{"destination":"/proc","type":"proc","source":"proc"}],"x":1}"#).unwrap();
+        let run = tempfile::tempdir().unwrap();
+        let root = run.path().join("actors");
+        adapt_spec_in(&root, b.path(), "pod").unwrap();
+        adapt_spec_in(&root, b.path(), "pod").unwrap();
+        let v: Value = serde_json::from_slice(&std::fs::read(b.path().join("config.json")).unwrap()).unwrap();
+        let mounts = v["mounts"].as_array().unwrap();
+        assert_eq!(mounts.len(), 2);
+        assert_eq!(mounts[1]["destination"], REQUEST_MOUNT);
+        assert_eq!(v["x"], 1);
+        assert_eq!(v["annotations"]["org.criu.config"], run.path().join("criu.conf").to_str().unwrap());
+        assert_eq!(mounts[1]["source"], root.join("pod").to_str().unwrap());
+        assert_eq!(std::fs::read_to_string(run.path().join("criu.conf")).unwrap(), CRIU_CONFIG);
+    }
+}

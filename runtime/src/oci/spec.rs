@@ -1,0 +1,96 @@
+//! An OCI bundle's `config.json`, read once at create, and what torpor
+//! needs of it: namespaces, cgroup, and the CRI annotations that say which
+//! pod (shim group) a container belongs to and whether it is the sandbox.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use oci_spec::runtime::{LinuxNamespaceType, Spec};
+
+use crate::error::{Error, IoContext, Result};
+
+/// CRI annotations: which container is the sandbox, which pod it is in,
+/// and its name in the pod.
+pub const CRI_CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+pub const CRI_SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+pub const CRI_CONTAINER_NAME: &str = "io.kubernetes.cri.container-name";
+
+/// Annotations whose value groups containers into one shim: the CRI sandbox
+/// id (one shim per pod), or an explicit group for `ctr` users.
+pub const GROUP_LABELS: [&str; 3] = [CRI_SANDBOX_ID, "io.containerd.torpor.v1.group", "io.containerd.runc.v2.group"];
+
+/// Reads the bundle's OCI spec.
+pub fn read_spec(bundle: &Path) -> Result<Spec> {
+    let path = bundle.join("config.json");
+    let text = std::fs::read(&path).io_context(|| format!("read {path:?}"))?;
+    serde_json::from_slice(&text).map_err(|source| Error::Json {
+        context: format!("parse {path:?}"),
+        source,
+    })
+}
+
+/// What torpor takes from a container's spec.
+#[derive(Debug, Clone, Default)]
+pub struct ContainerSpec {
+    pub annotations: HashMap<String, String>,
+    /// The container has its own pid namespace (if not, its processes are
+    /// killed when init exits, as runc-v2 does).
+    pub own_pid_ns: bool,
+    /// The pod's network namespace (a path: CRI's sandbox netns), if joined.
+    pub netns: Option<PathBuf>,
+    /// The CRI sandbox (pause) container: never part of the actor.
+    pub sandbox: bool,
+    /// The OCI `cgroupsPath`.
+    pub cgroups_path: Option<String>,
+}
+
+impl ContainerSpec {
+    pub fn of(spec: &Spec) -> ContainerSpec {
+        let namespaces = spec.linux().as_ref().and_then(|l| l.namespaces().as_ref());
+        let annotations = spec.annotations().clone().unwrap_or_default();
+        ContainerSpec {
+            own_pid_ns: namespaces
+                .is_some_and(|ns| ns.iter().any(|n| n.typ() == LinuxNamespaceType::Pid && n.path().is_none())),
+            netns: namespaces
+                .and_then(|ns| ns.iter().find(|n| n.typ() == LinuxNamespaceType::Network))
+                .and_then(|n| n.path().clone()),
+            sandbox: annotations.get(CRI_CONTAINER_TYPE).is_some_and(|t| t == "sandbox"),
+            cgroups_path: spec
+                .linux()
+                .as_ref()
+                .and_then(|l| l.cgroups_path().as_ref())
+                .map(|p| p.to_string_lossy().into_owned()),
+            annotations,
+        }
+    }
+
+    /// The shim group (pod) of container `id`: its group label, else its id.
+    pub fn group(&self, id: &str) -> String {
+        GROUP_LABELS.iter().find_map(|l| self.annotations.get(*l)).cloned().unwrap_or_else(|| id.to_string())
+    }
+}
+
+/// The shim a container of `bundle` (id `id`) is served by.
+pub fn group_of(bundle: &Path, id: &str) -> String {
+    read_spec(bundle).map(|s| ContainerSpec::of(&s).group(id)).unwrap_or_else(|_| id.to_string())
+}
+
+/// The cgroup (OCI `cgroupsPath`) of the container of `bundle`.
+pub fn cgroup_of_bundle(bundle: &Path) -> Option<String> {
+    ContainerSpec::of(&read_spec(bundle).ok()?).cgroups_path
+}
+
+/// Refuses a checkpoint image directory that is missing or holds no CRIU image.
+pub fn check_image(image: &Path) -> Result<()> {
+    if !image.is_dir() {
+        return Err(Error::InvalidArgument(format!(
+            "checkpoint image directory {image:?} does not exist"
+        )));
+    }
+    if !image.join("inventory.img").is_file() {
+        return Err(Error::InvalidArgument(format!(
+            "checkpoint image directory {image:?} holds no CRIU image (no inventory.img)"
+        )));
+    }
+    Ok(())
+}

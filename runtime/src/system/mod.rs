@@ -1,0 +1,22 @@
+//! System drivers: the commands and kernel interfaces the runtime drives.
+//! Nothing here knows about actors or containerd; nothing imports a layer
+//! above (`oci`, `task`, `actor`, `lifecycle`, `trigger`).
+//!
+//! - [`reaper`]: the one SIGCHLD reaper every child process goes through;
+//! - [`runc`]: the runc (and, through it, CRIU) command driver;
+//! - [`criu`]: the CRIU version check;
+//! - [`cgroup`]: OOM kills, CPU use, and killing what is left in a cgroup;
+//! - [`stdio`]: containerd's FIFOs ↔ a process's pipes or pty;
+//! - [`rootfs`]: a container's rootfs changes as an OCI layer changeset;
+//! - [`netns`]: ports, iptables and CRIU's network lock in the pod's netns;
+//! - [`held_ports`]: listeners held for a sleeping actor, probes answered,
+//!   connections handed over.
+
+pub mod cgroup;
+pub mod criu;
+pub mod held_ports;
+pub mod netns;
+pub mod reaper;
+pub mod rootfs;
+pub mod runc;
+pub mod stdio;

@@ -1,0 +1,12 @@
+//! The task layer: containers, their processes and exits, as containerd
+//! sees them ([`Tasks`]), with one [`ContainerState`] per container. It
+//! knows nothing of actors; it imports only [`crate::system`] and
+//! [`crate::oci`].
+
+pub mod container;
+pub mod process;
+pub mod tasks;
+
+pub use container::{Container, ContainerState};
+pub use process::{wait_exit, ExecState, ExitInfo, Status};
+pub use tasks::{AppInfo, Event, NewContainer, ProcessState, Tasks};

@@ -1,0 +1,825 @@
+//! The containers of one shim (one pod) and the operations containerd asks
+//! for, with no knowledge of actors.
+//!
+//! [`Tasks`] owns every container behind one `std::sync::Mutex`, held only
+//! to read or change the table, never across an `.await` (the guard is not
+//! `Send`: a spawned future holding it does not compile). Every external
+//! command runs outside it; the container it changes is claimed by a
+//! transitional [`ContainerState`] first (see there). A task turns reaped
+//! exits into [`Event`]s after the process's output has drained, so a
+//! `TaskExit` is never published before the last log line.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::{mpsc, Notify};
+use tracing::{info, warn};
+
+use crate::error::{Error, IoContext, Result};
+use crate::oci::annotations::ActorSpec;
+use crate::system::cgroup;
+use crate::system::reaper;
+use crate::system::runc::{self, CheckpointOpts, RestoreFrom, Runc};
+use crate::system::stdio::{self, ProcessIo, StdioConfig};
+use crate::task::container::{Container, ContainerState, Exec};
+use crate::task::process::{ExecState, ExitInfo, Process, Status};
+
+/// What the runtime reports to the shim, to be published to containerd.
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A process exited (exec_id is empty for init).
+    Exit {
+        container_id: String,
+        exec_id: String,
+        pid: i32,
+        exit: ExitInfo,
+    },
+    /// The kernel OOM-killed a process of the container.
+    Oom { container_id: String },
+}
+
+/// A container to create.
+pub struct NewContainer {
+    pub id: String,
+    pub bundle: PathBuf,
+    pub stdio: StdioConfig,
+    pub actor: ActorSpec,
+    pub own_pid_ns: bool,
+    pub sandbox: bool,
+    pub netns: Option<PathBuf>,
+    pub rootfs_upper: Option<PathBuf>,
+    /// Restore this checkpoint image at Start, instead of `runc create`.
+    pub restore_from: Option<PathBuf>,
+}
+
+/// The state of a process, as `state` reports it.
+#[derive(Debug, Clone)]
+pub struct ProcessState {
+    pub id: String,
+    pub exec_id: String,
+    pub pid: i32,
+    pub bundle: PathBuf,
+    pub status: Status,
+    pub stdio: StdioConfig,
+    pub exit: Option<ExitInfo>,
+}
+
+/// What the lifecycle needs to know of an app container.
+#[derive(Debug, Clone)]
+pub struct AppInfo {
+    pub pid: i32,
+    pub netns: Option<PathBuf>,
+    pub actor: ActorSpec,
+    pub terminal: bool,
+    pub rootfs_upper: Option<PathBuf>,
+    pub bundle: PathBuf,
+}
+
+#[derive(Default)]
+struct Table {
+    containers: HashMap<String, Container>,
+    /// Exits reaped before their pid was registered (a process that died
+    /// right after runc started it). Bounded: runc's own exits land here too.
+    early_exits: VecDeque<(i32, i32)>,
+    /// Pids of processes a suspend checkpointed: their exit is not an exit.
+    retired_pids: HashSet<i32>,
+}
+
+const EARLY_EXITS: usize = 512;
+
+/// All containers of this shim.
+#[derive(Clone)]
+pub struct Tasks {
+    table: Arc<Mutex<Table>>,
+    /// Notified whenever a container leaves a transitional state.
+    settled: Arc<Notify>,
+    namespace: String,
+    events: mpsc::UnboundedSender<Event>,
+}
+
+impl Tasks {
+    /// The table, and its exit monitor. `namespace` is the containerd
+    /// namespace (runc state is kept per namespace).
+    pub fn new(namespace: &str, events: mpsc::UnboundedSender<Event>) -> Self {
+        let tasks = Tasks {
+            table: Arc::default(),
+            settled: Arc::default(),
+            namespace: namespace.to_string(),
+            events,
+        };
+        let mut sub = reaper::subscribe();
+        let me = tasks.clone();
+        tokio::spawn(async move {
+            while let Some(exit) = sub.next().await {
+                me.on_exit(exit.pid, exit.status).await;
+            }
+        });
+        tasks
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `f` on container `id` under the table's lock.
+    fn with<T>(&self, id: &str, f: impl FnOnce(&mut Container) -> Result<T>) -> Result<T> {
+        let mut t = self.lock();
+        f(container_mut(&mut t, id)?)
+    }
+
+    /// Settles container `id` into `state` and wakes whoever waits for it.
+    fn settle(&self, id: &str, f: impl FnOnce(&mut Container)) {
+        if let Some(c) = self.lock().containers.get_mut(id) {
+            f(c);
+        }
+        self.settled.notify_waiters();
+    }
+
+    /// Waits until container `id` is in no transitional state.
+    pub async fn settled(&self, id: &str) {
+        loop {
+            let notified = self.settled.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let busy = self.lock().containers.get(id).is_some_and(|c| c.state.in_transition());
+            if !busy {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    async fn on_exit(&self, pid: i32, status: i32) {
+        let found = {
+            let mut t = self.lock();
+            if t.retired_pids.remove(&pid) {
+                return;
+            }
+            match find_pid(&t, pid) {
+                Some(found) => Some(found),
+                None => {
+                    if t.early_exits.len() >= EARLY_EXITS {
+                        t.early_exits.pop_front();
+                    }
+                    t.early_exits.push_back((pid, status));
+                    None
+                }
+            }
+        };
+        if let Some((cid, exec_id)) = found {
+            self.process_exited(&cid, &exec_id, pid, status).await;
+        }
+    }
+
+    async fn process_exited(&self, cid: &str, exec_id: &str, pid: i32, status: i32) {
+        // Wait for the output outside the lock, then record the exit.
+        let (drain, kill_all, runc) = {
+            let mut t = self.lock();
+            let Some(c) = t.containers.get_mut(cid) else { return };
+            if exec_id.is_empty() && c.state.checkpointed() {
+                // The suspend's checkpoint ended the process: not an exit.
+                return;
+            }
+            if c.process(exec_id).map(|p| p.pid).ok() != Some(pid) {
+                return; // an earlier incarnation (restored since)
+            }
+            let kill_all = exec_id.is_empty() && !c.own_pid_ns;
+            let runc = c.runc.clone();
+            let Ok(p) = c.process_mut(exec_id) else { return };
+            (p.io.take_drain(), kill_all, runc)
+        };
+        if kill_all {
+            if let Err(e) = runc.kill(cid, libc::SIGKILL as u32, true).await {
+                if !runc::is_not_running(&e) {
+                    warn!(container = cid, "kill the rest of the container after init exited: {e}");
+                }
+            }
+        }
+        drain.wait().await;
+        let (exit, oom) = {
+            let mut t = self.lock();
+            let Some(c) = t.containers.get_mut(cid) else { return };
+            let oom = exec_id.is_empty() && c.memory_cgroup.as_deref().map(cgroup::oom_kills).unwrap_or(0) > 0;
+            let Ok(p) = c.process_mut(exec_id) else { return };
+            if p.exit_info().is_some() || p.pid != pid {
+                return;
+            }
+            let exit = p.set_exited(status as u32);
+            if exec_id.is_empty() {
+                c.state = ContainerState::Stopped;
+            }
+            (exit, oom)
+        };
+        self.settled.notify_waiters();
+        info!(container = cid, exec = exec_id, pid, status, "process exited");
+        if oom {
+            let _ = self.events.send(Event::Oom { container_id: cid.to_string() });
+        }
+        let _ = self.events.send(Event::Exit {
+            container_id: cid.to_string(),
+            exec_id: exec_id.to_string(),
+            pid,
+            exit,
+        });
+    }
+
+    /// Registers a new pid; if it already exited, handles that exit now.
+    fn claim_early_exit(&self, cid: &str, exec_id: &str, pid: i32) {
+        let early = {
+            let mut t = self.lock();
+            let pos = t.early_exits.iter().position(|(p, _)| *p == pid);
+            pos.and_then(|i| t.early_exits.remove(i))
+        };
+        if let Some((_, status)) = early {
+            let me = self.clone();
+            let (cid, exec_id) = (cid.to_string(), exec_id.to_string());
+            tokio::spawn(async move { me.process_exited(&cid, &exec_id, pid, status).await });
+        }
+    }
+
+    /// Whether container `id` exists.
+    pub fn contains(&self, id: &str) -> bool {
+        self.lock().containers.contains_key(id)
+    }
+
+    /// Create: `runc create`, or (with `restore_from`) a container restored at Start.
+    pub async fn create(&self, new: NewContainer) -> Result<i32> {
+        let runc = Runc::for_namespace(&self.namespace, &new.bundle);
+        let c = Container {
+            id: new.id.clone(),
+            runc: runc.clone(),
+            bundle: new.bundle.clone(),
+            init: Process::new("", new.stdio.clone()),
+            state: match &new.restore_from {
+                Some(image) => ContainerState::RestorePending { image: image.clone() },
+                None => ContainerState::Creating,
+            },
+            execs: HashMap::new(),
+            actor: new.actor,
+            own_pid_ns: new.own_pid_ns,
+            memory_cgroup: None,
+            sandbox: new.sandbox,
+            netns: new.netns,
+            rootfs_upper: new.rootfs_upper,
+        };
+        {
+            let mut t = self.lock();
+            if t.containers.contains_key(&new.id) {
+                return Err(Error::AlreadyExists(format!("container {}", new.id)));
+            }
+            t.containers.insert(new.id.clone(), c);
+        }
+        if new.restore_from.is_some() {
+            return Ok(0);
+        }
+        let pid_file = new.bundle.join("init.pid");
+        let (id, bundle, pf) = (&new.id, &new.bundle, &pid_file);
+        let launched = async {
+            let io = stdio::launch(&new.stdio, |socket, stdio| async move {
+                runc.create(id, bundle, pf, socket.as_deref(), stdio).await
+            })
+            .await?;
+            Ok::<_, Error>((io, runc::read_pid(&pid_file)?))
+        }
+        .await;
+        let (io, pid) = match launched {
+            Ok(x) => x,
+            Err(e) => {
+                self.lock().containers.remove(&new.id);
+                self.settled.notify_waiters();
+                return Err(e);
+            }
+        };
+        self.settle(&new.id, |c| {
+            c.init.io = io;
+            c.init.pid = pid;
+            c.memory_cgroup = cgroup::memory_cgroup_of(pid);
+            c.state = ContainerState::Created;
+        });
+        info!(container = new.id.as_str(), pid, "container created");
+        self.claim_early_exit(&new.id, "", pid);
+        Ok(pid)
+    }
+
+    /// The image container `id` is to be restored from at Start, if it was
+    /// created from one.
+    pub fn restore_pending(&self, id: &str) -> Result<Option<PathBuf>> {
+        self.with(id, |c| {
+            Ok(match &c.state {
+                ContainerState::RestorePending { image } => Some(image.clone()),
+                _ => None,
+            })
+        })
+    }
+
+    /// Start of init (`runc start`) or of an exec (`runc exec`). A
+    /// container waiting for a restore is started by [`Tasks::restore`].
+    pub async fn start(&self, id: &str, exec_id: &str) -> Result<i32> {
+        if exec_id.is_empty() {
+            let runc = self.with(id, |c| {
+                if !matches!(c.state, ContainerState::Created) {
+                    return Err(Error::FailedPrecondition(format!("process {id}/ is {:?}, not created", c.state.status())));
+                }
+                c.state = ContainerState::Starting;
+                Ok(c.runc.clone())
+            })?;
+            let r = runc.start(id).await;
+            let pid = self.lock().containers.get(id).map(|c| c.init.pid).unwrap_or(0);
+            self.settle(id, |c| {
+                if matches!(c.state, ContainerState::Starting) {
+                    c.state = if r.is_ok() { ContainerState::Running } else { ContainerState::Created };
+                }
+            });
+            return r.map(|_| pid);
+        }
+        let (runc, bundle, spec_file, stdio) = self.with(id, |c| {
+            if c.state.status() != Status::Running {
+                return Err(Error::FailedPrecondition(format!("container {id} is not running")));
+            }
+            let e = c
+                .execs
+                .get_mut(exec_id)
+                .ok_or_else(|| Error::NotFound(format!("process {exec_id} of container {id}")))?;
+            if e.state != ExecState::Created {
+                return Err(Error::FailedPrecondition(format!("process {id}/{exec_id} is {:?}, not created", e.status())));
+            }
+            let spec = e
+                .process
+                .spec_file
+                .clone()
+                .ok_or_else(|| Error::InvalidArgument(format!("exec {exec_id} has no process spec")))?;
+            e.state = ExecState::Starting;
+            Ok((c.runc.clone(), c.bundle.clone(), spec, e.process.stdio.clone()))
+        })?;
+        let pid_file = bundle.join(format!("{exec_id}.pid"));
+        let (runc_ref, spec, pf) = (&runc, &spec_file, &pid_file);
+        let launched = async {
+            let io = stdio::launch(&stdio, |socket, stdio| async move {
+                runc_ref.exec(id, spec, pf, socket.as_deref(), stdio).await
+            })
+            .await?;
+            let pid = runc::read_pid(&pid_file)?;
+            let _ = std::fs::remove_file(&pid_file);
+            Ok::<_, Error>((io, pid))
+        }
+        .await;
+        let mut result = Ok(0);
+        self.settle(id, |c| {
+            let Some(e) = c.execs.get_mut(exec_id) else { return };
+            match launched {
+                Ok((io, pid)) => {
+                    e.process.io = io;
+                    e.process.pid = pid;
+                    e.state = ExecState::Running;
+                    result = Ok(pid);
+                }
+                Err(err) => {
+                    e.state = ExecState::Created;
+                    result = Err(err);
+                }
+            }
+        });
+        let pid = result?;
+        self.claim_early_exit(id, exec_id, pid);
+        Ok(pid)
+    }
+
+    /// `runc restore` of container `id` (created from a checkpoint, or
+    /// suspended) from `from`, into its bundle; RUNNING after.
+    pub async fn restore(&self, id: &str, from: &RestoreFrom) -> Result<i32> {
+        let started = std::time::Instant::now();
+        let (runc, bundle, stdio) = self.with(id, |c| {
+            let back = match std::mem::replace(&mut c.state, ContainerState::Stopped) {
+                s @ (ContainerState::Suspended { .. } | ContainerState::RestorePending { .. }) => s,
+                other => {
+                    let e = Error::FailedPrecondition(format!("container {id} is {}: nothing to restore", other.name()));
+                    c.state = other;
+                    return Err(e);
+                }
+            };
+            c.state = ContainerState::Restoring { back: Box::new(back) };
+            Ok((c.runc.clone(), c.bundle.clone(), c.init.stdio.clone()))
+        })?;
+        let work = &from.work;
+        let pid_file = bundle.join("init.pid");
+        let (runc_ref, b, pf) = (&runc, &bundle, &pid_file);
+        let launched = async {
+            std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
+            let io = stdio::launch(&stdio, |socket, stdio| async move {
+                runc_ref.restore(id, b, from, pf, socket.as_deref(), stdio).await
+            })
+            .await?;
+            Ok::<_, Error>((io, runc::read_pid(&pid_file)?))
+        }
+        .await;
+        let mut result = Ok(0);
+        self.settle(id, |c| {
+            let back = match std::mem::replace(&mut c.state, ContainerState::Stopped) {
+                ContainerState::Restoring { back } => *back,
+                other => other,
+            };
+            match launched {
+                Ok((io, pid)) => {
+                    // The new stdio holds containerd's FIFOs before the
+                    // suspended one lets go of them (no EOF in between).
+                    c.init.io = io;
+                    c.init.pid = pid;
+                    c.state = ContainerState::Running;
+                    c.memory_cgroup = cgroup::memory_cgroup_of(pid);
+                    drop(back);
+                    result = Ok(pid);
+                }
+                Err(e) => {
+                    c.state = back;
+                    result = Err(e);
+                }
+            }
+        });
+        let pid = result?;
+        info!(container = id, pid, lazy = from.lazy, ms = started.elapsed().as_millis() as u64, "container restored");
+        self.claim_early_exit(id, "", pid);
+        Ok(pid)
+    }
+
+    /// containerd's Checkpoint of a running or paused container into
+    /// `opts.image_path` (with `exit`, the process ends: a real exit).
+    pub async fn checkpoint(&self, id: &str, opts: CheckpointOpts) -> Result<()> {
+        let runc = self.with(id, |c| {
+            if !matches!(c.state, ContainerState::Running | ContainerState::Paused) || c.init.exit_info().is_some() {
+                return Err(Error::FailedPrecondition(format!(
+                    "container {id} is {:?}: only a running or paused container can be checkpointed",
+                    c.state.status()
+                )));
+            }
+            Ok(c.runc.clone())
+        })?;
+        std::fs::create_dir_all(&opts.image_path).io_context(|| format!("create {:?}", opts.image_path))?;
+        std::fs::create_dir_all(&opts.work_path).io_context(|| format!("create {:?}", opts.work_path))?;
+        runc.checkpoint(id, &opts).await
+    }
+
+    /// A suspend's dump of container `id` (running or paused): its process
+    /// ends as the dump completes, which is not an exit; it is SUSPENDED
+    /// after (RUNNING to containerd, its stdio held).
+    pub async fn dump(&self, id: &str, opts: &CheckpointOpts) -> Result<()> {
+        let runc = self.with(id, |c| {
+            if c.has_live_execs() {
+                return Err(Error::FailedPrecondition(format!("container {id} has exec sessions running")));
+            }
+            let back = match std::mem::replace(&mut c.state, ContainerState::Stopped) {
+                s @ (ContainerState::Running | ContainerState::Paused) => s,
+                other => {
+                    let e = Error::FailedPrecondition(format!("container {id} is {}: only a running or paused container can be dumped", other.name()));
+                    c.state = other;
+                    return Err(e);
+                }
+            };
+            c.state = ContainerState::Dumping { back: Box::new(back) };
+            Ok(c.runc.clone())
+        })?;
+        let r = runc.checkpoint(id, opts).await;
+        let mut t = self.lock();
+        if let Some(c) = t.containers.get_mut(id) {
+            let back = match std::mem::replace(&mut c.state, ContainerState::Stopped) {
+                ContainerState::Dumping { back } => *back,
+                other => other,
+            };
+            match &r {
+                Ok(()) => {
+                    let io = std::mem::replace(&mut c.init.io, ProcessIo::null());
+                    c.state = ContainerState::Suspended { io };
+                    let old = c.init.pid;
+                    t.retired_pids.insert(old);
+                }
+                Err(_) => c.state = back,
+            }
+        }
+        drop(t);
+        self.settled.notify_waiters();
+        r
+    }
+
+    /// Pause: the container goes into the cgroup freezer.
+    pub async fn pause(&self, id: &str) -> Result<()> {
+        let runc = self.with(id, |c| {
+            if !matches!(c.state, ContainerState::Running) {
+                return Err(Error::FailedPrecondition(format!("container {id} is {:?}, not running", c.state.status())));
+            }
+            c.state = ContainerState::Pausing;
+            Ok(c.runc.clone())
+        })?;
+        let r = runc.pause(id).await;
+        self.settle(id, |c| {
+            if matches!(c.state, ContainerState::Pausing) {
+                c.state = if r.is_ok() { ContainerState::Paused } else { ContainerState::Running };
+            }
+        });
+        r
+    }
+
+    /// Resume (thaw) of a paused container.
+    pub async fn resume(&self, id: &str) -> Result<()> {
+        let runc = self.with(id, |c| {
+            if !matches!(c.state, ContainerState::Paused) {
+                return Err(Error::FailedPrecondition(format!("container {id} is {:?}, not paused", c.state.status())));
+            }
+            c.state = ContainerState::Thawing;
+            Ok(c.runc.clone())
+        })?;
+        let r = runc.resume(id).await;
+        self.settle(id, |c| {
+            if matches!(c.state, ContainerState::Thawing) {
+                c.state = if r.is_ok() { ContainerState::Running } else { ContainerState::Paused };
+            }
+        });
+        r
+    }
+
+    /// Exec: registers the process; `start` runs it.
+    pub fn exec(&self, id: &str, exec_id: &str, process_json: &[u8], stdio: StdioConfig) -> Result<()> {
+        if exec_id.is_empty() || exec_id.contains('/') || exec_id.contains("..") {
+            return Err(Error::InvalidArgument(format!("exec id {exec_id:?} is not a valid name")));
+        }
+        self.with(id, |c| {
+            if c.execs.contains_key(exec_id) {
+                return Err(Error::AlreadyExists(format!("exec {exec_id} in container {id}")));
+            }
+            if !matches!(c.state, ContainerState::Running) {
+                return Err(Error::FailedPrecondition(format!("container {id} is not running")));
+            }
+            let file = c.bundle.join(format!("exec-{exec_id}.json"));
+            std::fs::write(&file, process_json).io_context(|| format!("write {file:?}"))?;
+            let mut p = Process::new(exec_id, stdio);
+            p.spec_file = Some(file);
+            c.execs.insert(exec_id.to_string(), Exec { process: p, state: ExecState::Created });
+            Ok(())
+        })
+    }
+
+    pub fn state(&self, id: &str, exec_id: &str) -> Result<ProcessState> {
+        self.with(id, |c| {
+            let p = c.process(exec_id)?;
+            Ok(ProcessState {
+                id: id.to_string(),
+                exec_id: exec_id.to_string(),
+                pid: p.pid,
+                bundle: c.bundle.clone(),
+                status: c.status_of(exec_id)?,
+                stdio: p.stdio.clone(),
+                exit: p.exit_info(),
+            })
+        })
+    }
+
+    /// Kill of a suspended container: there is no process to signal, so
+    /// the exit (128 + signal) is recorded and published here. `None` when
+    /// `id` is not suspended; `Some(false)` for a signal that does not stop
+    /// (it waits for the resume-less stop).
+    pub fn kill_suspended(&self, id: &str, signal: u32) -> Option<bool> {
+        let (pid, exit) = {
+            let mut t = self.lock();
+            let c = t.containers.get_mut(id)?;
+            if !matches!(c.state, ContainerState::Suspended { .. }) {
+                return None;
+            }
+            if signal != libc::SIGKILL as u32 && signal != libc::SIGTERM as u32 {
+                return Some(false);
+            }
+            if let ContainerState::Suspended { mut io } = std::mem::replace(&mut c.state, ContainerState::Stopped) {
+                io.close();
+            }
+            (c.init.pid, c.init.set_exited(128 + signal))
+        };
+        self.settled.notify_waiters();
+        info!(container = id, signal, "suspended container stopped");
+        let _ = self.events.send(Event::Exit {
+            container_id: id.to_string(),
+            exec_id: String::new(),
+            pid,
+            exit,
+        });
+        Some(true)
+    }
+
+    /// Kill: a signal to init (`all`: every process) or to an exec. Waits
+    /// for a dump or restore under way to settle first.
+    pub async fn kill(&self, id: &str, exec_id: &str, signal: u32, all: bool) -> Result<()> {
+        self.settled(id).await;
+        let (runc, pid) = self.with(id, |c| {
+            let p = c.process(exec_id)?;
+            let never_started = !exec_id.is_empty() && c.status_of(exec_id)? == Status::Created;
+            if p.exit_info().is_some() || never_started {
+                return Err(Error::NotFound(format!("process {id}/{exec_id} already finished")));
+            }
+            Ok((c.runc.clone(), p.pid))
+        })?;
+        if exec_id.is_empty() {
+            return runc.kill(id, signal, all).await.map_err(|e| {
+                if runc::is_not_running(&e) {
+                    Error::NotFound(format!("process {id} already finished"))
+                } else {
+                    e
+                }
+            });
+        }
+        let sig = nix::sys::signal::Signal::try_from(signal as i32)
+            .map_err(|_| Error::InvalidArgument(format!("signal {signal}")))?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).map_err(|e| match e {
+            nix::errno::Errno::ESRCH => Error::NotFound(format!("process {id}/{exec_id} already finished")),
+            e => Error::Sys {
+                context: format!("kill {pid}"),
+                source: e,
+            },
+        })
+    }
+
+    /// Delete: an exited exec, or the container (which must not be
+    /// running). Returns the pid, the exit, and whether the container was
+    /// deleted before it was started (RestorePending).
+    pub async fn delete(&self, id: &str, exec_id: &str) -> Result<(i32, ExitInfo)> {
+        if !exec_id.is_empty() {
+            return self.with(id, |c| {
+                let e = c.execs.get(exec_id).ok_or_else(|| Error::NotFound(format!("process {exec_id} of container {id}")))?;
+                let exit = match (e.process.exit_info(), e.state) {
+                    (Some(x), _) => x,
+                    (None, ExecState::Created) => ExitInfo { status: 0, at: std::time::SystemTime::now() },
+                    _ => return Err(Error::FailedPrecondition(format!("exec {exec_id} is still running"))),
+                };
+                let e = c.execs.remove(exec_id).ok_or_else(|| Error::NotFound(exec_id.to_string()))?;
+                if let Some(f) = e.process.spec_file {
+                    let _ = std::fs::remove_file(f);
+                }
+                Ok((e.process.pid, exit))
+            });
+        }
+        self.settled(id).await;
+        // Out of the table while runc deletes it; back in if that fails.
+        let mut c = {
+            let mut t = self.lock();
+            let c = container(&t, id)?;
+            if matches!(c.state.status(), Status::Running | Status::Paused) && c.init.exit_info().is_none() {
+                return Err(Error::FailedPrecondition(format!("container {id} is still running")));
+            }
+            t.containers.remove(id).ok_or_else(|| Error::NotFound(id.to_string()))?
+        };
+        if let Err(e) = c.runc.delete(id, true).await {
+            if !runc::is_not_running(&e) {
+                self.lock().containers.insert(id.to_string(), c);
+                return Err(e);
+            }
+        }
+        let exit = c.init.exit_info().unwrap_or(ExitInfo {
+            status: 137,
+            at: std::time::SystemTime::now(),
+        });
+        c.init.io.close();
+        self.settled.notify_waiters();
+        Ok((c.init.pid, exit))
+    }
+
+    /// Pids of the container, with the exec id of those that are execs.
+    pub async fn pids(&self, id: &str) -> Result<Vec<(i32, Option<String>)>> {
+        let (runc, checkpointed, init) = self.with(id, |c| Ok((c.runc.clone(), c.state.checkpointed(), c.init.pid)))?;
+        if checkpointed {
+            // The checkpointed init stands for the container: containerd
+            // treats a shim without pids as leaked when it restarts.
+            return Ok(vec![(init, None)]);
+        }
+        let pids = runc.ps(id).await?;
+        self.with(id, |c| {
+            Ok(pids
+                .into_iter()
+                .map(|pid| {
+                    let exec = c.execs.values().find(|e| e.process.pid == pid).map(|e| e.process.exec_id.clone());
+                    (pid, exec)
+                })
+                .collect())
+        })
+    }
+
+    pub fn close_io(&self, id: &str, exec_id: &str) -> Result<()> {
+        self.with(id, |c| {
+            c.process(exec_id)?.io.close_stdin();
+            Ok(())
+        })
+    }
+
+    pub fn resize_pty(&self, id: &str, exec_id: &str, width: u32, height: u32) -> Result<()> {
+        self.with(id, |c| c.process(exec_id)?.io.resize(width, height))
+    }
+
+    pub async fn update(&self, id: &str, resources_json: &[u8]) -> Result<()> {
+        let (runc, bundle) = self.with(id, |c| Ok((c.runc.clone(), c.bundle.clone())))?;
+        runc.update(id, resources_json, &bundle).await
+    }
+
+    pub async fn stats(&self, id: &str) -> Result<serde_json::Value> {
+        let (runc, checkpointed) = self.with(id, |c| Ok((c.runc.clone(), c.state.checkpointed())))?;
+        if checkpointed {
+            // No process, no memory: all counters are zero.
+            return Ok(serde_json::json!({"type": "stats", "id": id, "data": {}}));
+        }
+        runc.stats(id).await
+    }
+
+    /// A receiver that sees the exit of the process.
+    pub fn exit_watch(&self, id: &str, exec_id: &str) -> Result<tokio::sync::watch::Receiver<Option<ExitInfo>>> {
+        self.with(id, |c| Ok(c.process(exec_id)?.exit_watch()))
+    }
+
+    /// Pid of a container's init, for Connect.
+    pub fn init_pid(&self, id: &str) -> Result<i32> {
+        self.with(id, |c| Ok(c.init.pid))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().containers.is_empty()
+    }
+
+    /// Whether any app (non-sandbox) container is left.
+    pub fn has_app_containers(&self) -> bool {
+        self.lock().containers.values().any(|c| !c.sandbox)
+    }
+
+    /// The app containers that run, or ran and are checkpointed (sorted ids).
+    pub fn app_containers(&self) -> Vec<String> {
+        let t = self.lock();
+        let mut ids: Vec<String> = t.containers.values().filter(|c| c.is_live_app()).map(|c| c.id.clone()).collect();
+        ids.sort();
+        ids
+    }
+
+    /// What the lifecycle needs of app container `id`.
+    pub fn app_info(&self, id: &str) -> Result<AppInfo> {
+        self.with(id, |c| {
+            Ok(AppInfo {
+                pid: c.init.pid,
+                netns: c.netns.clone(),
+                actor: c.actor.clone(),
+                terminal: c.init.stdio.terminal,
+                rootfs_upper: c.rootfs_upper.clone(),
+                bundle: c.bundle.clone(),
+            })
+        })
+    }
+
+    /// Whether container `id` has exec sessions running.
+    pub fn has_live_execs(&self, id: &str) -> Result<bool> {
+        self.with(id, |c| Ok(c.has_live_execs()))
+    }
+
+    /// Whether container `id` was checkpointed by a suspend.
+    pub fn is_suspended(&self, id: &str) -> bool {
+        self.lock().containers.get(id).is_some_and(|c| matches!(c.state, ContainerState::Suspended { .. }))
+    }
+
+    /// The containerd status of container `id`'s init.
+    pub fn status(&self, id: &str) -> Option<Status> {
+        self.lock().containers.get(id).map(|c| c.state.status())
+    }
+
+    /// The shortest `torpor.dev/idle-after` of the app containers.
+    pub fn idle_after(&self) -> Option<std::time::Duration> {
+        self.lock().containers.values().filter(|c| !c.sandbox).filter_map(|c| c.actor.idle_after).min()
+    }
+
+    /// The init pids of the app containers that have one.
+    pub fn app_pids(&self) -> Vec<i32> {
+        self.lock().containers.values().filter(|c| !c.sandbox && c.init.pid > 0).map(|c| c.init.pid).collect()
+    }
+
+    /// Whether app container `id` stops into a suspend
+    /// (`torpor.dev/on-stop: suspend`) and is not suspended already.
+    pub fn suspends_on_stop(&self, id: &str) -> bool {
+        self.lock()
+            .containers
+            .get(id)
+            .is_some_and(|c| !c.sandbox && !matches!(c.state, ContainerState::Suspended { .. }) && c.actor.suspend_on_stop)
+    }
+}
+
+fn find_pid(t: &Table, pid: i32) -> Option<(String, String)> {
+    for c in t.containers.values() {
+        if c.init.pid == pid {
+            return Some((c.id.clone(), String::new()));
+        }
+        if let Some(e) = c.execs.values().find(|e| e.process.pid == pid) {
+            return Some((c.id.clone(), e.process.exec_id.clone()));
+        }
+    }
+    None
+}
+
+fn container<'a>(t: &'a Table, id: &str) -> Result<&'a Container> {
+    t.containers.get(id).ok_or_else(|| Error::NotFound(format!("container {id}")))
+}
+
+fn container_mut<'a>(t: &'a mut Table, id: &str) -> Result<&'a mut Container> {
+    t.containers.get_mut(id).ok_or_else(|| Error::NotFound(format!("container {id}")))
+}
+
+/// The bundle's CRIU work directory for a restore at Start.
+pub fn criu_work(bundle: &Path) -> PathBuf {
+    bundle.join("criu-work")
+}
