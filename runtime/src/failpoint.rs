@@ -19,6 +19,10 @@ pub const SUSPEND_AFTER_PERSIST: &str = "suspend-after-persist";
 pub const SUSPEND_AFTER_FREEZE: &str = "suspend-after-freeze";
 /// While CRIU dumps a container.
 pub const SUSPEND_DURING_DUMP: &str = "suspend-during-dump";
+/// While CRIU dumps a container, CRIU is stopped (SIGSTOP) until the point
+/// is disarmed: a dump that takes as long as the test needs, to show what
+/// answers meanwhile. Not a crash point.
+pub const SUSPEND_STALL_DURING_DUMP: &str = "suspend-stall-during-dump";
 /// Every container dumped (and marked so), SUSPENDED not persisted yet.
 pub const SUSPEND_AFTER_DUMP: &str = "suspend-after-dump";
 /// RESUMING persisted, no restore started.
@@ -41,6 +45,11 @@ pub fn hit(_shim: &str, _point: &str) {}
 pub fn hit(shim: &str, point: &str) {
     let Some(dir) = std::env::var_os(DIR_ENV) else { return };
     let Ok(armed) = std::fs::read_to_string(std::path::Path::new(&dir).join(shim)) else { return };
+    let stall = point == SUSPEND_DURING_DUMP && armed.trim() == SUSPEND_STALL_DURING_DUMP;
+    if stall {
+        stall_criu(std::path::Path::new(&dir).join(shim));
+        return;
+    }
     if armed.trim() != point {
         return;
     }
@@ -63,26 +72,57 @@ pub fn hit(shim: &str, point: &str) {
     kill_self();
 }
 
+/// SIGSTOPs every CRIU process below the shim as soon as one runs, until
+/// `armed` no longer names [`SUSPEND_STALL_DURING_DUMP`]; then SIGCONTs them.
+#[cfg(feature = "failpoints")]
+fn stall_criu(armed: std::path::PathBuf) {
+    use nix::sys::signal::{kill, Signal};
+    tracing::warn!(point = SUSPEND_STALL_DURING_DUMP, "failpoint armed: CRIU is stopped once it runs, until disarmed");
+    std::thread::spawn(move || {
+        let still = || std::fs::read_to_string(&armed).is_ok_and(|a| a.trim() == SUSPEND_STALL_DURING_DUMP);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+        let mut stopped: Vec<u32> = Vec::new();
+        while still() && std::time::Instant::now() < deadline {
+            for pid in criu_pids_below(std::process::id()) {
+                if !stopped.contains(&pid) && kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGSTOP).is_ok() {
+                    tracing::warn!(pid, "failpoint: CRIU stopped");
+                    stopped.push(pid);
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        for pid in stopped {
+            let _ = kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGCONT);
+        }
+        tracing::warn!(point = SUSPEND_STALL_DURING_DUMP, "failpoint disarmed: CRIU continues");
+    });
+}
+
 #[cfg(feature = "failpoints")]
 fn kill_self() {
     let _ = nix::sys::signal::kill(nix::unistd::Pid::this(), nix::sys::signal::Signal::SIGKILL);
 }
 
-/// Whether a process named `criu` descends from `pid` (through the
-/// `/proc/<pid>/task/<tid>/children` lists).
+/// Whether a process named `criu` descends from `pid`.
 #[cfg(feature = "failpoints")]
 fn criu_below(pid: u32) -> bool {
+    !criu_pids_below(pid).is_empty()
+}
+
+/// The processes named `criu` that descend from `pid` (through the
+/// `/proc/<pid>/task/<tid>/children` lists).
+#[cfg(feature = "failpoints")]
+fn criu_pids_below(pid: u32) -> Vec<u32> {
     let mut todo = vec![pid];
+    let mut found = Vec::new();
     let mut seen = 0;
     while let Some(p) = todo.pop() {
         seen += 1;
         if seen > 10_000 {
-            return false;
+            break;
         }
-        if p != pid
-            && std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "criu")
-        {
-            return true;
+        if p != pid && std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "criu") {
+            found.push(p);
         }
         let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
         for t in tasks.flatten() {
@@ -91,5 +131,5 @@ fn criu_below(pid: u32) -> bool {
             }
         }
     }
-    false
+    found
 }
