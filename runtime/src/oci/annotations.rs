@@ -41,6 +41,8 @@ pub struct ActorSpec {
     /// Actor id: `torpor.dev/actor`, or `<namespace>/<pod name>` under CRI.
     pub actor: Option<String>,
     pub idle_after: Option<Duration>,
+    /// `torpor.dev/freeze-first`: validated, but not acted on yet (a
+    /// suspend checkpoints at once; the create logs a warning saying so).
     pub freeze_first: Option<Duration>,
     pub keep_local: Option<Duration>,
     pub activate_on: Option<Vec<u16>>,
