@@ -23,6 +23,11 @@ async fn main() {
         println!("  Runtime:  {RUNTIME_ID}");
         return;
     }
+    // What torpor writes (actor records, CRIU's images and logs through
+    // runc, work directories) is root's alone. Container processes get
+    // their spec's umask (0022 unless it says otherwise: see
+    // torpor_runtime::oci::spec::pin_umask).
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     let config = containerd_shim::Config {
         // The runtime crate owns the SIGCHLD reaper: it must see runc's and
         // the containers' exits in one place.

@@ -63,6 +63,9 @@ pub struct Actor {
     gate: Arc<tokio::sync::Mutex<()>>,
     /// Listeners held for the suspended actor.
     held: Arc<Mutex<Option<held_ports::Armed>>>,
+    /// What they hold (the pod's netns and the ports), to hold it again
+    /// after a failed resume.
+    held_target: Arc<Mutex<Option<(PathBuf, Vec<u16>)>>>,
     /// Where the held listeners report a real connection.
     wake: mpsc::UnboundedSender<()>,
     /// Lazy-pages daemons still serving a restored actor's memory.
@@ -92,6 +95,7 @@ impl Actor {
             slot: Arc::default(),
             gate: Arc::default(),
             held: Arc::default(),
+            held_target: Arc::default(),
             wake,
             lazy: Arc::default(),
             claim: Arc::default(),
@@ -221,15 +225,36 @@ impl Actor {
             warn!("remove actor state: {e}");
         }
         let _ = std::fs::remove_dir_all(crate::oci::bundle::request_dir(&store.key()));
-        lock(&self.held).take();
+        self.release_held_ports();
         lock(&self.claim).take();
         lock(&self.commit).take();
+    }
+
+    /// Holds `ports` in `netns` for the suspended actor: a real connection
+    /// wakes it ([`crate::trigger::activation`]).
+    pub(crate) fn hold_ports(&self, netns: PathBuf, ports: Vec<u16>) {
+        match held_ports::Armed::arm(&netns, ports.clone(), self.wake.clone()) {
+            Ok(armed) => {
+                *lock(&self.held) = Some(armed);
+                *lock(&self.held_target) = Some((netns, ports));
+            }
+            Err(e) => warn!(netns = ?netns, "no activation on inbound connections: {e}"),
+        }
+    }
+
+    /// Holds the ports of the last suspend again (after a failed resume).
+    pub(crate) fn rearm_held_ports(&self) {
+        let target = lock(&self.held_target).clone();
+        if let Some((netns, ports)) = target {
+            self.hold_ports(netns, ports);
+        }
     }
 
     /// Nothing to wake any more (the suspended container was stopped):
     /// the held ports go.
     pub fn release_held_ports(&self) {
         lock(&self.held).take();
+        lock(&self.held_target).take();
     }
 }
 

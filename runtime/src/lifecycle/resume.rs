@@ -122,6 +122,12 @@ impl Actor {
             None => None,
         };
         let result = self.restore_all(&dir, &rec, &co.path).await;
+        if result.is_err() {
+            // Never deaf: the ports are held again before the handover
+            // ends (its held connections are closed; new ones wake the next
+            // attempt, which the activation trigger backs off).
+            self.rearm_held_ports();
+        }
         if result.is_ok() {
             failpoint::hit(&dir.key(), failpoint::RESUME_AFTER_RESTORE);
             // RUNNING is recorded before the held connections are let in:
@@ -140,7 +146,6 @@ impl Actor {
             h.finish().await;
         }
         if let Err(e) = result {
-            self.wait_lazy_daemons().await;
             self.store.release_logged(&co.lease).await;
             let _ = self.update(|r| r.leases.retain(|l| *l != co.lease));
             return Err(e);
@@ -190,7 +195,12 @@ impl Actor {
         });
     }
 
+    /// Restores every suspended container of the actor. When one fails,
+    /// those restored before it are suspended again (a pod is never half
+    /// running under a SUSPENDED record) and the actor is SUSPENDED, with
+    /// the reason.
     async fn restore_all(&self, dir: &record::Store, rec: &Record, images: &Path) -> Result<()> {
+        let mut restored: Vec<&str> = Vec::new();
         for id in &rec.containers {
             if !self.tasks.is_suspended(id) {
                 continue;
@@ -199,12 +209,21 @@ impl Actor {
             let image = images.join(name_of(rec, id));
             if let Err(e) = self.restore_one(dir, rec.generation, id, &image).await {
                 warn!(actor = rec.actor.as_str(), container = id.as_str(), "resume failed: {e}");
+                // Their lazy-pages daemons end with the processes.
+                for done in &restored {
+                    if let Err(ue) = self.tasks.unrestore(done).await {
+                        warn!(actor = rec.actor.as_str(), container = *done, "undo of the restore after a failed resume: {ue}");
+                    }
+                }
+                self.wait_lazy_daemons().await;
+                let e = e.context(&format!("resume of actor {}", rec.actor));
                 self.update(|r| {
                     r.state = Lifecycle::Suspended;
                     r.last_error = Some(e.to_string());
                 })?;
                 return Err(e);
             }
+            restored.push(id);
         }
         Ok(())
     }

@@ -19,7 +19,6 @@ use crate::actor::store_client::{SnapshotRef, Staging};
 use crate::error::{Error, IoContext, Result, StoreErrorKind};
 use crate::failpoint;
 use crate::lifecycle::{commit_labels, lock, name_of, Actor};
-use crate::system::held_ports;
 use crate::system::netns;
 use crate::system::runc::CheckpointOpts;
 use crate::task::Status;
@@ -105,9 +104,26 @@ impl Actor {
             })?;
             return Err(e);
         }
+        // The images are on disk before the record says they are complete:
+        // a power loss never commits a torn dump.
+        let synced = {
+            let path = staging.path.clone();
+            tokio::task::spawn_blocking(move || sync_tree(&path))
+                .await
+                .map_err(|e| Error::Io { context: "fsync the dump".into(), source: std::io::Error::other(e) })
+                .and_then(|r| r)
+        };
+        if let Err(e) = synced {
+            // The processes are gone: the staging is the actor; the commit
+            // (which fsyncs what it stores) is its durability now.
+            warn!(actor = rec.actor.as_str(), "fsync of the dump: {e}");
+        }
         // Every dump is complete: recorded before anything else, so that a
-        // shim death from here on commits the staging.
-        let rec = self.update(|r| {
+        // shim death from here on commits the staging. A record that cannot
+        // be saved (a full disk) does not stop the rest: the network is
+        // unlocked, the ports held and the commit started, and the commit
+        // saves the record again.
+        let rec = match self.update(|r| {
             r.state = Lifecycle::Suspended;
             r.snapshot = None;
             r.last_error = None;
@@ -116,7 +132,17 @@ impl Actor {
             r.committed_at_ms = Some(record::now_ms());
             r.last_suspend_ms = Some(started.elapsed().as_millis() as u64);
             r.clone()
-        })?;
+        }) {
+            Ok(rec) => rec,
+            Err(e) => {
+                warn!(actor = rec.actor.as_str(), "the suspend's record could not be saved (the commit saves it again): {e}");
+                self.update_if(|r| {
+                    r.last_error = Some(format!("the suspend's record could not be saved: {e}"));
+                    None::<()>
+                })?;
+                self.record().ok_or_else(super::no_actor)?
+            }
+        };
         failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_DUMP);
         let _ = std::fs::remove_dir_all(dir.work_root());
         if let Some(ns) = &netns {
@@ -125,10 +151,7 @@ impl Actor {
             }
         }
         if let (Some(netns), false) = (netns, ports.is_empty()) {
-            match held_ports::Armed::arm(&netns, ports, self.wake.clone()) {
-                Ok(armed) => *lock(&self.held) = Some(armed),
-                Err(e) => warn!(actor = rec.actor.as_str(), "no activation on inbound connections: {e}"),
-            }
+            self.hold_ports(netns, ports);
         }
         self.start_commit(&dir, &rec);
         info!(actor = rec.actor.as_str(), ms = rec.last_suspend_ms, "actor suspended");
@@ -334,6 +357,25 @@ impl Actor {
         ports.dedup();
         (netns, ports)
     }
+}
+
+/// fsync of every file and directory under `dir` (a staging directory).
+fn sync_tree(dir: &Path) -> Result<()> {
+    let mut todo = vec![dir.to_path_buf()];
+    while let Some(d) = todo.pop() {
+        for e in std::fs::read_dir(&d).io_context(|| format!("read {d:?}"))? {
+            let e = e.io_context(|| format!("read {d:?}"))?;
+            let t = e.file_type().io_context(|| format!("stat {:?}", e.path()))?;
+            if t.is_dir() {
+                todo.push(e.path());
+            } else if t.is_file() {
+                let p = e.path();
+                std::fs::File::open(&p).and_then(|f| f.sync_all()).io_context(|| format!("fsync {p:?}"))?;
+            }
+        }
+        record::sync_dir(&d)?;
+    }
+    Ok(())
 }
 
 /// Writes container `id`'s rootfs changes (its overlay upper directory

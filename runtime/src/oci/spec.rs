@@ -80,6 +80,32 @@ pub fn cgroup_of_bundle(bundle: &Path) -> Option<String> {
     ContainerSpec::of(&read_spec(bundle).ok()?).cgroups_path
 }
 
+/// The umask a container's processes get when its spec names none: runc
+/// gives it to init, but an exec'd process inherits runc's own, which is the
+/// shim's (077, so that torpor's files are root's alone).
+pub const DEFAULT_UMASK: u32 = 0o022;
+
+/// Writes [`DEFAULT_UMASK`] into the bundle's `process.user.umask` when the
+/// spec has none, so every process of the container (init and execs) gets
+/// the umask it would under runc-v2. A spec that sets one is left alone.
+pub fn pin_umask(bundle: &Path) -> Result<()> {
+    let path = bundle.join("config.json");
+    let text = std::fs::read(&path).io_context(|| format!("read {path:?}"))?;
+    let mut spec: serde_json::Value =
+        serde_json::from_slice(&text).map_err(|source| Error::Json { context: format!("parse {path:?}"), source })?;
+    let Some(user) = spec.get_mut("process").and_then(|p| p.get_mut("user")).and_then(|u| u.as_object_mut()) else {
+        return Ok(()); // no process (a spec for checkpoint/restore only)
+    };
+    if user.contains_key("umask") {
+        return Ok(());
+    }
+    user.insert("umask".into(), serde_json::json!(DEFAULT_UMASK));
+    let tmp = bundle.join(".config.json.umask.tmp");
+    let out = serde_json::to_vec(&spec).map_err(|source| Error::Json { context: "encode config.json".into(), source })?;
+    std::fs::write(&tmp, out).io_context(|| format!("write {tmp:?}"))?;
+    std::fs::rename(&tmp, &path).io_context(|| format!("rename {tmp:?}"))
+}
+
 /// Refuses a checkpoint image directory that is missing or holds no CRIU image.
 pub fn check_image(image: &Path) -> Result<()> {
     if !image.is_dir() {
@@ -93,4 +119,24 @@ pub fn check_image(image: &Path) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_umask_is_pinned_and_a_given_one_kept() {
+        let b = tempfile::tempdir().unwrap();
+        let cfg = b.path().join("config.json");
+        std::fs::write(&cfg, r#"{"ociVersion":"1.2.0","process":{"user":{"uid":0,"gid":0},"args":["sh"]}}"#).unwrap();
+        pin_umask(b.path()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+        assert_eq!(v["process"]["user"]["umask"], 18);
+        assert_eq!(v["process"]["args"][0], "sh");
+        std::fs::write(&cfg, r#"{"process":{"user":{"uid":0,"gid":0,"umask":63}}}"#).unwrap();
+        pin_umask(b.path()).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+        assert_eq!(v["process"]["user"]["umask"], 63);
+    }
 }

@@ -442,6 +442,31 @@ impl Tasks {
         Ok(pid)
     }
 
+    /// Undoes the restore of container `id` (another container of its
+    /// actor could not be restored): SUSPENDED again, its stdio held, and
+    /// the restored process killed and deleted (`runc delete --force`); its
+    /// end is not an exit. The snapshot it came from is restored again by
+    /// the next resume.
+    pub async fn unrestore(&self, id: &str) -> Result<()> {
+        let runc = {
+            let mut t = self.lock();
+            let c = container_mut(&mut t, id)?;
+            if !matches!(c.state, ContainerState::Running | ContainerState::Paused) {
+                return Err(Error::FailedPrecondition(format!("container {id} is {}: no restore to undo", c.state.name())));
+            }
+            let io = std::mem::replace(&mut c.init.io, ProcessIo::null());
+            c.state = ContainerState::Suspended { io };
+            let (pid, runc) = (c.init.pid, c.runc.clone());
+            t.retired_pids.insert(pid);
+            runc
+        };
+        self.settled.notify_waiters();
+        match runc.delete(id, true).await {
+            Err(e) if !runc::is_not_running(&e) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     /// containerd's Checkpoint of a running or paused container into
     /// `opts.image_path` (with `exit`, the process ends: a real exit).
     pub async fn checkpoint(&self, id: &str, opts: CheckpointOpts) -> Result<()> {
