@@ -32,5 +32,6 @@ pub use pod::{CreateRequest, Runtime};
 pub use system::reaper::set_tag;
 pub use system::rootfs::upper_dir;
 pub use system::runc::{read_pid, CheckpointOpts};
+pub use system::runc_options::RuncOptions;
 pub use system::stdio::StdioConfig;
 pub use task::{wait_exit, Event, ExitInfo, ProcessState, Status};

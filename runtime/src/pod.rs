@@ -18,6 +18,7 @@ use crate::oci::annotations::{self, ActorSpec};
 use crate::oci::bundle;
 use crate::oci::spec::{check_image, pin_umask, read_spec, ContainerSpec};
 use crate::system::runc::CheckpointOpts;
+use crate::system::runc_options::RuncOptions;
 use crate::system::stdio::StdioConfig;
 use crate::task::{Event, ExitInfo, NewContainer, ProcessState, Tasks};
 use crate::trigger;
@@ -32,6 +33,8 @@ pub struct CreateRequest {
     /// The upper directory of the rootfs overlay (its changes, which a
     /// suspend carries with the checkpoint: [`crate::system::rootfs`]).
     pub rootfs_upper: Option<PathBuf>,
+    /// containerd's runtime options for the torpor runtime.
+    pub runc_options: RuncOptions,
 }
 
 /// All containers of this shim, and their actor.
@@ -128,6 +131,7 @@ impl Runtime {
                 netns: spec.netns,
                 rootfs_upper: req.rootfs_upper,
                 restore_from,
+                runc_options: req.runc_options,
             })
             .await;
         match (created, adopted) {

@@ -5,8 +5,9 @@
 //! is refused, naming the holder; the kernel drops the lock when a shim
 //! dies, so a crash never leaves a stale claim.
 //!
-//! Node-local only: issue 6 replaces this with a lease in the object store
-//! (then an actor cannot run on two nodes either). Everything about the
+//! Node-local: across nodes, the actor's lease in the object tier (taken
+//! by [`crate::lifecycle::Actor::init`] right after the claim, through the
+//! node's snapshot store) keeps it from running twice. Everything about the
 //! claim is in this module.
 
 use std::fs::{File, OpenOptions};

@@ -41,6 +41,7 @@ use crate::oci::spec::cgroup_of_bundle;
 use crate::system::cgroup::kill_cgroup;
 use crate::system::reaper::kill_tagged;
 use crate::system::runc::Runc;
+use crate::system::runc_options::RuncOptions;
 
 /// Cleanup after the shim `shim` died, for its container `id` (bundle
 /// `bundle`, containerd namespace `namespace`). `shim` is the id the dead
@@ -48,7 +49,13 @@ use crate::system::runc::Runc;
 /// is logged.
 pub async fn after_shim_death(namespace: &str, shim: &str, id: &str, bundle: &Path) {
     kill_tagged(shim);
-    let runc = Runc::for_namespace(namespace, bundle);
+    // The runc the dead shim drove (containerd's runtime options, kept in
+    // the bundle at create).
+    let options = RuncOptions::load(bundle).unwrap_or_else(|e| {
+        warn!("after the shim died: {e}; using the default runc");
+        RuncOptions::default()
+    });
+    let runc = Runc::for_options(namespace, bundle, &options);
     kill_container(&runc, id, cgroup_of_bundle(bundle).as_deref()).await;
 
     // The actor's store is the dead shim's: every container's cleanup looks

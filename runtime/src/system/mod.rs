@@ -3,7 +3,8 @@
 //! above (`oci`, `task`, `actor`, `lifecycle`, `trigger`).
 //!
 //! - [`reaper`]: the one SIGCHLD reaper every child process goes through;
-//! - [`runc`]: the runc (and, through it, CRIU) command driver;
+//! - [`runc`]: the runc (and, through it, CRIU) command driver, bound to
+//!   containerd's runtime options ([`runc_options`]);
 //! - [`criu`]: the CRIU version check;
 //! - [`cgroup`]: OOM kills, CPU use, and killing what is left in a cgroup;
 //! - [`stdio`]: containerd's FIFOs ↔ a process's pipes or pty;
@@ -19,4 +20,5 @@ pub mod netns;
 pub mod reaper;
 pub mod rootfs;
 pub mod runc;
+pub mod runc_options;
 pub mod stdio;

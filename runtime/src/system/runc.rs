@@ -20,6 +20,10 @@ pub struct Runc {
     binary: PathBuf,
     root: PathBuf,
     log: PathBuf,
+    /// Global flags from the runtime options (`--systemd-cgroup`, `--criu P`).
+    global: Vec<std::ffi::OsString>,
+    /// `runc create` flags from the runtime options.
+    create_flags: Vec<&'static str>,
 }
 
 /// The stdio a container or exec process gets, as runc is given it.
@@ -48,7 +52,36 @@ impl Runc {
             binary: binary.into(),
             root: root.into(),
             log: bundle.join("log.json"),
+            global: Vec::new(),
+            create_flags: Vec::new(),
         }
+    }
+
+    /// runc for a container of `namespace` in `bundle`, as containerd's
+    /// runtime options `o` say (runc-v2's semantics; unset ones default as
+    /// in [`Runc::for_namespace`]).
+    pub fn for_options(namespace: &str, bundle: &Path, o: &crate::system::runc_options::RuncOptions) -> Self {
+        let mut r = Runc::for_namespace(namespace, bundle);
+        if let Some(b) = &o.binary_name {
+            r.binary = b.clone();
+        }
+        if let Some(root) = &o.root {
+            r.root = root.join(namespace);
+        }
+        if o.systemd_cgroup {
+            r.global.push("--systemd-cgroup".into());
+        }
+        if let Some(criu) = &o.criu_path {
+            r.global.push("--criu".into());
+            r.global.push(criu.clone().into_os_string());
+        }
+        if o.no_pivot_root {
+            r.create_flags.push("--no-pivot");
+        }
+        if o.no_new_keyring {
+            r.create_flags.push("--no-new-keyring");
+        }
+        r
     }
 
     fn command(&self, args: &[&str]) -> Command {
@@ -59,6 +92,7 @@ impl Runc {
             .arg(&self.log)
             .arg("--log-format")
             .arg("json")
+            .args(&self.global)
             .args(args);
         c
     }
@@ -124,6 +158,7 @@ impl Runc {
         let pid_file = pid_file.to_string_lossy();
         let console = console_socket.map(|p| p.to_string_lossy().into_owned());
         let mut args = vec!["create", "--bundle", &bundle, "--pid-file", &pid_file];
+        args.extend(self.create_flags.iter().copied());
         if let Some(c) = &console {
             args.extend(["--console-socket", c]);
         }
@@ -381,6 +416,32 @@ pub fn is_not_running(e: &Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn runtime_options_bind_binary_root_and_flags() {
+        use crate::system::runc_options::RuncOptions;
+        let o = RuncOptions {
+            binary_name: Some("/opt/bin/runc".into()),
+            root: Some("/run/containerd/runc".into()),
+            systemd_cgroup: true,
+            criu_path: Some("/opt/criu".into()),
+            no_pivot_root: true,
+            ..Default::default()
+        };
+        let r = Runc::for_options("k8s.io", Path::new("/b"), &o);
+        let c = r.command(&["state", "c1"]);
+        assert_eq!(c.get_program(), "/opt/bin/runc");
+        let args: Vec<String> = c.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(&args[..2], ["--root", "/run/containerd/runc/k8s.io"]);
+        assert!(args.windows(2).any(|w| w == ["--criu", "/opt/criu"]), "{args:?}");
+        assert!(args.iter().any(|a| a == "--systemd-cgroup"), "{args:?}");
+        assert_eq!(&args[args.len() - 2..], ["state", "c1"]);
+        assert_eq!(r.create_flags, ["--no-pivot"]);
+        let plain = Runc::for_options("default", Path::new("/b"), &RuncOptions::default());
+        let args: Vec<String> = plain.command(&["ps"]).get_args().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(&args[..2], ["--root", "/run/torpor/runc/default"]);
+        assert!(!args.iter().any(|a| a == "--systemd-cgroup"));
+    }
 
     #[test]
     fn checkpoint_options_map_onto_runc_flags() {

@@ -21,6 +21,7 @@ use crate::oci::annotations::ActorSpec;
 use crate::system::cgroup;
 use crate::system::reaper;
 use crate::system::runc::{self, CheckpointOpts, RestoreFrom, Runc};
+use crate::system::runc_options::RuncOptions;
 use crate::system::stdio::{self, ProcessIo, StdioConfig};
 use crate::task::container::{Container, ContainerState, Exec};
 use crate::task::process::{ExecState, ExitInfo, Process, Status};
@@ -51,6 +52,8 @@ pub struct NewContainer {
     pub rootfs_upper: Option<PathBuf>,
     /// Restore this checkpoint image at Start, instead of `runc create`.
     pub restore_from: Option<PathBuf>,
+    /// containerd's runtime options (runc binary, root, cgroup driver...).
+    pub runc_options: RuncOptions,
 }
 
 /// The state of a process, as `state` reports it.
@@ -245,7 +248,9 @@ impl Tasks {
 
     /// Create: `runc create`, or (with `restore_from`) a container restored at Start.
     pub async fn create(&self, new: NewContainer) -> Result<i32> {
-        let runc = Runc::for_namespace(&self.namespace, &new.bundle);
+        new.runc_options.validate()?;
+        new.runc_options.save(&new.bundle)?;
+        let runc = Runc::for_options(&self.namespace, &new.bundle, &new.runc_options);
         let c = Container {
             id: new.id.clone(),
             runc: runc.clone(),
