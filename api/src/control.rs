@@ -93,8 +93,8 @@ impl Reason {
         }
     }
 
-    /// The reason of a status without an [`ErrorDetail`] (from ttrpc itself,
-    /// e.g. UNIMPLEMENTED for a method the shim lacks), by its code alone.
+    /// The reason a status code stands for (when the detail's reason is
+    /// one this build does not know).
     pub fn from_code(code: ttrpc::Code) -> Reason {
         use ttrpc::Code;
         match code {
@@ -201,6 +201,18 @@ impl Failure {
                 state: d.state.enum_value_or_default(),
                 actor: d.actor,
             },
+            // A torpor.control.v1 server attaches a detail to every failure
+            // of its own, so this status comes from the ttrpc layer, where
+            // NOT_FOUND and UNIMPLEMENTED both mean that the shim lacks the
+            // method or the service (the generated default method answers
+            // NOT_FOUND "... is not supported").
+            None if code == ttrpc::Code::NOT_FOUND => Failure {
+                code,
+                reason: Reason::UNIMPLEMENTED,
+                message: status.message.clone(),
+                state: State::STATE_UNSPECIFIED,
+                actor: String::new(),
+            },
             None => Failure {
                 code,
                 reason: Reason::from_code(code),
@@ -254,7 +266,9 @@ mod tests {
         let f = Failure::from_status(&status);
         assert_eq!((f.reason, f.message.as_str()), (Reason::UNIMPLEMENTED, "service not found"));
         // A detail of garbage bytes, or of another type, is ignored.
-        let mut status = ttrpc::get_status(ttrpc::Code::NOT_FOUND, "gone");
+        let status = ttrpc::get_status(ttrpc::Code::NOT_FOUND, "/torpor.control.v1.Control/Suspend is not supported");
+        assert_eq!(Failure::from_status(&status).reason, Reason::UNIMPLEMENTED);
+        let mut status = ttrpc::get_status(ttrpc::Code::DATA_LOSS, "gone");
         let mut any = ttrpc::proto::Any::new();
         any.type_url = ERROR_DETAIL_TYPE_URL.into();
         any.value = vec![0xff, 0xff, 0xff, 0xff, 0x0f];
@@ -263,7 +277,7 @@ mod tests {
         other.type_url = "type.googleapis.com/other.Thing".into();
         status.details.push(other);
         let f = Failure::from_status(&status);
-        assert_eq!((f.reason, f.message.as_str()), (Reason::NOT_FOUND, "gone"));
+        assert_eq!((f.reason, f.message.as_str()), (Reason::CORRUPT, "gone"));
         // An unknown reason (added later) is judged by the code.
         let mut d = ErrorDetail::new();
         d.reason = protobuf::EnumOrUnknown::from_i32(999);
