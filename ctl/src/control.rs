@@ -104,6 +104,7 @@ pub async fn status(sock: &Path) -> Probe {
             Ok(()) => Probe::Status(status_json(&resp)),
             Err(e) => Probe::Failed(e),
         },
+        Err(e) if is_deadline(&e) => Probe::Failed(format!("no answer within {} s (the shim is busy or hung)", STATUS_TIMEOUT.as_secs())),
         Err(ttrpc::Error::RpcStatus(s)) => {
             let f = api::Failure::from_status(&s);
             if f.reason == api::Reason::UNIMPLEMENTED {
@@ -139,11 +140,25 @@ pub async fn call(sock: &Path, op: Op) -> Result<Value, CallError> {
     };
     match r {
         Ok(resp) => Ok(json!({"ok": true, "shim": resp.shim, "actor": actor_json(&resp.actor)})),
+        Err(e) if is_deadline(&e) => Err(CallError::Other(format!(
+            "no answer within {} s: the {} goes on in the shim (see `torporctl status`)",
+            OP_TIMEOUT.as_secs(),
+            op.name()
+        ))),
         Err(ttrpc::Error::RpcStatus(s)) => Err(CallError::Failed(api::Failure::from_status(&s))),
         Err(e) => match legacy_probe(sock).await {
             Some(_) => Err(CallError::Legacy),
             None => Err(CallError::Other(format!("{}: {e}", op.name()))),
         },
+    }
+}
+
+/// The caller's deadline passed (seen by the client, or by the server).
+fn is_deadline(e: &ttrpc::Error) -> bool {
+    match e {
+        ttrpc::Error::RpcStatus(s) => s.code() == ttrpc::Code::DEADLINE_EXCEEDED,
+        ttrpc::Error::Others(m) => m.contains("deadline elapsed"),
+        _ => false,
     }
 }
 

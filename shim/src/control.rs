@@ -79,7 +79,7 @@ pub fn serve(runtime: Runtime, id: String) {
 /// Binds `path` and serves `actor` on it (in tasks of the current tokio runtime).
 fn serve_at<A: ActorControl>(path: &Path, actor: A, id: String) -> std::io::Result<()> {
     let listener = bind(path)?;
-    let service = std::sync::Arc::new(Service { actor, shim: id.clone() });
+    let service = std::sync::Arc::new(Service { actor: std::sync::Arc::new(actor), shim: id.clone() });
     let (tx, mut rx) = tokio::sync::mpsc::channel::<UnixStream>(16);
     let incoming = futures::stream::poll_fn(move |cx| rx.poll_recv(cx).map(|s| s.map(Ok::<_, std::io::Error>)));
     let mut server = ttrpc::asynchronous::Server::new()
@@ -154,7 +154,9 @@ async fn peek_first(stream: &UnixStream) -> std::io::Result<Option<u8>> {
     }
 }
 
-/// Hands a ttrpc connection to the server; refuses anything else.
+/// Hands a ttrpc connection to the server; refuses anything else. The
+/// first byte has no deadline: a ttrpc client may connect well before its
+/// first call (the socket is root's alone).
 async fn route<A: ActorControl>(
     stream: UnixStream,
     ttrpc_conns: &tokio::sync::mpsc::Sender<UnixStream>,
@@ -209,7 +211,7 @@ async fn refuse<A: ActorControl>(stream: UnixStream, protocol: api::Protocol, se
 
 /// The ttrpc service.
 struct Service<A> {
-    actor: A,
+    actor: std::sync::Arc<A>,
     shim: String,
 }
 
@@ -224,15 +226,15 @@ impl<A: ActorControl> api::Control for Service<A> {
     }
 
     async fn suspend(&self, _ctx: &ttrpc::asynchronous::TtrpcContext, _req: api::SuspendRequest) -> ttrpc::Result<api::ActorResponse> {
-        self.answer(Op::Suspend, self.actor.suspend().await).await
+        self.run(Op::Suspend).await
     }
 
     async fn resume(&self, _ctx: &ttrpc::asynchronous::TtrpcContext, _req: api::ResumeRequest) -> ttrpc::Result<api::ActorResponse> {
-        self.answer(Op::Resume, self.actor.resume().await).await
+        self.run(Op::Resume).await
     }
 
     async fn freeze(&self, _ctx: &ttrpc::asynchronous::TtrpcContext, _req: api::FreezeRequest) -> ttrpc::Result<api::ActorResponse> {
-        self.answer(Op::Freeze, self.actor.freeze().await).await
+        self.run(Op::Freeze).await
     }
 }
 
@@ -255,6 +257,25 @@ impl Op {
 }
 
 impl<A: ActorControl> Service<A> {
+    /// Runs `op` in a task of its own: ttrpc drops a handler whose caller's
+    /// deadline passed, and a suspend or resume must not stop halfway
+    /// because its caller stopped waiting. It runs to its end, recorded as
+    /// the record says (`torporctl status`).
+    async fn run(&self, op: Op) -> ttrpc::Result<api::ActorResponse> {
+        let actor = self.actor.clone();
+        let task = tokio::spawn(async move {
+            match op {
+                Op::Suspend => actor.suspend().await,
+                Op::Resume => actor.resume().await,
+                Op::Freeze => actor.freeze().await,
+            }
+        });
+        match task.await {
+            Ok(result) => self.answer(op, result).await,
+            Err(e) => Err(api::Failure::new(api::Reason::INTERNAL, format!("the {op:?} task of the shim failed: {e}")).into_ttrpc()),
+        }
+    }
+
     async fn answer(&self, op: Op, result: Result<Record, Error>) -> ttrpc::Result<api::ActorResponse> {
         match result {
             Ok(rec) => {
@@ -381,10 +402,16 @@ mod tests {
     struct Fake {
         rec: Mutex<Option<Record>>,
         fail: Mutex<Option<Error>>,
+        /// Operations wait for it when set.
+        gate: Mutex<Option<std::sync::Arc<tokio::sync::Notify>>>,
     }
 
     impl Fake {
-        fn op(&self, to: Lifecycle) -> Result<Record, Error> {
+        async fn op(&self, to: Lifecycle) -> Result<Record, Error> {
+            let gate = self.gate.lock().unwrap().clone();
+            if let Some(g) = gate {
+                g.notified().await;
+            }
             if let Some(e) = self.fail.lock().unwrap().take() {
                 return Err(e);
             }
@@ -401,13 +428,13 @@ mod tests {
             self.rec.lock().unwrap().clone()
         }
         async fn suspend(&self) -> Result<Record, Error> {
-            self.op(Lifecycle::Suspended)
+            self.op(Lifecycle::Suspended).await
         }
         async fn resume(&self) -> Result<Record, Error> {
-            self.op(Lifecycle::Running)
+            self.op(Lifecycle::Running).await
         }
         async fn freeze(&self) -> Result<Record, Error> {
-            self.op(Lifecycle::Frozen)
+            self.op(Lifecycle::Frozen).await
         }
     }
 
@@ -508,6 +535,37 @@ mod tests {
         *fake.fail.lock().unwrap() = Some(Error::FailedPrecondition("actor ns/web is SUSPENDED, not RUNNING".into()));
         let f = failure(c.freeze(ctx(), &api::FreezeRequest::new()).await.unwrap_err());
         assert_eq!(f.reason, api::Reason::WRONG_STATE);
+    }
+
+    #[tokio::test]
+    async fn an_operation_outlives_its_callers_deadline() {
+        let fake = std::sync::Arc::new(Fake::default());
+        *fake.rec.lock().unwrap() = Some(record());
+        let gate = std::sync::Arc::new(tokio::sync::Notify::new());
+        *fake.gate.lock().unwrap() = Some(gate.clone());
+        let (_dir, path) = start(fake.clone()).await;
+        let c = client(&path).await;
+        let short = ttrpc::context::with_timeout(Duration::from_millis(200).as_nanos() as i64);
+        let e = c.suspend(short, &api::SuspendRequest::new()).await.unwrap_err();
+        // The client's deadline or the server's, whichever is seen first.
+        let deadline = match &e {
+            ttrpc::Error::RpcStatus(s) => s.code() == ttrpc::Code::DEADLINE_EXCEEDED,
+            ttrpc::Error::Others(m) => m.contains("deadline"),
+            _ => false,
+        };
+        assert!(deadline, "{e:?}");
+        assert_eq!(fake.rec.lock().unwrap().as_ref().unwrap().state, Lifecycle::Running, "still under way");
+        // Past the server's copy of the deadline too (it started later).
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        gate.notify_one();
+        // The suspend goes on to its end though nobody waits for it.
+        for _ in 0..600 {
+            if fake.rec.lock().unwrap().as_ref().unwrap().state == Lifecycle::Suspended {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the suspend was dropped with its caller");
     }
 
     #[test]
