@@ -635,6 +635,28 @@ mod tests {
         f.extend_from_slice(&[0, 0, 0, 1, 1, 0]);
         f.extend_from_slice(&body);
         frames.push(f);
+        // And pseudo-random ones: well-formed headers over random bodies,
+        // and random bytes after a leading 0.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for i in 0..64 {
+            let len = (next() % 200) as usize;
+            let body: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            let mut f = if i % 2 == 0 {
+                let mut h = (len as u32).to_be_bytes().to_vec();
+                h.extend_from_slice(&[0, 0, 0, (next() % 8) as u8 * 2 + 1, (next() % 3) as u8, 0]);
+                h
+            } else {
+                vec![0]
+            };
+            f.extend_from_slice(&body);
+            frames.push(f);
+        }
         for frame in frames {
             let mut s = UnixStream::connect(&path).await.unwrap();
             s.write_all(&frame).await.unwrap();
