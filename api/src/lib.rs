@@ -1,8 +1,16 @@
 //! torpor's node-local APIs.
 //!
-//! [`store`]: the snapshot store API that `torpor-snapshotter` serves on
-//! `/run/torpor/store.sock` (ttrpc over a root-only unix socket), used by the
-//! shim and by `torporctl` (see `proto/torpor/store/v1/store.proto`).
+//! - [`store`]: the snapshot store API that `torpor-snapshotter` serves on
+//!   `/run/torpor/store.sock` (ttrpc over a root-only unix socket), used by
+//!   the shim and by `torporctl` (see `proto/torpor/store/v1/store.proto`).
+//! - [`control`]: the control API each shim serves on
+//!   `/run/torpor/shims/<shim id>.sock`, used by `torporctl` (see
+//!   `proto/torpor/control/v1/control.proto`).
+//! - [`ids`]: actor ids and snapshot references (`actor@generation`), the
+//!   one parser of them.
+
+pub mod control;
+pub mod ids;
 
 /// Default path of the store API socket.
 pub const STORE_SOCKET: &str = "/run/torpor/store.sock";

@@ -1,30 +1,31 @@
 //! `torporctl`: the node operator's CLI for torpor actors.
 //!
 //! It talks to each shim's control socket under `/run/torpor/shims/`
-//! (root only). An actor is named by its actor id (`torpor.dev/actor`, by
+//! (root only) in the typed control API torpor.control.v1 (ttrpc; see
+//! api/proto/torpor/control/v1/control.proto). An actor is named by its actor id (`torpor.dev/actor`, by
 //! default `<namespace>/<pod>`), by its pod sandbox id, or by the id of one
 //! of its containers; unique prefixes of ids (at least 6 characters) work,
 //! as with crictl.
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
+use torpor_api::ids::ActorId;
 
+mod control;
 mod snapshots;
 
-const SOCKET_DIR: &str = "/run/torpor/shims";
+use control::{CallError, Op, Probe};
+
 const STATE_ROOT: &str = "/var/lib/torpor";
 
 #[derive(Parser)]
 #[command(name = "torporctl", version, about = "Suspend, resume and inspect torpor actors on this node")]
 struct Cli {
-    /// Directory of the shims' control sockets.
-    #[arg(long, env = "TORPOR_SHIM_SOCKET_DIR", default_value = SOCKET_DIR)]
+    /// Directory of the shims' control sockets (torpor.control.v1, ttrpc).
+    #[arg(long, env = torpor_api::control::SOCKET_DIR_ENV, default_value = torpor_api::control::SOCKET_DIR)]
     socket_dir: PathBuf,
     /// The snapshot store's API socket (torpor-snapshotter).
     #[arg(long, env = "TORPOR_STORE_SOCKET", default_value = torpor_api::STORE_SOCKET)]
@@ -68,38 +69,58 @@ fn main() -> ExitCode {
 
 fn run(cli: &Cli) -> Result<(), String> {
     let (op, name) = match &cli.command {
-        Command::Snapshots(cmd) => return snapshots::run(&cli.store_socket, cmd, cli.json),
-        Command::Status { actor } => ("status", actor.as_deref()),
-        Command::Suspend { actor } => ("suspend", Some(actor.as_str())),
-        Command::Resume { actor } => ("resume", Some(actor.as_str())),
-        Command::Freeze { actor } => ("freeze", Some(actor.as_str())),
+        Command::Snapshots(cmd) => return snapshots::run(&cli.store_socket, &cli.socket_dir, cmd, cli.json),
+        Command::Status { actor } => (None, actor.as_deref()),
+        Command::Suspend { actor } => (Some(Op::Suspend), Some(actor.as_str())),
+        Command::Resume { actor } => (Some(Op::Resume), Some(actor.as_str())),
+        Command::Freeze { actor } => (Some(Op::Freeze), Some(actor.as_str())),
     };
     if let Some(n) = name {
         validate_name(n)?;
     }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("start the async runtime: {e}"))?;
+    rt.block_on(control_command(cli, op, name))
+}
+
+/// A shim found on the node: its socket, and its status entry.
+struct Found {
+    sock: PathBuf,
+    entry: Value,
+    /// It speaks the JSON protocol of torpor before v1.
+    legacy: bool,
+}
+
+async fn control_command(cli: &Cli, op: Option<Op>, name: Option<&str>) -> Result<(), String> {
     let shims = list_shims(&cli.socket_dir)?;
     let mut actors = Vec::new();
-    for sock in &shims {
-        // A socket nobody listens on is left by a shim that was killed: skip it.
-        if UnixStream::connect(sock).is_err() {
-            continue;
-        }
-        match request(sock, "status") {
-            Ok(v) if !v["actor"].is_null() => actors.push((sock.clone(), v)),
-            Ok(_) => {}
-            Err(e) => eprintln!("torporctl: warning: {}: {e}", sock.display()),
+    for sock in shims {
+        match control::status(&sock).await {
+            Probe::Status(v) if !v["actor"].is_null() => actors.push(Found { sock, entry: v, legacy: false }),
+            Probe::Status(_) | Probe::Dead => {}
+            Probe::Legacy(reply) => {
+                eprintln!("torporctl: warning: {}: {}", sock.display(), control::LEGACY_SHIM);
+                if let Some(v) = reply.filter(|v| !v["actor"].is_null()) {
+                    actors.push(Found { sock, entry: v, legacy: true });
+                }
+            }
+            Probe::Failed(e) => eprintln!("torporctl: warning: {}: {e}", sock.display()),
         }
     }
-    if op == "status" {
+    if op.is_none() {
         // Checkpoints kept after their shim died: restorable by identity.
-        actors.extend(kept_actors(&cli.state_root).into_iter().map(|v| (PathBuf::new(), v)));
+        // Shims of the old protocol were warned about, not listed.
+        actors.retain(|f| !f.legacy);
+        actors.extend(kept_actors(&cli.state_root).into_iter().map(|v| Found { sock: PathBuf::new(), entry: v, legacy: false }));
     }
-    let selected: Vec<&(PathBuf, Value)> = match name {
+    let selected: Vec<&Found> = match name {
         None => actors.iter().collect(),
         Some(n) => {
-            let m: Vec<_> = actors.iter().filter(|(_, v)| matches(v, n)).collect();
+            let m: Vec<_> = actors.iter().filter(|f| matches(&f.entry, n)).collect();
             match m.len() {
-                0 if op != "status" && kept_actors(&cli.state_root).iter().any(|v| matches(v, n)) => {
+                0 if op.is_some() && kept_actors(&cli.state_root).iter().any(|v| matches(v, n)) => {
                     return Err(format!(
                         "the shim of {n:?} died: its checkpoint is kept (in the snapshot store) and is restored when a container of the same identity is created"
                     ))
@@ -111,18 +132,26 @@ fn run(cli: &Cli) -> Result<(), String> {
         }
     };
     let mut results = Vec::new();
-    for (sock, status) in selected {
-        if op == "status" {
-            results.push(status.clone());
+    for found in selected {
+        let Some(op) = op else {
+            results.push(found.entry.clone());
             continue;
+        };
+        let who = found.entry["actor"]["actor"].as_str().unwrap_or("?");
+        if found.legacy {
+            return Err(format!("{} of actor {who} refused: {}: {}", op.name(), found.sock.display(), control::LEGACY_SHIM));
         }
-        let v = request(sock, op)?;
-        if v["ok"] != json!(true) {
-            return Err(format!("{op} failed: {}", v["error"].as_str().unwrap_or("unknown error")));
+        match control::call(&found.sock, op).await {
+            Ok(v) => results.push(v),
+            Err(CallError::Failed(f)) => return Err(format!("{} of actor {who} failed ({}): {}", op.name(), f.reason.describe(), f.message)),
+            Err(e) => return Err(format!("{} of actor {who} failed: {}: {e}", op.name(), found.sock.display())),
         }
-        results.push(v);
     }
-    print(&results, cli.json);
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&results).unwrap_or_default());
+    } else {
+        print!("{}", table(&results));
+    }
     Ok(())
 }
 
@@ -144,15 +173,29 @@ fn kept_actors(root: &Path) -> Vec<Value> {
     v
 }
 
-/// Names are actor ids or container/sandbox ids: a restricted charset.
+/// Longest container or sandbox id (containerd's limit).
+const CONTAINER_ID_MAX: usize = 76;
+
+/// A name on the command line is an actor id (the rules of
+/// [`torpor_api::ids`]), or a container or sandbox id, or a prefix of one
+/// (containerd's identifiers: letters, digits, and '.', '_', '-' between them).
 fn validate_name(n: &str) -> Result<(), String> {
-    let ok = !n.is_empty()
-        && n.len() <= 253
-        && n.chars().all(|c| c.is_ascii_alphanumeric() || "-._/".contains(c));
-    if ok {
+    let actor = match ActorId::parse(n) {
+        Ok(_) => return Ok(()),
+        Err(e) => e,
+    };
+    let container_id = !n.is_empty()
+        && n.len() <= CONTAINER_ID_MAX
+        && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        && n.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && !n.contains("..");
+    if container_id {
         Ok(())
     } else {
-        Err(format!("{n:?} is not an actor or container id (letters, digits, '-', '.', '_', '/')"))
+        Err(format!(
+            "{n:?} is not an actor id ({}), nor a container or sandbox id (up to {CONTAINER_ID_MAX} letters, digits, '.', '_', '-', starting with a letter or digit)",
+            actor.problem
+        ))
     }
 }
 
@@ -183,26 +226,17 @@ fn list_shims(dir: &Path) -> Result<Vec<PathBuf>, String> {
     Ok(v)
 }
 
-fn request(sock: &Path, op: &str) -> Result<Value, String> {
-    let mut s = UnixStream::connect(sock).map_err(|e| format!("connect {}: {e}", sock.display()))?;
-    // A suspend of a large actor takes seconds; a status answers at once
-    // unless that shim is busy or hung, which must not stall the others.
-    let limit = if op == "status" { 10 } else { 600 };
-    let _ = s.set_read_timeout(Some(Duration::from_secs(limit)));
-    writeln!(s, "{}", json!({ "op": op })).map_err(|e| format!("send to {}: {e}", sock.display()))?;
-    let mut line = String::new();
-    BufReader::new(&s)
-        .read_line(&mut line)
-        .map_err(|e| format!("read from {}: {e}", sock.display()))?;
-    serde_json::from_str(&line).map_err(|e| format!("bad reply from {}: {e}", sock.display()))
+/// The first `n` characters of `s` (never a byte slice: names under the
+/// state root need not be ASCII).
+fn head(s: &str, n: usize) -> &str {
+    s.char_indices().nth(n).map_or(s, |(i, _)| &s[..i])
 }
 
-fn print(results: &[Value], as_json: bool) {
-    if as_json {
-        println!("{}", serde_json::to_string_pretty(results).unwrap_or_default());
-        return;
-    }
-    println!("{:<32} {:<11} {:>4} {:>10} {:>10}  {:<14} {:<24} ERROR", "ACTOR", "STATE", "GEN", "SUSPEND_MS", "RESUME_MS", "SHIM", "SNAPSHOT");
+/// The status table.
+fn table(results: &[Value]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(out, "{:<32} {:<11} {:>4} {:>10} {:>10}  {:<14} {:<24} ERROR", "ACTOR", "STATE", "GEN", "SUSPEND_MS", "RESUME_MS", "SHIM", "SNAPSHOT");
     let mut any_kept = false;
     for r in results {
         let a = &r["actor"];
@@ -223,21 +257,23 @@ fn print(results: &[Value], as_json: bool) {
             (_, st) if st.is_object() && a["state"] == json!("SUSPENDED") => "committing".to_string(),
             _ => "-".to_string(),
         };
-        println!(
+        let _ = writeln!(
+            out,
             "{:<32} {:<11} {:>4} {:>10} {:>10}  {:<14} {:<24} {}",
             a["actor"].as_str().unwrap_or("?"),
             a["state"].as_str().unwrap_or("?"),
             a["generation"].as_u64().unwrap_or(0),
             ms("last_suspend_ms"),
             ms("last_resume_ms"),
-            format!("{}{}", &shim[..shim.len().min(12)], if kept { "*" } else { "" }),
+            format!("{}{}", head(shim, 12), if kept { "*" } else { "" }),
             snapshot,
             note.trim_end(),
         );
     }
     if any_kept {
-        println!("* shim dead: its snapshot stays in the store, and is restored when a container of the same identity is created");
+        let _ = writeln!(out, "* shim dead: its snapshot stays in the store, and is restored when a container of the same identity is created");
     }
+    out
 }
 
 #[cfg(test)]
@@ -249,6 +285,15 @@ mod tests {
         assert!(validate_name("default/web-0").is_ok());
         assert!(validate_name("").is_err());
         assert!(validate_name("a;rm -rf").is_err());
+        // Actor ids follow torpor_api::ids; container ids containerd's rule.
+        for ok in ["ns/pod", "0123456789abcdef", "ABCdef-1.2_3", "a"] {
+            assert!(validate_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["a..b", "..", "../x", "a/b/c", "/a", "a/", "-a", "a b", "\u{e9}t\u{e9}", &"a".repeat(254)] {
+            let e = validate_name(bad).unwrap_err();
+            assert!(e.contains(&format!("{bad:?}")) && e.contains("not an actor id"), "{e}");
+        }
+        assert!(validate_name("a..b").unwrap_err().contains("\"..\""));
         let st = json!({"shim": "abcdef123456", "actor": {"actor": "default/web", "containers": ["0123456789"]}});
         assert!(matches(&st, "default/web"));
         assert!(matches(&st, "abcdef"));
@@ -273,5 +318,25 @@ mod tests {
         assert_eq!(kept[0]["shim"], "dead1");
         assert_eq!(kept[0]["kept"], true);
         assert!(matches(&kept[0], "ns/dead1"));
+    }
+
+    #[test]
+    fn status_table_of_non_ascii_names() {
+        // issue 14 #13: a name under the state root that is not ASCII
+        // (here 13 two-byte characters) used to be cut inside a character.
+        let root = tempfile::tempdir().unwrap();
+        let key = "\u{e9}".repeat(13);
+        let d = root.path().join("actors").join(&key);
+        std::fs::create_dir_all(&d).unwrap();
+        let rec = json!({"actor": "ns/x", "state": "SUSPENDED", "orphaned": true, "generation": 2});
+        std::fs::write(d.join("actor.json"), rec.to_string()).unwrap();
+        let kept = kept_actors(root.path());
+        assert_eq!(kept.len(), 1);
+        let t = table(&kept);
+        assert!(t.contains(&format!("{}*", "\u{e9}".repeat(12))), "{t}");
+        assert!(!t.contains(&key), "cut to 12 characters: {t}");
+        assert_eq!(head("abc", 12), "abc");
+        assert_eq!(head("a\u{e9}b", 2), "a\u{e9}");
+        assert_eq!(head("", 2), "");
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Subcommand;
 use serde_json::{json, Value};
+use torpor_api::ids::{ActorId, SnapshotSelector};
 use torpor_api::store as api;
 use torpor_api::ttrpc;
 
@@ -29,9 +30,21 @@ pub enum Cmd {
     },
     /// Show one snapshot: tiers, sizes, labels and its manifest (ACTOR[@GENERATION], default newest).
     Inspect { snapshot: String },
-    /// Upload a snapshot to the object tier now (ACTOR[@GENERATION]), showing progress.
-    Upload { snapshot: String },
-    /// Drop the local copy of a snapshot that is durable in the object tier.
+    /// Upload a snapshot to the object tier now, showing progress.
+    ///
+    /// ACTOR@GENERATION names one snapshot. ACTOR alone means the actor's
+    /// newest committed snapshot; its name is printed first. While a
+    /// suspend of the actor on this node is still being committed, ACTOR
+    /// alone is refused (naming the generation being committed) instead of
+    /// uploading the one before it: wait, or name the generation.
+    #[command(verbatim_doc_comment)]
+    Upload {
+        /// ACTOR (its newest committed snapshot) or ACTOR@GENERATION.
+        snapshot: String,
+    },
+    /// Drop the local copy of a snapshot that is durable in the object tier
+    /// (ACTOR@GENERATION, or ACTOR: its newest committed snapshot, refused
+    /// while a newer one is being committed on this node).
     Evict { snapshot: String },
     /// Delete a snapshot from both tiers (ACTOR@GENERATION: the generation is required).
     Rm { snapshot: String },
@@ -48,49 +61,50 @@ pub enum Cmd {
     Status,
 }
 
-/// ACTOR or ACTOR@GENERATION.
-#[derive(Debug, PartialEq)]
-pub struct SnapshotRef {
-    pub actor: String,
-    pub generation: Option<u64>,
-}
+/// ACTOR (its newest snapshot) or ACTOR@GENERATION, by the rules of
+/// [`torpor_api::ids`].
+pub type SnapshotRef = SnapshotSelector;
 
 pub fn parse_ref(s: &str) -> Result<SnapshotRef, String> {
-    let (actor, generation) = match s.rsplit_once('@') {
-        Some((a, g)) => {
-            let g: u64 = g
-                .parse()
-                .map_err(|_| format!("{s:?}: the generation after '@' must be a number (ACTOR[@GENERATION])"))?;
-            (a, Some(g))
-        }
-        None => (s, None),
-    };
-    crate::validate_name(actor)?;
-    Ok(SnapshotRef { actor: actor.to_string(), generation })
+    SnapshotSelector::parse(s).map_err(|e| e.to_string())
 }
 
-pub fn run(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String> {
+pub fn run(socket: &Path, shim_dir: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("start the async runtime: {e}"))?;
-    rt.block_on(run_async(socket, cmd, as_json))
+    rt.block_on(run_async(socket, shim_dir, cmd, as_json))
 }
 
-async fn run_async(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String> {
+async fn run_async(socket: &Path, shim_dir: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String> {
     // Check the arguments before connecting.
     let target = match cmd {
         Cmd::Inspect { snapshot } | Cmd::Upload { snapshot } | Cmd::Evict { snapshot } | Cmd::Rm { snapshot } => {
             Some(parse_ref(snapshot)?)
         }
         Cmd::Ls { actor: Some(a), .. } | Cmd::Gc { actor: Some(a), .. } => {
-            crate::validate_name(a)?;
+            ActorId::parse(a).map_err(|e| e.to_string())?;
             None
         }
         _ => None,
     };
     if let (Cmd::Rm { snapshot }, Some(SnapshotRef { generation: None, .. })) = (cmd, &target) {
         return Err(format!("rm needs the generation: {snapshot}@<generation> (see `torporctl snapshots ls`)"));
+    }
+    // "ACTOR" is the newest committed snapshot: while a suspend of the
+    // actor on this node is still being committed, that would be the one
+    // before it. Refused, naming the generation to wait for.
+    if let (Cmd::Upload { .. } | Cmd::Evict { .. }, Some(t)) = (cmd, &target) {
+        if t.generation.is_none() {
+            if let Some((generation, shim)) = committing(shim_dir, &t.actor).await {
+                return Err(format!(
+                    "actor {a}'s newest snapshot, {a}@{generation}, is still being committed (shim {shim}): \
+                     wait until `torporctl status {a}` shows it under SNAPSHOT, or name the generation (ACTOR@GENERATION)",
+                    a = t.actor
+                ));
+            }
+        }
     }
     let client = connect(socket).await?;
     match cmd {
@@ -112,6 +126,9 @@ async fn run_async(socket: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String
         }
         Cmd::Upload { .. } => {
             let id = resolve(&client, target.as_ref()).await?;
+            if target.as_ref().is_some_and(|t| t.generation.is_none()) {
+                eprintln!("uploading {} (the newest committed snapshot of {})", name(&id), id.actor);
+            }
             let info = with_progress(&client, &id, client.upload(ctx(TRANSFER), &id)).await?;
             print_list(std::slice::from_ref(&info), as_json);
         }
@@ -242,18 +259,39 @@ fn rpc_err(op: &str, e: ttrpc::Error) -> String {
     }
 }
 
+/// The generation of `actor` a shim of this node is suspending or
+/// committing, and that shim.
+async fn committing(shim_dir: &Path, actor: &ActorId) -> Option<(u64, String)> {
+    let mut socks: Vec<_> = std::fs::read_dir(shim_dir).ok()?.flatten().map(|e| e.path()).collect();
+    socks.retain(|p| p.extension().is_some_and(|x| x == "sock"));
+    socks.sort();
+    for sock in socks {
+        if let crate::control::Probe::Status(v) = crate::control::status(&sock).await {
+            if v["actor"]["actor"].as_str() == Some(actor.as_str()) && is_committing(&v["actor"]) {
+                return Some((v["actor"]["generation"].as_u64().unwrap_or(0), v["shim"].as_str().unwrap_or("?").to_string()));
+            }
+        }
+    }
+    None
+}
+
+/// The record of an actor whose newest generation is not committed yet.
+fn is_committing(a: &Value) -> bool {
+    a["state"] == "SUSPENDING" || a["committing"] == true || (a["state"] == "SUSPENDED" && a["staging"].is_object() && !a["snapshot"].is_object())
+}
+
 /// The snapshot a reference names; without a generation, the actor's newest.
 async fn resolve(client: &api::StoreClient, r: Option<&SnapshotRef>) -> Result<api::SnapshotId, String> {
     let r = r.ok_or("no snapshot given")?;
     let mut id = api::SnapshotId::new();
-    id.actor = r.actor.clone();
+    id.actor = r.actor.to_string();
     match r.generation {
         Some(g) => id.generation = g,
         None => {
             let mut req = api::LatestRequest::new();
-            req.actor = r.actor.clone();
+            req.actor = r.actor.to_string();
             let resp = client.latest(ctx(QUICK), &req).await.map_err(|e| rpc_err("latest", e))?;
-            let info = resp.info.into_option().ok_or_else(|| format!("actor {:?} has no snapshot", r.actor))?;
+            let info = resp.info.into_option().ok_or_else(|| format!("actor {:?} has no snapshot", r.actor.as_str()))?;
             id.generation = info.id.generation;
         }
     }
@@ -283,7 +321,7 @@ async fn with_progress(
                 if let Ok(st) = client.status(ctx(QUICK), &api::Empty::new()).await {
                     let t = st.transfers.iter().find(|t| t.id.as_ref().is_some_and(|t| t.actor == id.actor && t.generation == id.generation));
                     if let Some(t) = t {
-                        let pct = if t.total_bytes > 0 { t.done_bytes * 100 / t.total_bytes } else { 0 };
+                        let pct = t.done_bytes.saturating_mul(100).checked_div(t.total_bytes).unwrap_or(0);
                         eprint!("\r{} {}: {} / {} ({pct}%)   ", t.kind, name(id), mib(t.done_bytes), mib(t.total_bytes));
                         let _ = std::io::stderr().flush();
                         shown = true;
@@ -358,12 +396,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn committing_records() {
+        assert!(is_committing(&json!({"state": "SUSPENDING"})));
+        assert!(is_committing(&json!({"state": "SUSPENDED", "committing": true})));
+        assert!(is_committing(&json!({"state": "SUSPENDED", "staging": {"id": "s"}, "snapshot": null})));
+        assert!(!is_committing(&json!({"state": "SUSPENDED", "staging": null, "snapshot": {"actor": "a", "generation": 1}})));
+        assert!(!is_committing(&json!({"state": "RUNNING", "committing": false})));
+    }
+
+    #[test]
     fn snapshot_refs() {
-        assert_eq!(parse_ref("default/web").unwrap(), SnapshotRef { actor: "default/web".into(), generation: None });
-        assert_eq!(parse_ref("default/web@7").unwrap(), SnapshotRef { actor: "default/web".into(), generation: Some(7) });
-        assert!(parse_ref("default/web@").unwrap_err().contains("must be a number"));
-        assert!(parse_ref("default/web@x1").is_err());
-        assert!(parse_ref("@3").is_err());
-        assert!(parse_ref("a b").is_err());
+        let actor = ActorId::parse("default/web").unwrap();
+        assert_eq!(parse_ref("default/web").unwrap(), SnapshotRef { actor: actor.clone(), generation: None });
+        assert_eq!(parse_ref("default/web@7").unwrap(), SnapshotRef { actor, generation: Some(7) });
+        assert!(parse_ref("default/web@").unwrap_err().contains("whole number from 1"));
+        for bad in ["default/web@x1", "@3", "a b", "a..b", "a..b@1", "a@0", "a@07", "Default/web"] {
+            assert!(parse_ref(bad).unwrap_err().contains(&format!("{bad:?}")), "{bad}");
+        }
     }
 }

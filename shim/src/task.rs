@@ -18,12 +18,12 @@ use containerd_shim::protos::events::task::{
 };
 use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::{Message, MessageField};
-use containerd_shim::protos::shim::oci::{CheckpointOptions, ProcessDetails};
+use containerd_shim::protos::shim::oci::{CheckpointOptions, Options, ProcessDetails};
 use containerd_shim::protos::shim_async::Task;
 use containerd_shim::protos::ttrpc::{self, r#async::TtrpcContext, Code};
 use containerd_shim::protos::types::task::{ProcessInfo, Status as TaskStatus};
 use tracing::{info, warn};
-use torpor_runtime::{wait_exit, CheckpointOpts, CreateRequest, Runtime, Status, StdioConfig};
+use torpor_runtime::{wait_exit, CheckpointOpts, CreateRequest, RuncOptions, Runtime, Status, StdioConfig};
 
 use crate::error::IntoTtrpc;
 use crate::events::{timestamp, Events};
@@ -52,6 +52,38 @@ fn task_status(s: Status) -> TaskStatus {
         Status::Paused => TaskStatus::PAUSED,
         Status::Stopped => TaskStatus::STOPPED,
     }
+}
+
+/// containerd's runtime options for this container (`runc.v1.Options`,
+/// from the CRI runtime's `options` table), as runc-v2 reads them. Options
+/// of another type are refused, naming it: silently running with defaults
+/// would ignore what the operator configured.
+fn runtime_options(any: Option<&Any>) -> ttrpc::Result<RuncOptions> {
+    let Some(any) = any.filter(|a| !a.type_url.is_empty() || !a.value.is_empty()) else {
+        return Ok(RuncOptions::default());
+    };
+    if !any.type_url.ends_with("containerd.runc.v1.Options") {
+        return Err(status(
+            Code::INVALID_ARGUMENT,
+            format!("runtime options of type {:?}: torpor takes containerd.runc.v1.Options (as runc-v2)", any.type_url),
+        ));
+    }
+    let o = Options::parse_from_bytes(&any.value)
+        .map_err(|e| status(Code::INVALID_ARGUMENT, format!("runtime options ({}): {e}", any.type_url)))?;
+    let path = |s: &str| (!s.is_empty()).then(|| PathBuf::from(s));
+    Ok(RuncOptions {
+        binary_name: path(&o.binary_name),
+        root: path(&o.root),
+        systemd_cgroup: o.systemd_cgroup,
+        criu_image_path: path(&o.criu_image_path),
+        criu_work_path: path(&o.criu_work_path),
+        no_pivot_root: o.no_pivot_root,
+        no_new_keyring: o.no_new_keyring,
+    })
+}
+
+fn runc_options(req: &CreateTaskRequest) -> ttrpc::Result<RuncOptions> {
+    runtime_options(req.options.as_ref())
 }
 
 /// Mounts the rootfs containerd prepared into `bundle/rootfs`.
@@ -97,6 +129,7 @@ impl Task for TaskService {
                 bundle: bundle.clone(),
                 stdio,
                 checkpoint: (!req.checkpoint.is_empty()).then(|| PathBuf::from(&req.checkpoint)),
+                runc_options: runc_options(&req)?,
                 rootfs_upper: req
                     .rootfs
                     .iter()
@@ -247,16 +280,24 @@ impl Task for TaskService {
                 .map_err(|e| status(Code::INVALID_ARGUMENT, format!("checkpoint options ({}): {e}", any.type_url)))?,
             _ => CheckpointOptions::default(),
         };
-        let image = if o.image_path.is_empty() { &req.path } else { &o.image_path };
+        let bundle = self.runtime.state(&req.id, "").await.ttrpc()?.bundle;
+        // The runtime options' CRIU directories stand in for those the
+        // request does not name, as under runc-v2.
+        let defaults = RuncOptions::load(&bundle).map_err(crate::error::to_ttrpc)?;
+        let image = match (o.image_path.as_str(), req.path.as_str(), &defaults.criu_image_path) {
+            ("", "", Some(p)) => p.to_string_lossy().into_owned(),
+            ("", p, _) => p.to_string(),
+            (p, _, _) => p.to_string(),
+        };
         if image.is_empty() {
             return Err(status(Code::INVALID_ARGUMENT, "checkpoint needs an image path"));
         }
-        let bundle = self.runtime.state(&req.id, "").await.ttrpc()?.bundle;
+        let image = &image;
         // As runc-v2: a work dir given by the caller is kept, ours is removed.
-        let (work, temporary) = if o.work_path.is_empty() {
-            (bundle.join("criu-work"), true)
-        } else {
-            (PathBuf::from(&o.work_path), false)
+        let (work, temporary) = match (o.work_path.as_str(), &defaults.criu_work_path) {
+            ("", Some(p)) => (p.join(&req.id), false),
+            ("", None) => (bundle.join("criu-work"), true),
+            (p, _) => (PathBuf::from(p), false),
         };
         let opts = CheckpointOpts {
             exit: o.exit,

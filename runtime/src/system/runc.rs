@@ -20,7 +20,7 @@ pub struct Runc {
     binary: PathBuf,
     root: PathBuf,
     log: PathBuf,
-    /// Global flags from the runtime options (`--systemd-cgroup`, `--criu P`).
+    /// Global flags from the runtime options (`--systemd-cgroup`).
     global: Vec<std::ffi::OsString>,
     /// `runc create` flags from the runtime options.
     create_flags: Vec<&'static str>,
@@ -70,10 +70,6 @@ impl Runc {
         }
         if o.systemd_cgroup {
             r.global.push("--systemd-cgroup".into());
-        }
-        if let Some(criu) = &o.criu_path {
-            r.global.push("--criu".into());
-            r.global.push(criu.clone().into_os_string());
         }
         if o.no_pivot_root {
             r.create_flags.push("--no-pivot");
@@ -424,7 +420,6 @@ mod tests {
             binary_name: Some("/opt/bin/runc".into()),
             root: Some("/run/containerd/runc".into()),
             systemd_cgroup: true,
-            criu_path: Some("/opt/criu".into()),
             no_pivot_root: true,
             ..Default::default()
         };
@@ -433,7 +428,6 @@ mod tests {
         assert_eq!(c.get_program(), "/opt/bin/runc");
         let args: Vec<String> = c.get_args().map(|a| a.to_string_lossy().into_owned()).collect();
         assert_eq!(&args[..2], ["--root", "/run/containerd/runc/k8s.io"]);
-        assert!(args.windows(2).any(|w| w == ["--criu", "/opt/criu"]), "{args:?}");
         assert!(args.iter().any(|a| a == "--systemd-cgroup"), "{args:?}");
         assert_eq!(&args[args.len() - 2..], ["state", "c1"]);
         assert_eq!(r.create_flags, ["--no-pivot"]);

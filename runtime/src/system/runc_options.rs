@@ -27,8 +27,8 @@ pub struct RuncOptions {
     /// `SystemdCgroup`: `runc --systemd-cgroup` (cgroupsPath is
     /// `slice:prefix:name`).
     pub systemd_cgroup: bool,
-    /// `CriuPath`: `runc --criu PATH`.
-    pub criu_path: Option<PathBuf>,
+    /// `CriuImagePath`: the image directory of a Checkpoint that names none.
+    pub criu_image_path: Option<PathBuf>,
     /// `CriuWorkPath`: CRIU's work directory of a Checkpoint that names none.
     pub criu_work_path: Option<PathBuf>,
     /// `NoPivotRoot`: `runc create --no-pivot`.
@@ -41,7 +41,7 @@ impl RuncOptions {
     /// Refuses paths that are not absolute (containerd's config gives
     /// absolute ones; a relative one would resolve against the bundle).
     pub fn validate(&self) -> Result<()> {
-        for (name, p) in [("Root", &self.root), ("CriuPath", &self.criu_path), ("CriuWorkPath", &self.criu_work_path)] {
+        for (name, p) in [("Root", &self.root), ("CriuImagePath", &self.criu_image_path), ("CriuWorkPath", &self.criu_work_path)] {
             if let Some(p) = p {
                 if !p.is_absolute() {
                     return Err(Error::InvalidArgument(format!("runtime option {name} {p:?} is not an absolute path")));
