@@ -13,6 +13,7 @@ use crate::actor::record::{self, Lifecycle, Record};
 use crate::actor::store_client::SnapshotRef;
 use crate::error::{Error, IoContext, Result, StoreErrorKind};
 use crate::failpoint;
+use crate::oci::annotations::OnRestoreFailure;
 use crate::lifecycle::{lock, name_of, Actor};
 use crate::system::reaper;
 use crate::system::runc::RestoreFrom;
@@ -121,7 +122,12 @@ impl Actor {
             Some(a) => Some(a.begin_handover().await),
             None => None,
         };
-        let result = self.restore_all(&dir, &rec, &co.path).await;
+        let mut result = self.restore_all(&dir, &rec, &co.path).await;
+        if let Err(e) = &result {
+            if self.cold_start_wanted(&rec) {
+                result = self.cold_start_all(&rec, e).await;
+            }
+        }
         if result.is_err() {
             // Never deaf: the ports are held again before the handover
             // ends (its held connections are closed; new ones wake the next
@@ -132,9 +138,10 @@ impl Actor {
             failpoint::hit(&dir.key(), failpoint::RESUME_AFTER_RESTORE);
             // RUNNING is recorded before the held connections are let in:
             // once the actor serves, its checkpoint is no longer its state.
+            let cold = self.record().and_then(|r| r.last_error).filter(|e| e.starts_with("restore failed, started cold"));
             let saved = self.update(|r| {
                 r.state = Lifecycle::Running;
-                r.last_error = None;
+                r.last_error = cold;
                 r.last_resume_ms = Some(started.elapsed().as_millis() as u64);
                 r.committed_at_ms = None;
             });
@@ -165,6 +172,31 @@ impl Actor {
         let rec = self.record().ok_or_else(super::no_actor)?;
         info!(actor = rec.actor.as_str(), from = from.as_str(), ms = rec.last_resume_ms, "actor resumed");
         Ok(Some(rec))
+    }
+
+    /// Whether the actor's containers say `torpor.dev/on-restore-failure:
+    /// cold-start`.
+    fn cold_start_wanted(&self, rec: &Record) -> bool {
+        rec.containers
+            .iter()
+            .filter_map(|id| self.tasks.app_info(id).ok())
+            .any(|i| i.actor.on_restore_failure == OnRestoreFailure::ColdStart)
+    }
+
+    /// The restore failed (`why`) and the actor asked for a cold start: its
+    /// suspended containers start afresh from their images; the snapshot
+    /// stays in the store. RUNNING after, with the reason in `last_error`.
+    async fn cold_start_all(&self, rec: &Record, why: &Error) -> Result<()> {
+        warn!(actor = rec.actor.as_str(), "restore failed, starting the actor cold (torpor.dev/on-restore-failure: cold-start): {why}");
+        for id in &rec.containers {
+            if self.tasks.is_suspended(id) {
+                self.tasks.cold_start(id).await.map_err(|e| e.context(&format!("cold start of {id} after a failed restore ({why})")))?;
+            }
+        }
+        self.update(|r| {
+            r.last_error = Some(format!("restore failed, started cold (torpor.dev/on-restore-failure: cold-start): {why}"));
+        })?;
+        Ok(())
     }
 
     /// A frozen actor: thawed.

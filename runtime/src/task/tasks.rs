@@ -472,6 +472,68 @@ impl Tasks {
         }
     }
 
+    /// Starts suspended container `id` afresh from its bundle (`runc
+    /// create`, then `runc start`): its checkpoint is given up
+    /// (`torpor.dev/on-restore-failure: cold-start`). To containerd it was
+    /// RUNNING all along; it goes on RUNNING with a new init.
+    pub async fn cold_start(&self, id: &str) -> Result<i32> {
+        let (runc, bundle, stdio) = self.with(id, |c| {
+            let back = match std::mem::replace(&mut c.state, ContainerState::Stopped) {
+                s @ ContainerState::Suspended { .. } => s,
+                other => {
+                    let e = Error::FailedPrecondition(format!("container {id} is {}: not suspended", other.name()));
+                    c.state = other;
+                    return Err(e);
+                }
+            };
+            c.state = ContainerState::Restoring { back: Box::new(back) };
+            Ok((c.runc.clone(), c.bundle.clone(), c.init.stdio.clone()))
+        })?;
+        let pid_file = bundle.join("init.pid");
+        let (runc_ref, b, pf) = (&runc, &bundle, &pid_file);
+        let launched = async {
+            // What a failed restore left of the container in runc's state.
+            if let Err(e) = runc_ref.delete(id, true).await {
+                if !runc::is_not_running(&e) {
+                    return Err(e);
+                }
+            }
+            let io = stdio::launch(&stdio, |socket, stdio| async move {
+                runc_ref.create(id, b, pf, socket.as_deref(), stdio).await
+            })
+            .await?;
+            let pid = runc::read_pid(&pid_file)?;
+            runc_ref.start(id).await?;
+            Ok::<_, Error>((io, pid))
+        }
+        .await;
+        let mut result = Ok(0);
+        self.settle(id, |c| {
+            let back = match std::mem::replace(&mut c.state, ContainerState::Stopped) {
+                ContainerState::Restoring { back } => *back,
+                other => other,
+            };
+            match launched {
+                Ok((io, pid)) => {
+                    c.init.io = io;
+                    c.init.pid = pid;
+                    c.state = ContainerState::Running;
+                    c.memory_cgroup = cgroup::memory_cgroup_of(pid);
+                    drop(back);
+                    result = Ok(pid);
+                }
+                Err(e) => {
+                    c.state = back;
+                    result = Err(e);
+                }
+            }
+        });
+        let pid = result?;
+        info!(container = id, pid, "container started cold (its checkpoint was given up)");
+        self.claim_early_exit(id, "", pid);
+        Ok(pid)
+    }
+
     /// containerd's Checkpoint of a running or paused container into
     /// `opts.image_path` (with `exit`, the process ends: a real exit).
     pub async fn checkpoint(&self, id: &str, opts: CheckpointOpts) -> Result<()> {
