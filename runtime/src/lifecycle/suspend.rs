@@ -319,15 +319,14 @@ impl Actor {
 
     /// The pod network namespace and the TCP ports to hold while suspended:
     /// `torpor.dev/activate-on`, or what the actor listens on now.
-    fn activation_target(&self, ids: &[String]) -> (Option<PathBuf>, Vec<u16>) {
+    fn activation_target(&self, ids: &[String]) -> (Option<PathBuf>, Vec<std::net::SocketAddr>) {
         let mut netns = None;
         let mut ports = Vec::new();
         for info in ids.iter().filter_map(|id| self.tasks.app_info(id).ok()) {
             netns = netns.or(info.netns);
-            match &info.actor.activate_on {
-                Some(p) => ports.extend(p.iter().copied()),
-                None if info.pid > 0 => ports.extend(netns::listening_ports(info.pid)),
-                None => {}
+            let pid = (info.pid > 0).then_some(info.pid);
+            if pid.is_some() || info.actor.activate_on.is_some() {
+                ports.extend(held_ports::listeners_for(pid, info.actor.activate_on.as_deref()));
             }
         }
         ports.sort_unstable();
