@@ -243,9 +243,39 @@ fn parse_ports(key: &str, value: &str) -> Result<Vec<u16>> {
     Ok(ports)
 }
 
+/// Fuzzing entry (`fuzz/fuzz_targets/fuzz_annotations.rs`, and the corpus
+/// replay in the tests): `data` as `key=value` lines. Whatever it holds,
+/// parsing never panics, and what it accepts keeps the bounds.
+#[doc(hidden)]
+pub fn fuzz_parse(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let map: HashMap<String, String> =
+        text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    if let Ok(spec) = ActorSpec::from_annotations(&map) {
+        for d in [spec.idle_after, spec.freeze_first, spec.keep_local].into_iter().flatten() {
+            assert!(!d.is_zero() && d <= MAX_DURATION, "{d:?} accepted");
+        }
+        if let Some(a) = &spec.actor {
+            assert!(a.len() <= 253 && a.split('/').all(|p| !p.is_empty() && p != "." && p != ".."), "actor {a:?} accepted");
+        }
+        if let Some(p) = &spec.activate_on {
+            assert!(!p.is_empty() && !p.contains(&0), "ports {p:?} accepted");
+        }
+        if let Some(r) = &spec.restore_from {
+            assert!(r.generation != Some(0), "{r} accepted");
+        }
+    }
+    for line in text.lines() {
+        if let Ok(d) = parse_duration(IDLE_AFTER, line) {
+            assert!(!d.is_zero() && d <= MAX_DURATION, "{line:?} gave {d:?}");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn ann(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
@@ -381,5 +411,17 @@ mod tests {
         assert_eq!(parse_ports(ACTIVATE_ON, "1,65535, 80").unwrap(), vec![1, 65535, 80]);
         let e = ActorSpec::from_annotations(&ann(&[("torpor.dev/idle-afer", "5s")])).unwrap_err();
         assert!(e.to_string().contains("unknown torpor annotation"));
+    }
+
+    /// The committed fuzz corpus (and any crasher kept there) replayed.
+    #[test]
+    fn fuzz_corpus_replays() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/fuzz_annotations");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            fuzz_parse(&std::fs::read(e.unwrap().path()).unwrap());
+            n += 1;
+        }
+        assert!(n > 0, "no corpus in {dir:?}");
     }
 }

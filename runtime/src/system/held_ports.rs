@@ -216,21 +216,35 @@ impl Armed {
     fn arm_bounded(netns: &Path, listen: Vec<SocketAddr>, wake: mpsc::UnboundedSender<()>, limit: usize) -> Result<Armed> {
         let addrs = listen.clone();
         // bind(2) does not block: a short-lived thread in the namespace.
-        let std_listeners = in_netns(netns, move || {
-            addrs
+        let bound = in_netns(netns, move || {
+            Ok(addrs
                 .iter()
                 .map(|a| {
                     let v6_only = a.is_ipv6() && addrs.iter().any(|b| b.is_ipv4() && b.port() == a.port());
-                    bind(*a, v6_only).map_err(|e| std::io::Error::new(e.kind(), format!("bind {a}: {e}")))
+                    (*a, bind(*a, v6_only))
                 })
-                .collect::<std::io::Result<Vec<_>>>()
+                .collect::<Vec<_>>())
         })?;
-        let listeners = std_listeners
-            .into_iter()
-            .zip(listen.iter().copied())
-            .map(|(l, a)| TcpListener::from_std(l).map(|l| (l, a)))
-            .collect::<std::io::Result<Vec<_>>>()
-            .io_context(|| "register activation listeners".into())?;
+        // One address that cannot be bound (a link-local one without its
+        // scope...) does not cost the others their activation.
+        let mut listeners = Vec::new();
+        let mut listen = Vec::new();
+        let mut failed = Vec::new();
+        for (a, r) in bound {
+            match r.and_then(TcpListener::from_std) {
+                Ok(l) => {
+                    listeners.push((l, a));
+                    listen.push(a);
+                }
+                Err(e) => failed.push(format!("{a}: {e}")),
+            }
+        }
+        if listeners.is_empty() {
+            return Err(Error::InvalidArgument(format!("no activation listener in {netns:?}: {}", failed.join("; "))));
+        }
+        if !failed.is_empty() {
+            warn!(netns = ?netns, "activation: not held: {}", failed.join("; "));
+        }
         let (stop_tx, stop_rx) = oneshot::channel();
         tokio::spawn(watch(listeners, wake, stop_rx, limit));
         info!(listen = ?listen, "activation armed");
@@ -518,6 +532,19 @@ mod tests {
         want.sort_unstable();
         assert_eq!(listening_ports(ns.tid), want);
         drop(armed);
+    }
+
+    /// An address that cannot be bound costs only itself.
+    #[tokio::test]
+    async fn an_unbindable_address_does_not_cost_the_others() {
+        let ns = TestNetns::new();
+        let (wake, _rx) = mpsc::unbounded_channel();
+        let armed = Armed::arm(&ns.path, vec![addr("127.0.0.1:6062"), addr("10.9.9.9:6063")], wake.clone()).unwrap();
+        assert_eq!(armed.listen, vec![addr("127.0.0.1:6062")]);
+        assert_eq!(listening_ports(ns.tid), vec![addr("127.0.0.1:6062")]);
+        drop(armed);
+        let e = Armed::arm(&ns.path, vec![addr("10.9.9.9:6063")], wake).err().expect("nothing bound");
+        assert!(e.to_string().contains("10.9.9.9:6063"), "{e}");
     }
 
     #[test]
