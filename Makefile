@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PREFIX ?= /usr/local
 CARGO ?= cargo
 
-.PHONY: all deps build install uninstall demo test unit-test integration-test bench clean
+.PHONY: all deps build install uninstall demo test unit-test integration-test bench fuzz clean
 
 all: build
 
@@ -46,6 +46,15 @@ unit-test:
 
 integration-test:
 	test/rig/run-tests.sh
+
+## fuzz: each cargo-fuzz target for FUZZ_SECONDS (stable toolchain, RUSTC_BOOTSTRAP=1);
+## new corpus entries land in fuzz/corpus/<target>, crashers in fuzz/artifacts/<target>
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= fuzz_rootfs_apply fuzz_annotations
+fuzz:
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+	  RUSTC_BOOTSTRAP=1 nice -n 10 $(CARGO) fuzz run $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 || exit 1; \
+	done
 
 ## bench: torpor against containerd-shim-runc-v2, writes bench/results.json and BENCHMARKS.md
 bench: build

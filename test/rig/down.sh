@@ -220,6 +220,8 @@ rm -rf /tmp/ctrd-checkpoint*
 # request dirs and actor records/snapshots (the rig keeps no actor beyond it)
 while read -r ns id; do
 	[ -n "$id" ] || continue
+	# the request dir is a tmpfs of its own (runtime::oci::bundle)
+	umount -l "/run/torpor/actors/${id:?}" 2>/dev/null
 	rm -rf "${TORPOR_SHIM_SOCKET_DIR:-/run/torpor/shims}/$id.sock" "/run/torpor/actors/${id:?}" \
 		"${TORPOR_STATE_ROOT:-/var/lib/torpor}/actors/${id:?}"
 done < <(bundles)

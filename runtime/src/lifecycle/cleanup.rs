@@ -36,7 +36,7 @@ use crate::actor::store_client::SnapshotStore;
 use crate::actor::{Lifecycle, Record, Store};
 use crate::error::Result;
 use crate::lifecycle::commit_labels;
-use crate::oci::bundle::request_dir;
+use crate::oci::bundle::remove_request_dir;
 use crate::oci::spec::cgroup_of_bundle;
 use crate::system::cgroup::kill_cgroup;
 use crate::system::reaper::kill_tagged;
@@ -86,7 +86,9 @@ pub async fn after_shim_death(namespace: &str, shim: &str, id: &str, bundle: &Pa
     for c in rec.containers.iter().chain(rec.names.keys()) {
         kill_container(&runc, c, rec.cgroups.get(c).map(String::as_str)).await;
     }
-    let _ = std::fs::remove_dir_all(request_dir(shim));
+    if let Err(e) = remove_request_dir(shim) {
+        warn!("after the shim died: remove the request directory: {e}");
+    }
     settle(&SnapshotStore::new(), &store, rec).await;
 }
 

@@ -34,6 +34,7 @@ pub mod resume;
 pub mod suspend;
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -65,7 +66,7 @@ pub struct Actor {
     held: Arc<Mutex<Option<held_ports::Armed>>>,
     /// What they hold (the pod's netns and the ports), to hold it again
     /// after a failed resume.
-    held_target: Arc<Mutex<Option<(PathBuf, Vec<u16>)>>>,
+    held_target: Arc<Mutex<Option<(PathBuf, Vec<SocketAddr>)>>>,
     /// Where the held listeners report a real connection.
     wake: mpsc::UnboundedSender<()>,
     /// Lazy-pages daemons still serving a restored actor's memory.
@@ -224,7 +225,9 @@ impl Actor {
         if let Err(e) = store.remove() {
             warn!("remove actor state: {e}");
         }
-        let _ = std::fs::remove_dir_all(crate::oci::bundle::request_dir(&store.key()));
+        if let Err(e) = crate::oci::bundle::remove_request_dir(&store.key()) {
+            warn!("remove the request directory: {e}");
+        }
         self.release_held_ports();
         lock(&self.claim).take();
         lock(&self.commit).take();
@@ -232,7 +235,7 @@ impl Actor {
 
     /// Holds `ports` in `netns` for the suspended actor: a real connection
     /// wakes it ([`crate::trigger::activation`]).
-    pub(crate) fn hold_ports(&self, netns: PathBuf, ports: Vec<u16>) {
+    pub(crate) fn hold_ports(&self, netns: PathBuf, ports: Vec<SocketAddr>) {
         match held_ports::Armed::arm(&netns, ports.clone(), self.wake.clone()) {
             Ok(armed) => {
                 *lock(&self.held) = Some(armed);

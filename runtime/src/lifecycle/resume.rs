@@ -305,6 +305,10 @@ fn lazy_pages_enabled() -> bool {
     std::env::var("TORPOR_LAZY_PAGES").map(|v| v != "0").unwrap_or(true)
 }
 
+/// How long a lazy-pages daemon may take to serve all of a restored
+/// container's memory (it prefetches the rest in the background).
+const LAZY_DEADLINE: std::time::Duration = crate::system::runc::CRIU_DEADLINE;
+
 /// A `criu lazy-pages` daemon serving one container's memory.
 struct LazyDaemon {
     pid: i32,
@@ -350,11 +354,18 @@ impl LazyDaemon {
         Err(Error::InvalidArgument("criu lazy-pages did not start listening".into()))
     }
 
-    /// A task that ends when the daemon has served every page and exited.
+    /// A task that ends when the daemon has served every page and exited,
+    /// or when it was killed at [`LAZY_DEADLINE`] (a daemon that never
+    /// exits would keep the next suspend waiting; the restored process
+    /// then faults on the pages it still lacks, which CRIU reports).
     fn finish(mut self) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             let pid = self.pid;
-            let _ = self.exit.wait_for(pid).await;
+            if tokio::time::timeout(LAZY_DEADLINE, self.exit.wait_for(pid)).await.is_err() {
+                warn!(pid, deadline = ?LAZY_DEADLINE, "criu lazy-pages did not finish serving its pages in time: killed");
+                self.kill();
+                let _ = self.exit.wait_for(pid).await;
+            }
         })
     }
 

@@ -19,6 +19,7 @@ use crate::actor::store_client::{SnapshotRef, Staging};
 use crate::error::{Error, IoContext, Result, StoreErrorKind};
 use crate::failpoint;
 use crate::lifecycle::{commit_labels, lock, name_of, Actor};
+use crate::system::held_ports;
 use crate::system::netns;
 use crate::system::runc::CheckpointOpts;
 use crate::task::Status;
@@ -342,15 +343,14 @@ impl Actor {
 
     /// The pod network namespace and the TCP ports to hold while suspended:
     /// `torpor.dev/activate-on`, or what the actor listens on now.
-    fn activation_target(&self, ids: &[String]) -> (Option<PathBuf>, Vec<u16>) {
+    fn activation_target(&self, ids: &[String]) -> (Option<PathBuf>, Vec<std::net::SocketAddr>) {
         let mut netns = None;
         let mut ports = Vec::new();
         for info in ids.iter().filter_map(|id| self.tasks.app_info(id).ok()) {
             netns = netns.or(info.netns);
-            match &info.actor.activate_on {
-                Some(p) => ports.extend(p.iter().copied()),
-                None if info.pid > 0 => ports.extend(netns::listening_ports(info.pid)),
-                None => {}
+            let pid = (info.pid > 0).then_some(info.pid);
+            if pid.is_some() || info.actor.activate_on.is_some() {
+                ports.extend(held_ports::listeners_for(pid, info.actor.activate_on.as_deref()));
             }
         }
         ports.sort_unstable();

@@ -8,6 +8,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use torpor_api::ids::{ActorId, SnapshotSelector};
+
 use crate::error::{Error, Result};
 
 /// Prefix of every torpor annotation.
@@ -19,21 +21,40 @@ pub const KEEP_LOCAL: &str = "torpor.dev/keep-local";
 pub const ACTIVATE_ON: &str = "torpor.dev/activate-on";
 pub const RESTORE_FROM: &str = "torpor.dev/restore-from";
 pub const ON_STOP: &str = "torpor.dev/on-stop";
+pub const ON_RESTORE_FAILURE: &str = "torpor.dev/on-restore-failure";
 
-const KNOWN: [&str; 7] = [ACTOR, IDLE_AFTER, FREEZE_FIRST, KEEP_LOCAL, ACTIVATE_ON, RESTORE_FROM, ON_STOP];
+const KNOWN: [&str; 8] = [ACTOR, IDLE_AFTER, FREEZE_FIRST, KEEP_LOCAL, ACTIVATE_ON, RESTORE_FROM, ON_STOP, ON_RESTORE_FAILURE];
+
+/// The longest duration an annotation may give: 100 years. Anything longer
+/// is a mistake, and would overflow the millisecond and clock arithmetic
+/// the runtime does with it.
+pub const MAX_DURATION: Duration = Duration::from_secs(876_000 * 3600);
 
 const DURATION_FORM: &str =
     "a duration such as 500ms, 30s, 5m or 1h (a whole number followed by ms, s, m or h)";
 const ACTOR_FORM: &str = "1 to 253 characters of a-z, 0-9, '-', '.', '_' and at most one '/', \
-     starting and ending with a letter or digit (e.g. default/my-pod)";
-const PORTS_FORM: &str = "a comma-separated list of TCP ports from 1 to 65535 (e.g. 8080,9090)";
+     each part starting and ending with a letter or digit, no \"..\" (e.g. default/my-pod)";
+const PORTS_FORM: &str =
+    "a comma-separated list of TCP ports from 1 to 65535, digits only, no leading zero (e.g. 8080,9090)";
 const RESTORE_FROM_FORM: &str = "<actor> (its newest snapshot) or <actor>@<generation> (a whole number \
      from 1), where <actor> is 1 to 253 characters of a-z, 0-9, '-', '.', '_' and at most one '/', \
      starting and ending with a letter or digit (e.g. golden/base or golden/base@3)";
 
 // Kubernetes annotations the CRI plugin sets, used for the default actor id.
-const K8S_POD_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
-const K8S_POD_NAME: &str = "io.kubernetes.cri.sandbox-name";
+pub const K8S_POD_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
+pub const K8S_POD_NAME: &str = "io.kubernetes.cri.sandbox-name";
+
+/// What a failed restore leaves (`torpor.dev/on-restore-failure`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum OnRestoreFailure {
+    /// `keep` (the default): the actor stays SUSPENDED, its snapshot kept,
+    /// still listening, the error visible; a later trigger retries.
+    #[default]
+    Keep,
+    /// `cold-start`: the containers start afresh from their image; the
+    /// snapshot is kept in the store, not restored.
+    ColdStart,
+}
 
 /// The validated torpor configuration of one actor (a pod's app containers).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -52,6 +73,8 @@ pub struct ActorSpec {
     /// StopContainer, a drain) suspends the actor before its containers
     /// exit, so the next pod of the actor, on any node, continues it.
     pub suspend_on_stop: bool,
+    /// `torpor.dev/on-restore-failure`: keep (default) or cold-start.
+    pub on_restore_failure: OnRestoreFailure,
 }
 
 /// The snapshot named by `torpor.dev/restore-from`: an actor's newest, or
@@ -94,6 +117,14 @@ impl ActorSpec {
                         _ => return Err(invalid(key, value, "expected suspend (checkpoint the actor before it stops) or stop (the default)")),
                     }
                 }
+                ON_RESTORE_FAILURE => {
+                    spec.on_restore_failure = match value {
+                        "keep" => OnRestoreFailure::Keep,
+                        "cold-start" => OnRestoreFailure::ColdStart,
+                        _ => return Err(invalid(key, value, "expected keep (stay suspended, snapshot kept, error visible: the default) \
+                             or cold-start (start the containers afresh from their image)")),
+                    }
+                }
                 _ => {
                     return Err(invalid(
                         key,
@@ -108,7 +139,14 @@ impl ActorSpec {
                 (annotations.get(K8S_POD_NAMESPACE), annotations.get(K8S_POD_NAME))
             {
                 let id = format!("{ns}/{name}");
-                spec.actor = Some(parse_actor_id(ACTOR, &id)?);
+                // The user never set torpor.dev/actor: name what the id came from.
+                let key = format!("{K8S_POD_NAMESPACE}/{K8S_POD_NAME}");
+                spec.actor = Some(parse_actor_id(&key, &id).map_err(|_| {
+                    invalid(&key, &id, &format!(
+                        "the default actor id, <pod namespace>/<pod name>, is not {ACTOR_FORM}; \
+                         set {ACTOR} to name the actor"
+                    ))
+                })?);
             }
         }
         Ok(spec)
@@ -130,14 +168,24 @@ pub fn parse_duration(key: &str, value: &str) -> Result<Duration> {
     let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
     let (num, unit) = v.split_at(split);
     let reason = format!("expected {DURATION_FORM}");
-    let n: u64 = num.parse().map_err(|_| invalid(key, value, &reason))?;
-    let d = match unit {
-        "ms" => Duration::from_millis(n),
-        "s" => Duration::from_secs(n),
-        "m" => Duration::from_secs(n.saturating_mul(60)),
-        "h" => Duration::from_secs(n.saturating_mul(3600)),
+    let per_unit: u64 = match unit {
+        "ms" => 1,
+        "s" => 1000,
+        "m" => 60_000,
+        "h" => 3_600_000,
         _ => return Err(invalid(key, value, &reason)),
     };
+    if num.is_empty() {
+        return Err(invalid(key, value, &reason));
+    }
+    let too_long = || invalid(key, value, "too long: at most 876000h (100 years)");
+    // All digits: a parse failure is an overflow.
+    let n: u64 = num.parse().map_err(|_| too_long())?;
+    let ms = n.checked_mul(per_unit).ok_or_else(too_long)?;
+    let d = Duration::from_millis(ms);
+    if d > MAX_DURATION {
+        return Err(too_long());
+    }
     if d.is_zero() {
         return Err(invalid(key, value, "must be greater than zero (leave the annotation out to disable)"));
     }
@@ -147,60 +195,83 @@ pub fn parse_duration(key: &str, value: &str) -> Result<Duration> {
 /// Actor ids become file and object names, so they are restricted to a
 /// charset that can never form a path component like `..`.
 pub fn parse_actor_id(key: &str, value: &str) -> Result<String> {
-    let reason = format!("expected {ACTOR_FORM}");
-    let ok_edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
-    let slashes = value.matches('/').count();
-    let valid = !value.is_empty()
-        && value.len() <= 253
-        && slashes <= 1
-        && value
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-._/".contains(c))
-        && value.split('/').all(|part| ok_edge(part.chars().next()) && ok_edge(part.chars().last()));
-    if valid {
-        Ok(value.to_string())
-    } else {
-        Err(invalid(key, value, &reason))
-    }
+    ActorId::parse(value)
+        .map(ActorId::into_string)
+        .map_err(|e| invalid(key, value, &format!("{}; expected {ACTOR_FORM}", e.problem)))
 }
 
-/// Parses `<actor>` or `<actor>@<generation>` (generation from 1, digits only).
+/// Parses `<actor>` or `<actor>@<generation>` (generation from 1, digits
+/// only), with the rules of [`torpor_api::ids`] (shared with the store and
+/// torporctl).
 pub fn parse_restore_from(key: &str, value: &str) -> Result<RestoreSource> {
-    let reason = format!("expected {RESTORE_FROM_FORM}");
-    let (actor, generation) = match value.split_once('@') {
-        Some((actor, gen)) => {
-            let ok = !gen.is_empty() && gen.len() <= 19 && gen.bytes().all(|b| b.is_ascii_digit());
-            let g: u64 = if ok { gen.parse().unwrap_or(0) } else { 0 };
-            if g == 0 {
-                return Err(invalid(key, value, &reason));
-            }
-            (actor, Some(g))
-        }
-        None => (value, None),
-    };
-    let actor = parse_actor_id(key, actor).map_err(|_| invalid(key, value, &reason))?;
-    Ok(RestoreSource { actor, generation })
+    let s = SnapshotSelector::parse(value).map_err(|e| invalid(key, value, &format!("{}; expected {RESTORE_FROM_FORM}", e.problem)))?;
+    Ok(RestoreSource { actor: s.actor.into_string(), generation: s.generation })
 }
 
 fn parse_ports(key: &str, value: &str) -> Result<Vec<u16>> {
     let reason = format!("expected {PORTS_FORM}");
     let mut ports = Vec::new();
     for p in value.split(',') {
-        let port: u16 = p.trim().parse().map_err(|_| invalid(key, value, &reason))?;
-        if port == 0 {
+        let p = p.trim();
+        // Digits only (u16's parser takes a '+'), no leading zero.
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) || p.starts_with('0') {
             return Err(invalid(key, value, &reason));
         }
+        let port: u16 = p.parse().map_err(|_| invalid(key, value, &reason))?;
         ports.push(port);
     }
     Ok(ports)
 }
 
+/// Fuzzing entry (`fuzz/fuzz_targets/fuzz_annotations.rs`, and the corpus
+/// replay in the tests): `data` as `key=value` lines. Whatever it holds,
+/// parsing never panics, and what it accepts keeps the bounds.
+#[doc(hidden)]
+pub fn fuzz_parse(data: &[u8]) {
+    let text = String::from_utf8_lossy(data);
+    let map: HashMap<String, String> =
+        text.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    if let Ok(spec) = ActorSpec::from_annotations(&map) {
+        for d in [spec.idle_after, spec.freeze_first, spec.keep_local].into_iter().flatten() {
+            assert!(!d.is_zero() && d <= MAX_DURATION, "{d:?} accepted");
+        }
+        if let Some(a) = &spec.actor {
+            assert!(a.len() <= 253 && a.split('/').all(|p| !p.is_empty() && p != "." && p != ".."), "actor {a:?} accepted");
+        }
+        if let Some(p) = &spec.activate_on {
+            assert!(!p.is_empty() && !p.contains(&0), "ports {p:?} accepted");
+        }
+        if let Some(r) = &spec.restore_from {
+            assert!(r.generation != Some(0), "{r} accepted");
+        }
+    }
+    for line in text.lines() {
+        if let Ok(d) = parse_duration(IDLE_AFTER, line) {
+            assert!(!d.is_zero() && d <= MAX_DURATION, "{line:?} gave {d:?}");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     fn ann(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn actor_ids_follow_the_one_parser_of_torpor_api() {
+        for bad in ["a..b", "ns/a..b", "a/b/c", "-a", "a.", "A", ""] {
+            let e = ActorSpec::from_annotations(&ann(&[(ACTOR, bad)])).unwrap_err().to_string();
+            assert!(e.contains(ACTOR) && e.contains("expected"), "{bad:?}: {e}");
+        }
+        assert!(ActorSpec::from_annotations(&ann(&[(RESTORE_FROM, "golden/a..b@2")])).is_err());
+        assert!(ActorSpec::from_annotations(&ann(&[(RESTORE_FROM, "golden/base@02")])).is_err());
+        let s = ActorSpec::from_annotations(&ann(&[(ACTOR, "ns/a.b"), (RESTORE_FROM, "golden/base@3")])).unwrap();
+        assert_eq!(s.actor.as_deref(), Some("ns/a.b"));
+        assert_eq!(s.restore_from, Some(RestoreSource { actor: "golden/base".into(), generation: Some(3) }));
     }
 
     #[test]
@@ -285,10 +356,65 @@ mod tests {
     }
 
     #[test]
+    fn huge_durations_are_refused_not_wrapped() {
+        // 18446744073709552 s is u64::MAX ms rounded up: as_millis() as u64
+        // once wrapped it to about 384 ms.
+        for bad in ["18446744073709552s", "18446744073709551616ms", "5124095576030431h", "99999999999999999999h", "876001h", "52560001m"] {
+            let msg = ActorSpec::from_annotations(&ann(&[(KEEP_LOCAL, bad)])).unwrap_err().to_string();
+            assert!(msg.contains(KEEP_LOCAL) && msg.contains("too long"), "{bad}: {msg}");
+        }
+        assert_eq!(parse_duration(KEEP_LOCAL, "876000h").unwrap(), MAX_DURATION);
+        assert_eq!(parse_duration(KEEP_LOCAL, "18446744073709551615ms").ok(), None);
+        assert_eq!(parse_duration(KEEP_LOCAL, "90m").unwrap(), Duration::from_secs(5400));
+    }
+
+    #[test]
+    fn a_long_default_actor_id_names_the_pod_annotations() {
+        let long = "a".repeat(250);
+        let e = ActorSpec::from_annotations(&ann(&[(K8S_POD_NAMESPACE, "default"), (K8S_POD_NAME, &long)])).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains(K8S_POD_NAMESPACE) && msg.contains(K8S_POD_NAME), "{msg}");
+        assert!(msg.contains("set torpor.dev/actor"), "{msg}");
+        assert!(!msg.starts_with(&format!("invalid annotation {ACTOR}=")), "{msg}");
+        // With torpor.dev/actor set, the pod's name does not matter.
+        let s = ActorSpec::from_annotations(&ann(&[(K8S_POD_NAMESPACE, "default"), (K8S_POD_NAME, &long), (ACTOR, "short")])).unwrap();
+        assert_eq!(s.actor.as_deref(), Some("short"));
+    }
+
+    #[test]
+    fn on_restore_failure_is_keep_or_cold_start() {
+        assert_eq!(ActorSpec::from_annotations(&ann(&[])).unwrap().on_restore_failure, OnRestoreFailure::Keep);
+        assert_eq!(ActorSpec::from_annotations(&ann(&[(ON_RESTORE_FAILURE, "keep")])).unwrap().on_restore_failure, OnRestoreFailure::Keep);
+        assert_eq!(
+            ActorSpec::from_annotations(&ann(&[(ON_RESTORE_FAILURE, "cold-start")])).unwrap().on_restore_failure,
+            OnRestoreFailure::ColdStart
+        );
+        for bad in ["", "Keep", "coldstart", "cold-start ", "restart"] {
+            let msg = ActorSpec::from_annotations(&ann(&[(ON_RESTORE_FAILURE, bad)])).unwrap_err().to_string();
+            assert!(msg.contains(ON_RESTORE_FAILURE) && msg.contains("expected keep"), "{bad:?}: {msg}");
+        }
+    }
+
+    #[test]
     fn bad_ports_and_unknown_keys() {
-        assert!(ActorSpec::from_annotations(&ann(&[(ACTIVATE_ON, "0")])).is_err());
-        assert!(ActorSpec::from_annotations(&ann(&[(ACTIVATE_ON, "70000")])).is_err());
+        for bad in ["0", "70000", "+8080", "08080", "-1", "8080,", "", "8080,,9090", "0x50", "80 80"] {
+            let msg = ActorSpec::from_annotations(&ann(&[(ACTIVATE_ON, bad)])).unwrap_err().to_string();
+            assert!(msg.contains(ACTIVATE_ON) && msg.contains("TCP ports"), "{bad:?}: {msg}");
+        }
+        assert_eq!(parse_ports(ACTIVATE_ON, "1,65535, 80").unwrap(), vec![1, 65535, 80]);
         let e = ActorSpec::from_annotations(&ann(&[("torpor.dev/idle-afer", "5s")])).unwrap_err();
         assert!(e.to_string().contains("unknown torpor annotation"));
+    }
+
+    /// The committed fuzz corpus (and any crasher kept there) replayed.
+    #[test]
+    fn fuzz_corpus_replays() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/fuzz_annotations");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            fuzz_parse(&std::fs::read(e.unwrap().path()).unwrap());
+            n += 1;
+        }
+        assert!(n > 0, "no corpus in {dir:?}");
     }
 }

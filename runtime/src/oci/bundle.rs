@@ -1,12 +1,23 @@
 //! The bundle of an app container, as torpor adapts it at create: the
 //! request directory bind-mounted at `/run/torpor`, and torpor's CRIU
 //! configuration (`org.criu.config`).
+//!
+//! The request directory is written by the container: it is a tmpfs of its
+//! own ([`REQUEST_TMPFS`]: 4 KiB, 8 inodes, nosuid, nodev, noexec), so that
+//! a container cannot fill the host's `/run` through it. It is mounted at
+//! the first create of the pod and unmounted by [`remove_request_dir`].
 
 use std::path::{Path, PathBuf};
 
+use std::os::unix::fs::MetadataExt;
+
+use nix::mount::{MntFlags, MsFlags};
 use serde_json::{json, Value};
 
 use crate::error::{Error, IoContext, Result};
+
+/// The request directory's tmpfs options: room for a request, not for data.
+pub const REQUEST_TMPFS: &str = "size=4k,nr_inodes=8,mode=0755";
 
 /// Host directory of the in-container request files.
 pub const REQUEST_ROOT: &str = "/run/torpor/actors";
@@ -32,8 +43,9 @@ pub fn adapt_spec(bundle: &Path, group: &str) -> Result<()> {
 /// [`adapt_spec`] with the request directories under `root` (and the CRIU
 /// configuration beside it).
 fn adapt_spec_in(root: &Path, bundle: &Path, group: &str) -> Result<()> {
-    let dir = root.join(group);
+    let dir = request_dir_in(root, group)?;
     std::fs::create_dir_all(&dir).io_context(|| format!("create {dir:?}"))?;
+    mount_request_tmpfs(&dir)?;
     let criu_conf = root.with_file_name("criu.conf");
     if std::fs::read_to_string(&criu_conf).ok().as_deref() != Some(CRIU_CONFIG) {
         std::fs::write(&criu_conf, CRIU_CONFIG).io_context(|| format!("write {criu_conf:?}"))?;
@@ -62,6 +74,64 @@ fn adapt_spec_in(root: &Path, bundle: &Path, group: &str) -> Result<()> {
         }
     }
     write_spec(bundle, &path, &spec)
+}
+
+/// The request directory of `group` under `root`; a group that is not one
+/// plain path component is refused (never a path outside the root).
+fn request_dir_in(root: &Path, group: &str) -> Result<PathBuf> {
+    let plain = !group.is_empty() && group != "." && group != ".." && !group.contains('/') && !group.contains('\0');
+    if !plain {
+        return Err(Error::InvalidArgument(format!("shim group {group:?} is not a plain name")));
+    }
+    Ok(root.join(group))
+}
+
+/// Whether `dir` is the root of a mount (it lies on another device than
+/// its parent).
+fn is_mount_root(dir: &Path) -> Result<bool> {
+    let here = std::fs::symlink_metadata(dir).io_context(|| format!("stat {dir:?}"))?;
+    let parent = dir.join("..");
+    let up = std::fs::metadata(&parent).io_context(|| format!("stat {parent:?}"))?;
+    Ok(here.dev() != up.dev())
+}
+
+/// Mounts the request tmpfs on `dir`, unless one is there already (every
+/// app container of the pod shares the directory).
+fn mount_request_tmpfs(dir: &Path) -> Result<()> {
+    if is_mount_root(dir)? {
+        return Ok(());
+    }
+    nix::mount::mount(
+        Some("torpor-request"),
+        dir,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(REQUEST_TMPFS),
+    )
+    .io_context(|| format!("mount a tmpfs ({REQUEST_TMPFS}) on the request directory {dir:?}"))
+}
+
+/// Unmounts and removes the request directory of shim `group` (when its
+/// last container is gone, or after the shim died). Absent is fine.
+pub fn remove_request_dir(group: &str) -> Result<()> {
+    remove_request_dir_in(Path::new(REQUEST_ROOT), group)
+}
+
+fn remove_request_dir_in(root: &Path, group: &str) -> Result<()> {
+    let dir = request_dir_in(root, group)?;
+    // Every tmpfs stacked there (two creates racing could mount twice).
+    loop {
+        match nix::mount::umount2(&dir, MntFlags::MNT_DETACH) {
+            Ok(()) => continue,
+            // Not a mount point (any more), or not there at all.
+            Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => break,
+            Err(e) => return Err(e).io_context(|| format!("unmount the request directory {dir:?}")),
+        }
+    }
+    match std::fs::remove_dir_all(&dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e).io_context(|| format!("remove {dir:?}")),
+        _ => Ok(()),
+    }
 }
 
 /// CRIU options added for the restore of a checkpoint a dead shim kept into
@@ -129,5 +199,44 @@ mod tests {
         assert_eq!(v["annotations"]["org.criu.config"], run.path().join("criu.conf").to_str().unwrap());
         assert_eq!(mounts[1]["source"], root.join("pod").to_str().unwrap());
         assert_eq!(std::fs::read_to_string(run.path().join("criu.conf")).unwrap(), CRIU_CONFIG);
+        remove_request_dir_in(&root, "pod").unwrap();
+    }
+
+    fn mounts_at(dir: &Path) -> usize {
+        let dir = dir.to_str().unwrap();
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.split(' ').nth(4) == Some(dir))
+            .count()
+    }
+
+    /// The request directory is a tiny tmpfs (once, the container could
+    /// fill the host's /run through it), mounted once for the pod and
+    /// gone, unmounted, after remove_request_dir.
+    #[test]
+    fn the_request_directory_is_a_tiny_tmpfs_removed_unmounted() {
+        let b = tempfile::tempdir().unwrap();
+        std::fs::write(b.path().join("config.json"), r#"{"mounts":[]}"#).unwrap();
+        let run = tempfile::tempdir().unwrap();
+        let root = run.path().join("actors");
+        adapt_spec_in(&root, b.path(), "pod").unwrap();
+        adapt_spec_in(&root, b.path(), "pod").unwrap();
+        let dir = root.join("pod");
+        assert_eq!(mounts_at(&dir), 1);
+        let fs = nix::sys::statfs::statfs(&dir).unwrap();
+        assert_eq!(fs.filesystem_type(), nix::sys::statfs::TMPFS_MAGIC);
+        let e = std::fs::write(dir.join("request"), vec![b'x'; 64 * 1024]).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC), "{e}");
+        let filled = (0..16).filter(|i| std::fs::write(dir.join(format!("f{i}")), b"").is_ok()).count();
+        assert!(filled < 8, "{filled} files made");
+        remove_request_dir_in(&root, "pod").unwrap();
+        assert_eq!(mounts_at(&dir), 0);
+        assert!(!dir.exists());
+        remove_request_dir_in(&root, "pod").unwrap();
+        for bad in ["", ".", "..", "a/b"] {
+            assert!(adapt_spec_in(&root, b.path(), bad).is_err(), "{bad:?}");
+            assert!(remove_request_dir_in(&root, bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -10,6 +10,9 @@ use crate::error::{Error, Result};
 /// cannot dump TCP sockets on Linux ≥ 6.16, or fail on the vDSO).
 pub const MIN_VERSION: (u32, u32) = (4, 2);
 
+/// `criu --version` answers at once; past this it is killed.
+const VERSION_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Parses `criu --version` output ("Version: 4.2.1" on the first line).
 pub fn parse_version(out: &str) -> Option<(u32, u32, u32)> {
     let v = out.lines().find_map(|l| l.trim().strip_prefix("Version:"))?.trim();
@@ -25,7 +28,7 @@ pub fn parse_version(out: &str) -> Option<(u32, u32, u32)> {
 pub async fn check() -> Result<()> {
     let mut cmd = Command::new("criu");
     cmd.arg("--version");
-    let out = crate::system::reaper::output(cmd).await.map_err(|e| {
+    let out = crate::system::reaper::output(cmd, VERSION_DEADLINE).await.map_err(|e| {
         Error::FailedPrecondition(format!(
             "CRIU not found: running `criu --version` failed ({e}); torpor needs CRIU >= {}.{}",
             MIN_VERSION.0, MIN_VERSION.1

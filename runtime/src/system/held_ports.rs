@@ -1,17 +1,34 @@
 //! Held ports: while an actor is suspended, the shim holds its listening TCP
-//! ports in the pod's network namespace. The first real connection resumes
-//! the actor and is handed over to it; so is every connection that arrives
-//! during the resume. Kubelet-style probes do not wake the actor and do not
-//! fail: a bare TCP connect is accepted and closed, an HTTP GET with
-//! `User-Agent: kube-probe/…` is answered `200 ok`.
+//! sockets in the pod's network namespace, on the address each was bound to
+//! (a socket the actor bound to `127.0.0.1` or `::1` is held on loopback
+//! only, never exposed on the pod's IP; `0.0.0.0` and `::` stay wildcards;
+//! IPv6 as IPv4). The first real connection resumes the actor and is
+//! handed over to it; so is every connection that arrives during the
+//! resume. Kubelet-style probes do not wake the actor and do not fail: a
+//! bare TCP connect is accepted and closed, an HTTP GET with `User-Agent:
+//! kube-probe/…` is answered `200 ok`.
 //!
-//! Handover: the held connections are proxied to the restored process over
-//! the pod's loopback (the actor sees the shim as the peer). While the
-//! listeners are closed and the process is being restored, new SYNs to those
-//! ports are dropped (not refused) by an iptables rule in the pod's network
-//! namespace, so a client racing the resume retransmits and is served.
+//! Handover: the held connections are proxied to the restored process,
+//! connected from inside the pod's network namespace to the address the
+//! actor listens on (its loopback for a wildcard listener). So the actor
+//! sees the shim as the peer: a handed-over connection comes from the
+//! pod's own address (`127.0.0.1`/`::1` for a wildcard or loopback
+//! listener), not from the remote client; an app that trusts local peers
+//! must not trust it for connections that arrive while it sleeps (handing
+//! the original socket over instead is future work). While the listeners
+//! are closed and the process is being restored, new SYNs to those ports
+//! are dropped (not refused) by an iptables (and, for IPv6 listeners, an
+//! ip6tables) rule in the pod's network namespace, so a client racing the
+//! resume retransmits and is served.
+//!
+//! Bounds: at most [`MAX_HELD`] connections are held (or being classified)
+//! at a time; one over the bound is reset at once (RST) with a warning. An
+//! accept error (EMFILE, ENFILE, ENOBUFS...) does not end a listener: it
+//! backs off and accepts again.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener as StdListener};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -21,74 +38,219 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, IoContext, Result};
-use crate::system::netns::{in_netns, iptables_in};
+use crate::system::netns::{connect_in, in_netns, iptables_in, listening_ports};
 
 /// How long a new connection may stay silent before it counts as real
 /// traffic (a server-speaks-first client). A TCP probe closes sooner.
 const PROBE_WINDOW: Duration = Duration::from_millis(100);
+/// Connections held (or being classified) at most, for one actor; more are
+/// reset. Each costs the shim a socket and up to 4 KiB.
+pub const MAX_HELD: usize = 512;
+/// An accept error backs off this long at first, doubling up to
+/// [`ACCEPT_BACKOFF_MAX`].
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// A handed-over connection's connect to the restored actor.
+const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
+/// `-m multiport` takes at most 15 ports per rule.
+const MULTIPORT_MAX: usize = 15;
 
-/// Drop (not refuse) new connections to `ports` while the actor is being
-/// restored.
-async fn syn_drop(netns: &Path, ports: &[u16], insert: bool) -> Result<()> {
-    let list = ports.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
+/// What to hold for an actor: the sockets it listens on (`pid`, in the
+/// pod's network namespace), or, with `torpor.dev/activate-on`, the
+/// declared ports: each on the addresses the actor listens on it, or on
+/// `0.0.0.0` when it listens on it nowhere now. Sorted, no duplicates.
+pub fn listeners_for(pid: Option<i32>, declared: Option<&[u16]>) -> Vec<SocketAddr> {
+    let live = pid.map(listening_ports).unwrap_or_default();
+    let mut out: Vec<SocketAddr> = match declared {
+        None => live,
+        Some(ports) => ports
+            .iter()
+            .flat_map(|&p| {
+                let on: Vec<SocketAddr> = live.iter().filter(|a| a.port() == p).copied().collect();
+                if on.is_empty() {
+                    vec![SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), p)]
+                } else {
+                    on
+                }
+            })
+            .collect(),
+    };
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// Where a handed-over connection to listener `listen` is proxied: the
+/// same address, or the loopback of its family for a wildcard.
+fn upstream_of(listen: SocketAddr) -> SocketAddr {
+    match listen.ip() {
+        IpAddr::V4(a) if a.is_unspecified() => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), listen.port()),
+        IpAddr::V6(a) if a.is_unspecified() => SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), listen.port()),
+        _ => listen,
+    }
+}
+
+/// The ports of `listen` whose SYNs each family's rule drops: IPv4 for
+/// IPv4 listeners and `::` (a dual-stack wildcard takes IPv4 too), IPv6 for
+/// IPv6 listeners.
+fn syn_drop_ports(listen: &[SocketAddr]) -> [(&'static str, Vec<u16>); 2] {
+    let mut v4: Vec<u16> = listen
+        .iter()
+        .filter(|a| a.is_ipv4() || a.ip().is_unspecified())
+        .map(|a| a.port())
+        .collect();
+    let mut v6: Vec<u16> = listen.iter().filter(|a| a.is_ipv6()).map(|a| a.port()).collect();
+    for p in [&mut v4, &mut v6] {
+        p.sort_unstable();
+        p.dedup();
+    }
+    [("iptables", v4), ("ip6tables", v6)]
+}
+
+/// Drop (not refuse) new connections to the ports of `listen` while the
+/// actor is being restored.
+async fn syn_drop(netns: &Path, listen: &[SocketAddr], insert: bool) -> Result<()> {
     let op = if insert { "-I" } else { "-D" };
-    let out = iptables_in(
-        netns,
-        "iptables",
-        // Not on loopback: the shim's own proxy connects to the actor that way.
-        &[op, "INPUT", "!", "-i", "lo", "-p", "tcp", "--syn", "-m", "multiport", "--dports", &list, "-j", "DROP"],
-    )
-    .await?;
-    if out.status.success() {
+    let mut errors = Vec::new();
+    for (tool, ports) in syn_drop_ports(listen) {
+        for chunk in ports.chunks(MULTIPORT_MAX) {
+            let list = chunk.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
+            // Not on loopback: the shim's own proxy connects to the actor that way.
+            let args = [op, "INPUT", "!", "-i", "lo", "-p", "tcp", "--syn", "-m", "multiport", "--dports", &list, "-j", "DROP"];
+            match iptables_in(netns, tool, &args).await {
+                Ok(out) if out.status.success() => {}
+                Ok(out) => errors.push(format!("{tool} {op} (ports {list}): {}", String::from_utf8_lossy(&out.stderr).trim())),
+                Err(e) => errors.push(format!("{tool} {op} (ports {list}): {e}")),
+            }
+        }
+    }
+    if errors.is_empty() {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!(
-            "iptables {op} in {netns:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )))
+        Err(Error::InvalidArgument(format!("in {netns:?}: {}", errors.join("; "))))
     }
 }
 
 /// A connection held for the actor, with the bytes already read from it.
 struct Held {
     stream: TcpStream,
-    port: u16,
+    /// The listener it came in on.
+    listen: SocketAddr,
     head: Vec<u8>,
 }
 
 /// Listeners armed for one suspended actor.
 pub struct Armed {
     netns: PathBuf,
-    ports: Vec<u16>,
+    listen: Vec<SocketAddr>,
     stop: Option<oneshot::Sender<oneshot::Sender<Vec<Held>>>>,
 }
 
+/// A listening socket bound to `addr`; an IPv6 wildcard is IPv6-only when
+/// `v6_only` (an IPv4 listener on the same port is held beside it).
+fn bind(addr: SocketAddr, v6_only: bool) -> std::io::Result<StdListener> {
+    let family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: socket(2) with constant arguments; the result is checked.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a new socket this function owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let set = |level: libc::c_int, opt: libc::c_int| {
+        let one: libc::c_int = 1;
+        // SAFETY: a c_int option that lives for the call.
+        let rc = unsafe {
+            libc::setsockopt(fd.as_raw_fd(), level, opt, (&one as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as libc::socklen_t)
+        };
+        if rc < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // As std's bind does: a port whose old connections linger in TIME_WAIT.
+    set(libc::SOL_SOCKET, libc::SO_REUSEADDR)?;
+    if addr.is_ipv6() && v6_only {
+        set(libc::IPPROTO_IPV6, libc::IPV6_V6ONLY)?;
+    }
+    // SAFETY: bind(2) and listen(2) on our socket, with a sockaddr of the
+    // socket's family that lives for the call.
+    let rc = unsafe {
+        match addr {
+            SocketAddr::V4(a) => {
+                let mut sa: libc::sockaddr_in = std::mem::zeroed();
+                sa.sin_family = libc::AF_INET as libc::sa_family_t;
+                sa.sin_port = a.port().to_be();
+                sa.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
+                libc::bind(fd.as_raw_fd(), (&sa as *const libc::sockaddr_in).cast(), std::mem::size_of_val(&sa) as libc::socklen_t)
+            }
+            SocketAddr::V6(a) => {
+                let mut sa: libc::sockaddr_in6 = std::mem::zeroed();
+                sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+                sa.sin6_port = a.port().to_be();
+                sa.sin6_addr.s6_addr = a.ip().octets();
+                sa.sin6_scope_id = a.scope_id();
+                libc::bind(fd.as_raw_fd(), (&sa as *const libc::sockaddr_in6).cast(), std::mem::size_of_val(&sa) as libc::socklen_t)
+            }
+        }
+    };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: listen(2) on our bound socket.
+    if unsafe { libc::listen(fd.as_raw_fd(), 1024) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(StdListener::from(fd))
+}
+
 impl Armed {
-    /// Binds `ports` in `netns` and starts watching them. The first real
-    /// connection sends one message on `wake`.
-    pub fn arm(netns: &Path, ports: Vec<u16>, wake: mpsc::UnboundedSender<()>) -> Result<Armed> {
-        let bind_ports = ports.clone();
-        let std_listeners = in_netns(netns, move || {
-            bind_ports
+    /// Binds `listen` (addresses and ports, from [`listeners_for`]) in
+    /// `netns` and starts watching them. The first real connection sends
+    /// one message on `wake`.
+    pub fn arm(netns: &Path, listen: Vec<SocketAddr>, wake: mpsc::UnboundedSender<()>) -> Result<Armed> {
+        Self::arm_bounded(netns, listen, wake, MAX_HELD)
+    }
+
+    fn arm_bounded(netns: &Path, listen: Vec<SocketAddr>, wake: mpsc::UnboundedSender<()>, limit: usize) -> Result<Armed> {
+        let addrs = listen.clone();
+        // bind(2) does not block: a short-lived thread in the namespace.
+        let bound = in_netns(netns, move || {
+            Ok(addrs
                 .iter()
-                .map(|p| {
-                    let l = StdListener::bind(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), *p))?;
-                    l.set_nonblocking(true)?;
-                    Ok(l)
+                .map(|a| {
+                    let v6_only = a.is_ipv6() && addrs.iter().any(|b| b.is_ipv4() && b.port() == a.port());
+                    (*a, bind(*a, v6_only))
                 })
-                .collect::<std::io::Result<Vec<_>>>()
+                .collect::<Vec<_>>())
         })?;
-        let listeners = std_listeners
-            .into_iter()
-            .map(TcpListener::from_std)
-            .collect::<std::io::Result<Vec<_>>>()
-            .io_context(|| "register activation listeners".into())?;
+        // One address that cannot be bound (a link-local one without its
+        // scope...) does not cost the others their activation.
+        let mut listeners = Vec::new();
+        let mut listen = Vec::new();
+        let mut failed = Vec::new();
+        for (a, r) in bound {
+            match r.and_then(TcpListener::from_std) {
+                Ok(l) => {
+                    listeners.push((l, a));
+                    listen.push(a);
+                }
+                Err(e) => failed.push(format!("{a}: {e}")),
+            }
+        }
+        if listeners.is_empty() {
+            return Err(Error::InvalidArgument(format!("no activation listener in {netns:?}: {}", failed.join("; "))));
+        }
+        if !failed.is_empty() {
+            warn!(netns = ?netns, "activation: not held: {}", failed.join("; "));
+        }
         let (stop_tx, stop_rx) = oneshot::channel();
-        tokio::spawn(watch(listeners, wake, stop_rx));
-        info!(ports = ?ports, "activation armed");
+        tokio::spawn(watch(listeners, wake, stop_rx, limit));
+        info!(listen = ?listen, "activation armed");
         Ok(Armed {
             netns: netns.to_path_buf(),
-            ports,
+            listen,
             stop: Some(stop_tx),
         })
     }
@@ -96,7 +258,7 @@ impl Armed {
     /// Before the restore: new SYNs are dropped, the listeners closed, and
     /// every connection accepted so far is kept for the handover.
     pub async fn begin_handover(mut self) -> Handover {
-        if let Err(e) = syn_drop(&self.netns, &self.ports, true).await {
+        if let Err(e) = syn_drop(&self.netns, &self.listen, true).await {
             warn!("activation: cannot hold new connections during the resume: {e}");
         }
         let mut held = Vec::new();
@@ -108,7 +270,7 @@ impl Armed {
         }
         Handover {
             netns: self.netns.clone(),
-            ports: self.ports.clone(),
+            listen: self.listen.clone(),
             held,
         }
     }
@@ -117,7 +279,7 @@ impl Armed {
 /// Connections waiting for the restored actor.
 pub struct Handover {
     netns: PathBuf,
-    ports: Vec<u16>,
+    listen: Vec<SocketAddr>,
     held: Vec<Held>,
 }
 
@@ -135,7 +297,7 @@ impl Handover {
                 }
             });
         }
-        if let Err(e) = syn_drop(&self.netns, &self.ports, false).await {
+        if let Err(e) = syn_drop(&self.netns, &self.listen, false).await {
             warn!("activation: remove the SYN drop rule: {e}");
         }
         if n > 0 {
@@ -145,10 +307,7 @@ impl Handover {
 }
 
 async fn proxy(netns: &Path, mut h: Held) -> Result<()> {
-    let port = h.port;
-    let upstream = in_netns(netns, move || StdStream::connect((Ipv4Addr::LOCALHOST, port)))?;
-    upstream.set_nonblocking(true).io_context(|| "nonblocking".into())?;
-    let mut upstream = TcpStream::from_std(upstream).io_context(|| "register upstream".into())?;
+    let mut upstream = connect_in(netns, upstream_of(h.listen), CONNECT_DEADLINE).await?;
     upstream.write_all(&h.head).await.io_context(|| "forward first bytes".into())?;
     tokio::io::copy_bidirectional(&mut h.stream, &mut upstream)
         .await
@@ -156,36 +315,84 @@ async fn proxy(netns: &Path, mut h: Held) -> Result<()> {
     Ok(())
 }
 
-/// Accepts on all listeners until told to stop; classifies each connection.
+/// Accepts until the receiver is gone. An error (EMFILE...) backs off and
+/// accepts again: a listener never ends on its own.
+async fn accept_loop<T, F, Fut>(what: SocketAddr, mut accept: F, tx: mpsc::UnboundedSender<T>)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = std::io::Result<T>>,
+{
+    let mut backoff = ACCEPT_BACKOFF_MIN;
+    loop {
+        match accept().await {
+            Ok(x) => {
+                backoff = ACCEPT_BACKOFF_MIN;
+                if tx.send(x).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                if backoff == ACCEPT_BACKOFF_MIN {
+                    warn!(listen = %what, "activation: accept failed, retrying: {e}");
+                }
+                if tx.is_closed() {
+                    return;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
+            }
+        }
+    }
+}
+
+/// Resets `s` (RST, not FIN): a connection shed over the bound.
+fn reset(s: TcpStream) {
+    let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+    // SAFETY: a linger struct that lives for the call, on a socket we own.
+    unsafe {
+        libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_LINGER, (&linger as *const libc::linger).cast(), std::mem::size_of::<libc::linger>() as libc::socklen_t);
+    }
+    drop(s);
+}
+
+/// Accepts on all listeners until told to stop; classifies each connection;
+/// holds at most `limit` (classified or being classified), resets the rest.
 async fn watch(
-    listeners: Vec<TcpListener>,
+    listeners: Vec<(TcpListener, SocketAddr)>,
     wake: mpsc::UnboundedSender<()>,
     mut stop: oneshot::Receiver<oneshot::Sender<Vec<Held>>>,
+    limit: usize,
 ) {
     // One message per accepted connection: Some (hand over) or None (a probe).
     let (held_tx, mut held_rx) = mpsc::unbounded_channel::<Option<Held>>();
-    let (acc_tx, mut acc_rx) = mpsc::unbounded_channel::<(TcpStream, u16)>();
+    let (acc_tx, mut acc_rx) = mpsc::unbounded_channel::<(TcpStream, SocketAddr)>();
     let mut accept_tasks = Vec::new();
-    for l in listeners {
+    for (l, addr) in listeners {
         let tx = acc_tx.clone();
         accept_tasks.push(tokio::spawn(async move {
-            let port = l.local_addr().map(|a| a.port()).unwrap_or(0);
-            while let Ok((s, _)) = l.accept().await {
-                if tx.send((s, port)).is_err() {
-                    break;
-                }
-            }
+            let l = &l;
+            accept_loop(addr, move || async move { l.accept().await.map(|(s, _)| (s, addr)) }, tx).await;
         }));
     }
+    drop(acc_tx);
     let mut pending = 0usize;
     let mut held = Vec::new();
+    let mut shed = 0u64;
     loop {
         tokio::select! {
-            Some((s, port)) = acc_rx.recv() => {
+            Some((s, listen)) = acc_rx.recv() => {
+                if pending + held.len() >= limit {
+                    if shed == 0 {
+                        warn!(listen = %listen, limit, "activation: too many connections held for the sleeping actor; resetting new ones");
+                    }
+                    shed += 1;
+                    reset(s);
+                    continue;
+                }
                 pending += 1;
                 let (tx, wake) = (held_tx.clone(), wake.clone());
                 tokio::spawn(async move {
-                    let h = classify(s, port).await;
+                    let h = classify(s, listen).await;
                     if h.is_some() {
                         let _ = wake.send(());
                     }
@@ -207,7 +414,12 @@ async fn watch(
                     }
                 }
                 // Connections the kernel completed but nobody accepted yet.
-                while let Ok((s, port)) = acc_rx.try_recv() { held.push(Held { stream: s, port, head: Vec::new() }); }
+                while let Ok((s, listen)) = acc_rx.try_recv() {
+                    if held.len() < limit { held.push(Held { stream: s, listen, head: Vec::new() }); } else { shed += 1; reset(s); }
+                }
+                if shed > 0 {
+                    warn!(shed, limit, "activation: connections reset over the bound while the actor slept");
+                }
                 if let Ok(reply) = reply { let _ = reply.send(held); }
                 return;
             }
@@ -216,7 +428,7 @@ async fn watch(
 }
 
 /// `Some` for real traffic (to hand over), `None` for a probe (answered here).
-async fn classify(mut s: TcpStream, port: u16) -> Option<Held> {
+async fn classify(mut s: TcpStream, listen: SocketAddr) -> Option<Held> {
     let mut head = vec![0u8; 4096];
     match tokio::time::timeout(PROBE_WINDOW, s.read(&mut head)).await {
         Ok(Ok(0)) => None, // TCP connect probe: connected and closed
@@ -228,12 +440,12 @@ async fn classify(mut s: TcpStream, port: u16) -> Option<Held> {
                     .await;
                 None
             } else {
-                Some(Held { stream: s, port, head })
+                Some(Held { stream: s, listen, head })
             }
         }
         Ok(Err(_)) => None,
         // Silent: a client waiting for the server to speak first.
-        Err(_) => Some(Held { stream: s, port, head: Vec::new() }),
+        Err(_) => Some(Held { stream: s, listen, head: Vec::new() }),
     }
 }
 
@@ -251,5 +463,213 @@ mod tests {
         assert!(is_kube_probe(b"GET /healthz HTTP/1.1\r\nHost: x\r\nUser-Agent: kube-probe/1.31\r\n\r\n"));
         assert!(!is_kube_probe(b"GET /inc HTTP/1.1\r\nUser-Agent: curl/8\r\n\r\n"));
         assert!(!is_kube_probe(b"inc\n"));
+    }
+
+    /// A private network namespace with `lo` up, alive while this lives
+    /// (a parked thread that unshared it); nothing of the host's is touched.
+    pub(crate) struct TestNetns {
+        pub path: PathBuf,
+        pub tid: i32,
+        stop: Option<std::sync::mpsc::Sender<()>>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    }
+
+    impl TestNetns {
+        pub fn new() -> TestNetns {
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+            let thread = std::thread::spawn(move || {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                // lo up: SIOCGIFFLAGS, | IFF_UP, SIOCSIFFLAGS.
+                // SAFETY: an ifreq that lives for the calls on a socket we own.
+                unsafe {
+                    let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+                    assert!(fd >= 0);
+                    let mut ifr: libc::ifreq = std::mem::zeroed();
+                    for (d, s) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+                        *d = *s as libc::c_char;
+                    }
+                    assert!(libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) >= 0);
+                    ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+                    assert!(libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr) >= 0);
+                    libc::close(fd);
+                }
+                ready_tx.send(nix::unistd::gettid().as_raw()).unwrap();
+                let _ = stop_rx.recv();
+            });
+            let tid = ready_rx.recv().unwrap();
+            TestNetns {
+                path: PathBuf::from(format!("/proc/{}/task/{tid}/ns/net", std::process::id())),
+                tid,
+                stop: Some(stop_tx),
+                thread: Some(thread),
+            }
+        }
+    }
+
+    impl Drop for TestNetns {
+        fn drop(&mut self) {
+            drop(self.stop.take());
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    fn addr(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    /// Once every listener was bound on 0.0.0.0: a socket the actor bound
+    /// to loopback was exposed on the pod's IP while it slept.
+    #[tokio::test]
+    async fn listeners_are_held_on_the_address_the_actor_bound() {
+        let ns = TestNetns::new();
+        let listen = vec![addr("127.0.0.1:6060"), addr("0.0.0.0:8080"), addr("[::1]:6061"), addr("[::]:8081"), addr("0.0.0.0:8082"), addr("[::]:8082")];
+        let (wake, _rx) = mpsc::unbounded_channel();
+        let armed = Armed::arm(&ns.path, listen.clone(), wake).unwrap();
+        let mut want = listen.clone();
+        want.sort_unstable();
+        assert_eq!(listening_ports(ns.tid), want);
+        drop(armed);
+    }
+
+    /// An address that cannot be bound costs only itself.
+    #[tokio::test]
+    async fn an_unbindable_address_does_not_cost_the_others() {
+        let ns = TestNetns::new();
+        let (wake, _rx) = mpsc::unbounded_channel();
+        let armed = Armed::arm(&ns.path, vec![addr("127.0.0.1:6062"), addr("10.9.9.9:6063")], wake.clone()).unwrap();
+        assert_eq!(armed.listen, vec![addr("127.0.0.1:6062")]);
+        assert_eq!(listening_ports(ns.tid), vec![addr("127.0.0.1:6062")]);
+        drop(armed);
+        let e = Armed::arm(&ns.path, vec![addr("10.9.9.9:6063")], wake).err().expect("nothing bound");
+        assert!(e.to_string().contains("10.9.9.9:6063"), "{e}");
+    }
+
+    #[test]
+    fn declared_ports_use_the_actor_s_addresses() {
+        // No pid: each declared port on the IPv4 wildcard.
+        assert_eq!(listeners_for(None, Some(&[9090, 80])), vec![addr("0.0.0.0:80"), addr("0.0.0.0:9090")]);
+        let lo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = lo.local_addr().unwrap().port();
+        let got = listeners_for(Some(std::process::id() as i32), Some(&[port]));
+        assert_eq!(got, vec![lo.local_addr().unwrap()]);
+        assert_eq!(upstream_of(addr("0.0.0.0:80")), addr("127.0.0.1:80"));
+        assert_eq!(upstream_of(addr("[::]:80")), addr("[::1]:80"));
+        assert_eq!(upstream_of(addr("10.1.2.3:80")), addr("10.1.2.3:80"));
+    }
+
+    #[test]
+    fn syn_drop_rules_cover_both_families_in_chunks() {
+        let listen = vec![addr("127.0.0.1:1"), addr("[::1]:2"), addr("[::]:3")];
+        let [(t4, v4), (t6, v6)] = syn_drop_ports(&listen);
+        assert_eq!((t4, v4), ("iptables", vec![1, 3]));
+        assert_eq!((t6, v6), ("ip6tables", vec![2, 3]));
+    }
+
+    /// A connection is held, the SYN-drop rule goes in for IPv6 too, and the
+    /// connection is handed over to the actor listening on `::1` again.
+    #[tokio::test]
+    async fn an_ipv6_connection_is_held_and_handed_over() {
+        let ns = TestNetns::new();
+        let listen = addr("[::1]:7070");
+        let (wake, mut woken) = mpsc::unbounded_channel();
+        let armed = Armed::arm(&ns.path, vec![listen], wake).unwrap();
+        let client = connect_in(&ns.path, listen, CONNECT_DEADLINE).await.unwrap();
+        let (mut cr, mut cw) = client.into_split();
+        cw.write_all(b"hello").await.unwrap();
+        woken.recv().await.unwrap();
+        let handover = armed.begin_handover().await;
+        let rules = iptables_in(&ns.path, "ip6tables", &["-S", "INPUT"]).await.unwrap();
+        let rules = String::from_utf8_lossy(&rules.stdout).into_owned();
+        assert!(rules.contains("--dports 7070") && rules.contains("DROP"), "{rules}");
+        // The restored actor listens again.
+        let app = in_netns(&ns.path, move || StdListener::bind(listen)).unwrap();
+        app.set_nonblocking(true).unwrap();
+        let app = TcpListener::from_std(app).unwrap();
+        handover.finish().await;
+        let (mut conn, peer) = app.accept().await.unwrap();
+        assert!(peer.ip().is_loopback(), "{peer}");
+        let mut buf = [0u8; 5];
+        conn.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"hello");
+        conn.write_all(b"world").await.unwrap();
+        cr.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"world");
+        let rules = iptables_in(&ns.path, "ip6tables", &["-S", "INPUT"]).await.unwrap();
+        assert!(!String::from_utf8_lossy(&rules.stdout).contains("7070"));
+    }
+
+    /// Held connections are bounded: one over the bound is reset.
+    #[tokio::test]
+    async fn connections_over_the_bound_are_reset() {
+        let ns = TestNetns::new();
+        let listen = addr("127.0.0.1:7071");
+        let (wake, mut woken) = mpsc::unbounded_channel();
+        let _armed = Armed::arm_bounded(&ns.path, vec![listen], wake, 2).unwrap();
+        let mut kept = Vec::new();
+        for _ in 0..2 {
+            let mut c = connect_in(&ns.path, listen, CONNECT_DEADLINE).await.unwrap();
+            c.write_all(b"x").await.unwrap();
+            woken.recv().await.unwrap();
+            kept.push(c);
+        }
+        let mut over = connect_in(&ns.path, listen, CONNECT_DEADLINE).await.unwrap();
+        let mut buf = [0u8; 1];
+        // Liveness bound only: without the bound it would be held forever.
+        let r = tokio::time::timeout(Duration::from_secs(60), over.read(&mut buf)).await.expect("the connection over the bound was held");
+        assert_eq!(r.map_err(|e| e.kind()), Err(std::io::ErrorKind::ConnectionReset));
+    }
+
+    /// Once the accept loop ended on its first error (EMFILE), leaving the
+    /// port dead.
+    #[tokio::test]
+    async fn the_accept_loop_survives_errors() {
+        let mut script = vec![
+            Err(std::io::Error::from_raw_os_error(libc::EMFILE)),
+            Err(std::io::Error::from_raw_os_error(libc::ENFILE)),
+            Ok(1),
+            Err(std::io::Error::from_raw_os_error(libc::EMFILE)),
+            Ok(2),
+        ]
+        .into_iter();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(accept_loop(
+            addr("127.0.0.1:1"),
+            move || {
+                let next = script.next();
+                async move {
+                    match next {
+                        Some(r) => r,
+                        None => std::future::pending().await,
+                    }
+                }
+            },
+            tx,
+        ));
+        assert_eq!(rx.recv().await, Some(1));
+        assert_eq!(rx.recv().await, Some(2));
+        task.abort();
+    }
+
+    /// The proxy's connect does not block the shim's runtime: on a
+    /// one-thread runtime, other work goes on while a connect hangs (its
+    /// SYNs dropped).
+    #[test]
+    fn a_hanging_connect_does_not_block_the_runtime() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let ns = TestNetns::new();
+            let out = iptables_in(&ns.path, "iptables", &["-A", "OUTPUT", "-p", "tcp", "--dport", "7072", "-j", "DROP"]).await.unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let connect = connect_in(&ns.path, addr("127.0.0.1:7072"), Duration::from_secs(600));
+            let (tx, rx) = oneshot::channel();
+            tokio::spawn(async move { tx.send(()).unwrap() });
+            tokio::select! {
+                r = connect => panic!("the connect ended first: {:?}", r.map(|_| ())),
+                r = rx => r.unwrap(),
+            }
+        });
     }
 }

@@ -3,30 +3,94 @@
 //! network lock CRIU leaves behind after a dump.
 
 use std::fs::File;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::Path;
+use std::time::Duration;
+
+use tokio::net::{TcpSocket, TcpStream};
 
 use crate::error::{Error, IoContext, Result};
 
-/// TCP ports in LISTEN state in the network namespace of `pid`.
-pub fn listening_ports(pid: i32) -> Vec<u16> {
-    let mut ports = Vec::new();
+/// Deadline of one nsenter/iptables call. iptables waits at most
+/// [`XTABLES_WAIT_S`] for the xtables lock, then fails on its own.
+pub const IPTABLES_DEADLINE: Duration = Duration::from_secs(30);
+const XTABLES_WAIT_S: &str = "10";
+
+/// The TCP sockets in LISTEN state in the network namespace of `pid`: the
+/// address each is bound to (`0.0.0.0` and `::` stay wildcards, a
+/// loopback address stays loopback) and its port, from `/proc/<pid>/net/tcp`
+/// and `tcp6`; an IPv4-mapped IPv6 address is given as the IPv4 one.
+/// Sorted, without duplicates (`SO_REUSEPORT` groups list one socket each).
+pub fn listening_ports(pid: i32) -> Vec<SocketAddr> {
+    let mut out = Vec::new();
     for table in ["tcp", "tcp6"] {
         let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else { continue };
-        for line in text.lines().skip(1) {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() > 3 && f[3] == "0A" {
-                if let Some(port) = f[1].rsplit(':').next().and_then(|p| u16::from_str_radix(p, 16).ok()) {
-                    ports.push(port);
-                }
-            }
-        }
+        out.extend(parse_listeners(&text));
     }
-    ports.sort_unstable();
-    ports.dedup();
-    ports
+    out.sort_unstable();
+    out.dedup();
+    out
 }
 
-/// Runs `f` on a thread that has entered the network namespace `netns`.
+/// The LISTEN sockets of one `/proc/net/tcp` or `tcp6` table.
+fn parse_listeners(text: &str) -> Vec<SocketAddr> {
+    let mut out = Vec::new();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() <= 3 || f[3] != "0A" {
+            continue;
+        }
+        let Some((addr, port)) = f[1].split_once(':') else { continue };
+        let (Some(ip), Ok(port)) = (parse_proc_ip(addr), u16::from_str_radix(port, 16)) else { continue };
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+            v4 => v4,
+        };
+        out.push(SocketAddr::new(ip, port));
+    }
+    out
+}
+
+/// An address as the kernel prints it in `/proc/net/tcp*`: 32-bit words in
+/// hex, each in host byte order.
+fn parse_proc_ip(hex: &str) -> Option<IpAddr> {
+    let word = |i: usize| hex.get(i * 8..i * 8 + 8).and_then(|w| u32::from_str_radix(w, 16).ok()).map(u32::to_ne_bytes);
+    match hex.len() {
+        8 => Some(IpAddr::V4(Ipv4Addr::from(word(0)?))),
+        32 => {
+            let mut b = [0u8; 16];
+            for i in 0..4 {
+                b[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+            }
+            Some(IpAddr::V6(Ipv6Addr::from(b)))
+        }
+        _ => None,
+    }
+}
+
+/// Connects to `addr` from inside the network namespace `netns` without
+/// blocking the caller: the socket is made in the namespace (a socket keeps
+/// the namespace it was made in) on a blocking-pool thread, then connected
+/// asynchronously, within `deadline`.
+pub async fn connect_in(netns: &Path, addr: SocketAddr, deadline: Duration) -> Result<TcpStream> {
+    let ns = netns.to_path_buf();
+    let socket = tokio::task::spawn_blocking(move || {
+        in_netns(&ns, move || if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() })
+    })
+    .await
+    .map_err(|e| Error::InvalidArgument(format!("socket in {netns:?}: {e}")))??;
+    match tokio::time::timeout(deadline, socket.connect(addr)).await {
+        Ok(r) => r.io_context(|| format!("connect to {addr} in {netns:?}")),
+        Err(_) => Err(Error::Io {
+            context: format!("connect to {addr} in {netns:?}: no answer within {deadline:?}"),
+            source: std::io::Error::new(std::io::ErrorKind::TimedOut, "deadline exceeded"),
+        }),
+    }
+}
+
+/// Runs `f` on a thread that has entered the network namespace `netns`
+/// (and waits for it: call it from a blocking context, or for work that
+/// does not block, such as a bind).
 pub fn in_netns<T: Send + 'static>(netns: &Path, f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> Result<T> {
     let ns = File::open(netns).io_context(|| format!("open network namespace {netns:?}"))?;
     let path = netns.to_path_buf();
@@ -41,11 +105,12 @@ pub fn in_netns<T: Send + 'static>(netns: &Path, f: impl FnOnce() -> std::io::Re
 }
 
 /// Runs `iptables ARGS` (or ip6tables) in the network namespace `netns`,
-/// through nsenter and the reaper (the shim reaps all its children).
+/// through nsenter and the reaper (the shim reaps all its children),
+/// within [`IPTABLES_DEADLINE`].
 pub async fn iptables_in(netns: &Path, tool: &str, args: &[&str]) -> Result<std::process::Output> {
     let mut cmd = std::process::Command::new("nsenter");
-    cmd.arg(format!("--net={}", netns.display())).arg(tool).arg("-w").args(args);
-    crate::system::reaper::output(cmd).await
+    cmd.arg(format!("--net={}", netns.display())).arg(tool).args(["-w", XTABLES_WAIT_S]).args(args);
+    crate::system::reaper::output(cmd, IPTABLES_DEADLINE).await
 }
 
 /// Removes the network lock CRIU leaves in the pod's network namespace
@@ -79,3 +144,45 @@ pub async fn unlock_criu_network(netns: &Path) -> Result<()> {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listeners_keep_their_address() {
+        let tcp = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1794 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0000000000000000 100 0 0 10 0
+   1: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 2 1 0000000000000000 100 0 0 10 0
+   2: 0100007F:1F90 0100007F:C350 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0000000000000000 100 0 0 10 0
+   3: 0A01A8C0:0050 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4 1 0000000000000000 100 0 0 10 0
+";
+        let tcp6 = "  sl  local_address                         remote_address                        st
+   0: 00000000000000000000000000000000:1F91 00000000000000000000000000000000:0000 0A 0
+   1: 00000000000000000000000001000000:1795 00000000000000000000000000000000:0000 0A 0
+   2: 0000000000000000FFFF00000100007F:1796 00000000000000000000000000000000:0000 0A 0
+";
+        let v4 = parse_listeners(tcp);
+        let want: Vec<SocketAddr> = ["127.0.0.1:6036", "0.0.0.0:8080", "192.168.1.10:80"].iter().map(|s| s.parse().unwrap()).collect();
+        assert_eq!(v4, want);
+        let v6 = parse_listeners(tcp6);
+        let want: Vec<SocketAddr> = ["[::]:8081", "[::1]:6037", "127.0.0.1:6038"].iter().map(|s| s.parse().unwrap()).collect();
+        assert_eq!(v6, want);
+    }
+
+    /// This process's own listeners, read back from /proc with their
+    /// addresses.
+    #[test]
+    fn listening_ports_of_a_live_process() {
+        let lo = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let any = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let found = listening_ports(std::process::id() as i32);
+        assert!(found.contains(&lo.local_addr().unwrap()), "{found:?}");
+        assert!(found.contains(&any.local_addr().unwrap()), "{found:?}");
+        let lo_port = lo.local_addr().unwrap().port();
+        assert!(!found.iter().any(|a| a.port() == lo_port && a.ip().is_unspecified()), "{found:?}");
+        if let Ok(v6) = std::net::TcpListener::bind("[::1]:0") {
+            assert!(listening_ports(std::process::id() as i32).contains(&v6.local_addr().unwrap()));
+        }
+    }
+}

@@ -4,9 +4,19 @@
 //! re-parented to it, and it also runs runc itself. All of them are reaped in
 //! one place, here, with `waitpid(-1)`; whoever waits for a pid subscribes
 //! *before* the child can exit, so no exit is ever missed.
+//!
+//! **Deadlines.** Every short-lived command ([`output`], [`status`]) runs
+//! with a deadline, in a process group of its own: when the deadline
+//! passes, the whole group is SIGKILLed (runc *and* the CRIU it runs), and
+//! the caller gets an I/O error of kind `TimedOut` naming the command and
+//! the deadline ([`is_timeout`]). The deadline bounds the command only:
+//! what it leaves running on success (the container process after `runc
+//! create --detach`, in a session of its own) is never touched.
 
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use tracing::{debug, warn};
 use nix::errno::Errno;
@@ -14,7 +24,11 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use tokio::sync::mpsc;
 
-use crate::error::{IoContext, Result};
+use crate::error::{Error, IoContext, Result};
+
+/// How long a command killed at its deadline may take to be reaped before
+/// the caller gets its error anyway.
+const KILL_GRACE: Duration = Duration::from_secs(5);
 
 /// One reaped child: its pid and its exit status in the shell convention
 /// (the exit code, or 128 + the signal number).
@@ -56,20 +70,33 @@ fn reaper() -> &'static Reaper {
     REAPER.get_or_init(|| {
         let subscribers: Subscribers = Arc::default();
         let subs = subscribers.clone();
-        // The handler is installed here, synchronously, before the task runs,
+        // On a thread (and runtime) of its own, so that it outlives the
+        // runtime that first asked for it (each unit test has its own). The
+        // handler is installed here, synchronously, before the loop runs,
         // so a SIGCHLD that arrives meanwhile is recorded, not lost.
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) {
-            Ok(mut sig) => {
-                tokio::spawn(async move {
-                    loop {
-                        reap_all(&subs);
-                        if sig.recv().await.is_none() {
-                            break;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build();
+        let sig = rt.as_ref().map_err(|e| e.to_string()).and_then(|rt| {
+            let _in = rt.enter();
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()).map_err(|e| e.to_string())
+        });
+        match (rt, sig) {
+            (Ok(rt), Ok(mut sig)) => {
+                let spawned = std::thread::Builder::new().name("reaper".into()).spawn(move || {
+                    rt.block_on(async move {
+                        loop {
+                            reap_all(&subs);
+                            if sig.recv().await.is_none() {
+                                break;
+                            }
                         }
-                    }
+                    })
                 });
+                if let Err(e) = spawned {
+                    warn!("cannot start the reaper thread: {e}");
+                }
             }
-            Err(e) => warn!("cannot install the SIGCHLD handler: {e}"),
+            (Err(e), _) => warn!("cannot start the reaper's runtime: {e}"),
+            (_, Err(e)) => warn!("cannot install the SIGCHLD handler: {e}"),
         }
         Reaper {
             subscribers,
@@ -114,6 +141,17 @@ impl Subscription {
         self.rx.recv().await
     }
 
+    /// Whether the exit of `pid` was already reaped (drops the others
+    /// received so far).
+    fn exited(&mut self, pid: i32) -> bool {
+        while let Ok(e) = self.rx.try_recv() {
+            if e.pid == pid {
+                return true;
+            }
+        }
+        false
+    }
+
     /// Waits for the exit of `pid`, dropping the others.
     pub async fn wait_for(&mut self, pid: i32) -> i32 {
         while let Some(e) = self.rx.recv().await {
@@ -134,7 +172,7 @@ impl Drop for Subscription {
     }
 }
 
-/// Subscribes to all exits. Must be called inside the tokio runtime.
+/// Subscribes to all exits.
 pub fn subscribe() -> Subscription {
     let r = reaper();
     let (tx, rx) = mpsc::unbounded_channel();
@@ -148,32 +186,116 @@ pub fn subscribe() -> Subscription {
 }
 
 /// Runs a command to completion through the reaper, capturing stdout and
-/// stderr. Use it for every short-lived child of the shim.
-pub async fn output(mut cmd: Command) -> Result<Output> {
+/// stderr. Use it for every short-lived child of the shim. Past `deadline`
+/// its process group is killed and the error names the command.
+pub async fn output(mut cmd: Command, deadline: Duration) -> Result<Output> {
     let mut sub = subscribe();
-    tag(&mut cmd);
+    prepare(&mut cmd);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let child = cmd.spawn().io_context(|| format!("spawn {:?}", cmd.get_program()))?;
+    let what = describe(&cmd);
+    let child = cmd.spawn().io_context(|| format!("spawn {what}"))?;
     let pid = child.id() as i32;
-    let (stdout, stderr) = read_pipes(child).await?;
-    let status = sub.wait_for(pid).await;
-    Ok(Output {
-        status: exit_status(status),
-        stdout,
-        stderr,
-    })
+    let run = async {
+        let pipes = read_pipes(child).await;
+        (pipes, sub.wait_for(pid).await)
+    };
+    match tokio::time::timeout(deadline, run).await {
+        Ok((pipes, status)) => {
+            let (stdout, stderr) = pipes?;
+            Ok(Output {
+                status: exit_status(status),
+                stdout,
+                stderr,
+            })
+        }
+        Err(_) => Err(timed_out(&mut sub, pid, &what, deadline).await),
+    }
 }
 
 /// Runs a command whose stdio was already set by the caller (for example the
-/// pipes of a container process) and waits for it through the reaper.
-pub async fn status(mut cmd: Command) -> Result<i32> {
+/// pipes of a container process) and waits for it through the reaper. Past
+/// `deadline` its process group is killed and the error names the command.
+pub async fn status(mut cmd: Command, deadline: Duration) -> Result<i32> {
     let mut sub = subscribe();
-    tag(&mut cmd);
-    let child = cmd.spawn().io_context(|| format!("spawn {:?}", cmd.get_program()))?;
+    prepare(&mut cmd);
+    let what = describe(&cmd);
+    let child = cmd.spawn().io_context(|| format!("spawn {what}"))?;
     let pid = child.id() as i32;
     drop(cmd); // close our copies of the child's stdio
     drop(child);
-    Ok(sub.wait_for(pid).await)
+    match tokio::time::timeout(deadline, sub.wait_for(pid)).await {
+        Ok(code) => Ok(code),
+        Err(_) => Err(timed_out(&mut sub, pid, &what, deadline).await),
+    }
+}
+
+/// Whether `e` is a command that did not finish within its deadline.
+pub fn is_timeout(e: &Error) -> bool {
+    matches!(e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::TimedOut)
+}
+
+/// Tags the child and puts it in a process group of its own (its pid), so
+/// that a deadline reaches everything it started that stayed in the group.
+fn prepare(cmd: &mut Command) {
+    tag(cmd);
+    cmd.process_group(0);
+}
+
+/// The command line, for errors: the program and its arguments, shortened.
+fn describe(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    if s.len() > 300 {
+        let mut end = 300;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push('…');
+    }
+    format!("`{s}`")
+}
+
+/// The deadline of child `pid` passed: its process group is killed (unless
+/// it exited meanwhile), and it is reaped (bounded by [`KILL_GRACE`]).
+async fn timed_out(sub: &mut Subscription, pid: i32, what: &str, deadline: Duration) -> Error {
+    // The pid (and so the group id) cannot be reused before it is reaped,
+    // which this subscription would have seen.
+    if !sub.exited(pid) {
+        warn!(pid, command = what, ?deadline, "command past its deadline: killing its process group");
+        let _ = nix::sys::signal::killpg(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        if tokio::time::timeout(KILL_GRACE, sub.wait_for(pid)).await.is_err() {
+            warn!(pid, command = what, "killed command not reaped within {KILL_GRACE:?}");
+        }
+    }
+    Error::Io {
+        context: format!("{what} did not finish within its deadline of {deadline:?}; its process group was killed"),
+        source: std::io::Error::new(std::io::ErrorKind::TimedOut, "deadline exceeded"),
+    }
+}
+
+/// A deadline from environment variable `var` (whole seconds, at least 1),
+/// else `default`. A value that is not one is an error naming it.
+pub fn deadline_from_env(var: &str, default: Duration) -> Result<Duration> {
+    match std::env::var(var) {
+        Err(std::env::VarError::NotPresent) => Ok(default),
+        Ok(v) => parse_seconds(&v)
+            .ok_or_else(|| Error::InvalidArgument(format!("${var}={v:?}: expected a whole number of seconds from 1 to 86400"))),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(Error::InvalidArgument(format!("${var}={v:?}: expected a whole number of seconds from 1 to 86400")))
+        }
+    }
+}
+
+fn parse_seconds(v: &str) -> Option<Duration> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = v.parse().ok()?;
+    (1..=86_400).contains(&n).then(|| Duration::from_secs(n))
 }
 
 async fn read_pipes(mut child: Child) -> Result<(Vec<u8>, Vec<u8>)> {
@@ -236,17 +358,81 @@ pub fn kill_tagged(shim: &str) {
 mod tests {
     use super::*;
 
+    const LONG: Duration = Duration::from_secs(600);
+
+    fn alive(pid: i32) -> bool {
+        // A zombie counts as gone.
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+            .unwrap_or(false)
+    }
+
     #[tokio::test]
     async fn output_and_status_through_the_reaper() {
         let mut c = Command::new("sh");
         c.args(["-c", "echo out; echo err >&2; exit 3"]);
-        let o = output(c).await.unwrap();
+        let o = output(c, LONG).await.unwrap();
         assert_eq!(o.status.code(), Some(3));
         assert_eq!(o.stdout, b"out\n");
         assert_eq!(o.stderr, b"err\n");
 
         let mut c = Command::new("sh");
         c.args(["-c", "kill -9 $$"]);
-        assert_eq!(status(c).await.unwrap(), 137);
+        assert_eq!(status(c, LONG).await.unwrap(), 137);
+    }
+
+    /// A command that hangs is killed at its deadline with everything in
+    /// its process group (a child it started, as runc starts CRIU), and
+    /// the error names it.
+    #[tokio::test]
+    async fn a_hung_command_is_killed_with_its_group_at_the_deadline() {
+        let d = tempfile::tempdir().unwrap();
+        let pidfile = d.path().join("grandchild");
+        let script = format!("sleep 1000 & echo $! > {}; wait", pidfile.display());
+        let mut c = Command::new("sh");
+        c.args(["-c", &script]);
+        let e = output(c, Duration::from_millis(300)).await.unwrap_err();
+        assert!(is_timeout(&e), "{e}");
+        let msg = e.to_string();
+        assert!(msg.contains("sleep 1000") && msg.contains("300ms"), "{msg}");
+        let grandchild: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        // SIGKILL is delivered at once; the reaper reaps it (we are the
+        // subreaper only in the shim, so poll until it is no more running).
+        let mut tries = 0;
+        while alive(grandchild) && tries < 1000 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            tries += 1;
+        }
+        assert!(!alive(grandchild), "the grandchild {grandchild} survived the deadline");
+
+        let mut c = Command::new("sleep");
+        c.arg("1000");
+        let e = status(c, Duration::from_millis(100)).await.unwrap_err();
+        assert!(is_timeout(&e) && e.to_string().contains("sleep 1000"), "{e}");
+    }
+
+    /// The deadline bounds the command only: what it left running in a
+    /// session of its own (runc's container process) is not killed.
+    #[tokio::test]
+    async fn a_detached_process_outlives_its_command() {
+        let d = tempfile::tempdir().unwrap();
+        let pidfile = d.path().join("detached");
+        let script = format!("setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $! > {}", pidfile.display());
+        let mut c = Command::new("sh");
+        c.args(["-c", &script]);
+        assert_eq!(status(c, LONG).await.unwrap(), 0);
+        let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        assert!(alive(pid));
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
+
+    #[test]
+    fn deadlines_from_the_environment() {
+        assert_eq!(parse_seconds("30"), Some(Duration::from_secs(30)));
+        for bad in ["", "0", "-1", "+5", "1.5", "86401", "99999999999999999999", "5s"] {
+            assert_eq!(parse_seconds(bad), None, "{bad}");
+        }
+        let unset = "TORPOR_TEST_DEADLINE_NEVER_SET";
+        assert_eq!(deadline_from_env(unset, Duration::from_secs(7)).unwrap(), Duration::from_secs(7));
     }
 }

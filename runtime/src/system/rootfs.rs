@@ -18,6 +18,17 @@
 //! followed: a symlink in the image or in the diff cannot lead a write out
 //! of the rootfs. An entry that climbs out (`..`) or has a type a layer
 //! cannot hold refuses the whole diff.
+//!
+//! Names starting with `.wh.` are reserved by the OCI image layout for
+//! whiteouts. A changeset cannot carry an ordinary file of such a name (it
+//! would be applied as a deletion), so a capture that meets one in the
+//! upper directory fails, naming the file, rather than silently losing it
+//! (the suspend fails and the actor keeps running): the format stays the
+//! standard OCI changeset, with no torpor-only escape a reader must know.
+//! At apply, a whiteout must name one plain entry: `.wh.` alone, `.wh..`
+//! and `.wh...` (a removal of the directory itself or of its parent, the
+//! bundle) are refused, as are other reserved `.wh..wh.` names and `.wh.`
+//! in a directory component.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -114,6 +125,12 @@ impl Capture<'_> {
             let path = self.upper.join(&rel);
             let md = std::fs::symlink_metadata(&path).io_context(|| format!("stat {path:?}"))?;
             let ft = md.file_type();
+            if name.as_bytes().starts_with(WHITEOUT) {
+                return Err(Error::FailedPrecondition(format!(
+                    "{path:?}: a file whose name starts with \".wh.\" cannot be carried in a rootfs diff \
+                     (OCI layers reserve the prefix for deletions); rename or remove it to suspend the container"
+                )));
+            }
             if ft.is_char_device() && md.rdev() == 0 {
                 let mut wh = OsString::from(OsStr::from_bytes(WHITEOUT));
                 wh.push(&name);
@@ -230,14 +247,18 @@ pub fn apply(diff: &Path, rootfs: &Path) -> Result<DiffStats> {
         let rel = inside(&raw).ok_or_else(|| corrupt(format!("entry {raw:?} leaves the rootfs")))?;
         let (Some(parent), Some(name)) = (rel.parent(), rel.file_name()) else { continue };
         let at = |what: &str| format!("{what} {rel:?} in {rootfs:?} (rootfs diff {diff:?})");
+        if let Some(bad) = parent.components().find(|c| c.as_os_str().as_bytes().starts_with(WHITEOUT)) {
+            return Err(corrupt(format!("entry {raw:?} has a reserved whiteout name {:?} as a directory", bad.as_os_str())));
+        }
+        let whiteout = whiteout_of(name).map_err(|why| corrupt(format!("entry {raw:?}: {why}")))?;
         let dir = open_in_root(&root, parent).io_context(|| at("open the directory of"))?;
-        if name == OPAQUE {
+        if whiteout == Some(Whiteout::Opaque) {
             clear(&dir).io_context(|| at("clear opaque directory of"))?;
             stats.deletions += 1;
             continue;
         }
-        if let Some(gone) = name.as_bytes().strip_prefix(WHITEOUT) {
-            remove(&dir, OsStr::from_bytes(gone)).io_context(|| at("delete (whiteout)"))?;
+        if let Some(Whiteout::Remove(gone)) = whiteout {
+            remove(&dir, gone).io_context(|| at("delete (whiteout)"))?;
             stats.deletions += 1;
             continue;
         }
@@ -329,6 +350,33 @@ pub fn apply(diff: &Path, rootfs: &Path) -> Result<DiffStats> {
     Ok(stats)
 }
 
+/// What a `.wh.` name in a changeset means.
+#[derive(Debug, PartialEq, Eq)]
+enum Whiteout<'a> {
+    /// `.wh..wh..opq`: the directory's lower contents are gone.
+    Opaque,
+    /// `.wh.<name>`: `<name>` is gone.
+    Remove(&'a OsStr),
+}
+
+/// `None` for an ordinary name; a whiteout; or why the name is refused:
+/// a whiteout must name one plain entry of its directory (never the
+/// directory itself or its parent), and `.wh..wh.` names other than the
+/// opaque marker are reserved.
+fn whiteout_of(name: &OsStr) -> std::result::Result<Option<Whiteout<'_>>, String> {
+    if name == OPAQUE {
+        return Ok(Some(Whiteout::Opaque));
+    }
+    let Some(gone) = name.as_bytes().strip_prefix(WHITEOUT) else { return Ok(None) };
+    if gone.is_empty() || gone == b"." || gone == b".." {
+        return Err(format!("whiteout {name:?} names no entry of its directory"));
+    }
+    if gone.starts_with(WHITEOUT) {
+        return Err(format!("{name:?} is a reserved whiteout name"));
+    }
+    Ok(Some(Whiteout::Remove(OsStr::from_bytes(gone))))
+}
+
 /// `path` as a path below the root: `/` and `.` dropped; `..` (or
 /// anything else that is not a plain name) refused.
 fn inside(path: &Path) -> Option<PathBuf> {
@@ -380,6 +428,41 @@ fn clear<Fd: AsFd>(dir: Fd) -> nix::Result<()> {
         remove(&dir, &n)?;
     }
     Ok(())
+}
+
+/// Fuzzing entry (`fuzz/fuzz_targets/fuzz_rootfs_apply.rs`, and the corpus
+/// replay in the tests): applies `data` as a changeset to a scratch rootfs
+/// inside a scratch bundle (under `$TMPDIR`). Whatever `data` holds,
+/// nothing outside the rootfs changes and nothing panics.
+#[doc(hidden)]
+pub fn fuzz_apply(data: &[u8]) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let base = std::env::temp_dir().join(format!("torpor-fuzz-apply-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+    let (bundle, outside, diff) = (base.join("bundle"), base.join("outside"), base.join("diff.tar"));
+    let rootfs = bundle.join("rootfs");
+    let setup = std::fs::create_dir_all(rootfs.join("etc"))
+        .and_then(|()| std::fs::write(rootfs.join("etc/kept"), b"k"))
+        .and_then(|()| std::fs::write(bundle.join("config.json"), b"{}"))
+        .and_then(|()| std::fs::write(&outside, b"outside"))
+        .and_then(|()| std::fs::write(&diff, data));
+    if let Err(e) = setup {
+        let _ = std::fs::remove_dir_all(&base);
+        panic!("fuzz scratch {base:?}: {e}");
+    }
+    let _ = apply(&diff, &rootfs);
+    let names = |d: &Path| {
+        let mut v: Vec<OsString> = std::fs::read_dir(d).map(|r| r.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
+        v.sort();
+        v
+    };
+    let ok = names(&base) == ["bundle", "diff.tar", "outside"]
+        && names(&bundle) == ["config.json", "rootfs"]
+        && std::fs::read(&outside).ok().as_deref() == Some(&b"outside"[..])
+        && std::fs::read(bundle.join("config.json")).ok().as_deref() == Some(&b"{}"[..])
+        && std::fs::read(base.join("diff.tar")).ok().as_deref() == Some(data);
+    let _ = std::fs::remove_dir_all(&base);
+    assert!(ok, "the changeset changed something outside the rootfs");
 }
 
 #[cfg(test)]
@@ -479,5 +562,75 @@ mod tests {
         let e = apply(&diff, &rootfs).unwrap_err().to_string();
         assert!(e.contains("leaves the rootfs"), "{e}");
         assert!(!t.path().join("evil").exists());
+    }
+
+    /// A tar holding one empty regular file per name, written raw into
+    /// the header (tar's builder would normalise some of them).
+    fn raw_tar(path: &Path, names: &[&str]) {
+        let mut b = tar::Builder::new(File::create(path).unwrap());
+        for n in names {
+            let mut h = tar::Header::new_gnu();
+            h.as_gnu_mut().unwrap().name[..n.len()].copy_from_slice(n.as_bytes());
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o644);
+            h.set_size(0);
+            h.set_cksum();
+            b.append(&h, std::io::empty()).unwrap();
+        }
+        b.finish().unwrap();
+    }
+
+    /// `.wh...` once removed `..` of the rootfs: the whole bundle.
+    #[test]
+    fn a_whiteout_cannot_name_its_directory_or_its_parent() {
+        for bad in [".wh...", ".wh..", ".wh.", "sub/.wh...", "sub/.wh..", ".wh..wh.x", ".wh.d/f", "sub/.wh..wh..wh...opq"] {
+            let t = tempfile::tempdir().unwrap();
+            let bundle = t.path().join("bundle");
+            let (rootfs, diff) = (bundle.join("rootfs"), t.path().join("d.tar"));
+            std::fs::create_dir_all(rootfs.join("sub")).unwrap();
+            std::fs::write(bundle.join("config.json"), b"{}").unwrap();
+            std::fs::write(rootfs.join("kept"), b"k").unwrap();
+            std::fs::write(rootfs.join("sub/kept"), b"k").unwrap();
+            raw_tar(&diff, &[bad]);
+            let e = apply(&diff, &rootfs).unwrap_err();
+            assert!(matches!(e, Error::Corrupt(_)), "{bad}: {e}");
+            assert!(bundle.join("config.json").exists(), "{bad}: the bundle was cleared");
+            assert!(rootfs.join("kept").exists() && rootfs.join("sub/kept").exists(), "{bad}: the rootfs was cleared");
+        }
+        // An ordinary whiteout still deletes.
+        let t = tempfile::tempdir().unwrap();
+        let (rootfs, diff) = (t.path().join("rootfs"), t.path().join("d.tar"));
+        std::fs::create_dir_all(rootfs.join("sub")).unwrap();
+        std::fs::write(rootfs.join("sub/gone"), b"g").unwrap();
+        raw_tar(&diff, &["sub/.wh.gone"]);
+        assert_eq!(apply(&diff, &rootfs).unwrap().deletions, 1);
+        assert!(!rootfs.join("sub/gone").exists() && rootfs.join("sub").exists());
+    }
+
+    /// A file named `.wh.*` would be applied as a deletion (of `..` for
+    /// `.wh...`): the capture refuses it and names it.
+    #[test]
+    fn a_capture_refuses_a_file_named_like_a_whiteout() {
+        for name in [".wh...", ".wh.data", ".wh..wh..opq"] {
+            let t = tempfile::tempdir().unwrap();
+            let (upper, out) = (t.path().join("upper"), t.path().join(DIFF_FILE));
+            std::fs::create_dir_all(upper.join("d")).unwrap();
+            std::fs::write(upper.join("d").join(name), b"precious").unwrap();
+            let e = capture(&upper, &out).unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains("cannot be carried"), "{e}");
+            assert!(!out.exists() && !t.path().join(format!("{DIFF_FILE}.tmp")).exists());
+        }
+    }
+
+    /// The committed fuzz corpus (and any crasher kept there) replayed.
+    #[test]
+    fn fuzz_corpus_replays() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/fuzz_rootfs_apply");
+        let mut n = 0;
+        for e in std::fs::read_dir(&dir).unwrap() {
+            fuzz_apply(&std::fs::read(e.unwrap().path()).unwrap());
+            n += 1;
+        }
+        assert!(n > 0, "no corpus in {dir:?}");
     }
 }

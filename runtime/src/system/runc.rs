@@ -1,9 +1,17 @@
 //! The runc command driver. Every call goes through the [`reaper`](crate::system::reaper);
 //! a failure carries the last error runc wrote to its JSON log (for a
 //! checkpoint or restore, that names the CRIU log too).
+//!
+//! Every call has a deadline ([`reaper`] kills runc's process group, CRIU
+//! included, when it passes): [`SHORT_DEADLINE`] for state-like calls and
+//! create/exec/start, [`CRIU_DEADLINE`] for checkpoint and restore; set in
+//! whole seconds by `$TORPOR_RUNC_TIMEOUT_S` and `$TORPOR_CRIU_TIMEOUT_S`.
+//! The deadline bounds the runc invocation: after `create`, `exec` or
+//! `restore --detach` returned, the container process is not touched.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use tracing::debug;
 use serde::Deserialize;
@@ -13,6 +21,23 @@ use crate::system::reaper;
 
 /// Where torpor keeps runc's state, one directory per containerd namespace.
 pub const DEFAULT_ROOT: &str = "/run/torpor/runc";
+
+/// Deadline of runc calls that do not run CRIU (state, kill, delete, pause,
+/// ps, events, update, create, start, exec): `$TORPOR_RUNC_TIMEOUT_S`.
+pub const SHORT_DEADLINE: Duration = Duration::from_secs(60);
+/// Deadline of `runc checkpoint` and `runc restore` (CRIU writes or reads
+/// the whole memory): `$TORPOR_CRIU_TIMEOUT_S`.
+pub const CRIU_DEADLINE: Duration = Duration::from_secs(600);
+pub const SHORT_DEADLINE_ENV: &str = "TORPOR_RUNC_TIMEOUT_S";
+pub const CRIU_DEADLINE_ENV: &str = "TORPOR_CRIU_TIMEOUT_S";
+
+/// Which deadline a runc subcommand gets.
+fn deadline_of(subcommand: &str) -> Result<Duration> {
+    match subcommand {
+        "checkpoint" | "restore" => reaper::deadline_from_env(CRIU_DEADLINE_ENV, CRIU_DEADLINE),
+        _ => reaper::deadline_from_env(SHORT_DEADLINE_ENV, SHORT_DEADLINE),
+    }
+}
 
 /// runc, bound to a state root and a bundle's log file.
 #[derive(Debug, Clone)]
@@ -117,10 +142,31 @@ impl Runc {
         }
     }
 
+    /// A timeout of the reaper as a runc error naming the subcommand.
+    fn timed_out(&self, args: &[&str], deadline: Duration, e: Error) -> Error {
+        if !reaper::is_timeout(&e) {
+            return e;
+        }
+        let env = if matches!(args[0], "checkpoint" | "restore") {
+            CRIU_DEADLINE_ENV
+        } else {
+            SHORT_DEADLINE_ENV
+        };
+        Error::Io {
+            context: format!(
+                "runc {} {} did not finish within {deadline:?} (runc and what it ran, CRIU included, were killed; ${env} sets the deadline)",
+                args[0],
+                args.last().copied().unwrap_or("")
+            ),
+            source: std::io::Error::new(std::io::ErrorKind::TimedOut, "deadline exceeded"),
+        }
+    }
+
     /// Runs a runc subcommand that does not touch a container's stdio.
     async fn run(&self, args: &[&str]) -> Result<Vec<u8>> {
         debug!(args = ?args, "runc");
-        let out = reaper::output(self.command(args)).await?;
+        let deadline = deadline_of(args[0])?;
+        let out = reaper::output(self.command(args), deadline).await.map_err(|e| self.timed_out(args, deadline, e))?;
         if out.status.success() {
             Ok(out.stdout)
         } else {
@@ -133,7 +179,8 @@ impl Runc {
         debug!(args = ?args, "runc");
         let mut cmd = self.command(args);
         cmd.stdin(stdio.stdin).stdout(stdio.stdout).stderr(stdio.stderr);
-        let code = reaper::status(cmd).await?;
+        let deadline = deadline_of(args[0])?;
+        let code = reaper::status(cmd, deadline).await.map_err(|e| self.timed_out(args, deadline, e))?;
         if code == 0 {
             Ok(())
         } else {
@@ -467,6 +514,33 @@ mod tests {
         assert!(a.windows(2).any(|w| w == ["--empty-ns", "network"]));
         assert!(a.windows(2).any(|w| w == ["--manage-cgroups-mode", "soft"]));
         assert_eq!(a.last().map(String::as_str), Some("c1"));
+    }
+
+    /// A runc that hangs is killed at its deadline; the error names the
+    /// subcommand, the container and the deadline.
+    #[tokio::test]
+    async fn a_hung_runc_fails_at_its_deadline() {
+        let d = tempfile::tempdir().unwrap();
+        let fake = d.path().join("runc");
+        std::fs::write(&fake, "#!/bin/sh\nexec sleep 1000\n").unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let runc = Runc::new(&fake, d.path().join("root"), d.path());
+        let deadline = Duration::from_millis(200);
+        let args = ["state", "c1"];
+        let e = reaper::output(runc.command(&args), deadline).await.map_err(|e| runc.timed_out(&args, deadline, e)).unwrap_err();
+        let msg = e.to_string();
+        assert!(reaper::is_timeout(&e), "{msg}");
+        assert!(msg.contains("runc state c1") && msg.contains("200ms") && msg.contains(SHORT_DEADLINE_ENV), "{msg}");
+    }
+
+    #[test]
+    fn subcommands_get_their_deadlines() {
+        // Neither variable is set in the test environment.
+        assert_eq!(deadline_of("checkpoint").unwrap(), CRIU_DEADLINE);
+        assert_eq!(deadline_of("restore").unwrap(), CRIU_DEADLINE);
+        for c in ["state", "kill", "delete", "create", "start", "exec", "ps", "events", "update", "pause", "resume"] {
+            assert_eq!(deadline_of(c).unwrap(), SHORT_DEADLINE, "{c}");
+        }
     }
 
     #[test]

@@ -48,13 +48,48 @@ where
 {
     let (mut prepared, runc_stdio) = prepare(config)?;
     let socket = prepared.console_socket();
-    let console = prepared.accept_console();
-    run(socket, runc_stdio).await?;
-    let master = match console {
-        Some(h) => Some(h.await.map_err(|e| Error::InvalidArgument(format!("console: {e}")))??),
+    // Aborted (the listener closed, its file removed) however this ends.
+    let mut console = AbortOnDrop(prepared.accept_console());
+    if let Err(e) = run(socket, runc_stdio).await {
+        // runc failed before (or without) sending the pty master: nothing
+        // will connect; stop accepting now, not never.
+        if let Some(h) = console.0.take() {
+            h.abort();
+            let _ = h.await;
+        }
+        return Err(e);
+    }
+    let master = match console.0.take() {
+        Some(h) => {
+            // runc sent the master before it returned: it is there, or never.
+            let abort = h.abort_handle();
+            match tokio::time::timeout(CONSOLE_DEADLINE, h).await {
+                Ok(r) => Some(r.map_err(|e| Error::InvalidArgument(format!("console: {e}")))??),
+                Err(_) => {
+                    abort.abort();
+                    return Err(Error::InvalidArgument(format!(
+                        "runc returned but sent no pty master on the console socket within {CONSOLE_DEADLINE:?}"
+                    )));
+                }
+            }
+        }
         None => None,
     };
     prepared.start(master)
+}
+
+/// How long, after runc returned, the pty master may take to arrive.
+const CONSOLE_DEADLINE: Duration = Duration::from_secs(10);
+
+/// A task aborted when dropped.
+struct AbortOnDrop<T>(Option<tokio::task::JoinHandle<T>>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        if let Some(h) = &self.0 {
+            h.abort();
+        }
+    }
 }
 
 /// Stdio being set up: what runc is handed, and what the shim keeps.
@@ -127,10 +162,11 @@ impl Prepared {
         self.console.as_ref().map(|c| c.path.clone())
     }
 
-    /// Starts accepting the pty master; await the result after runc returned.
+    /// Starts accepting the pty master; await the result after runc
+    /// returned, or abort it (which closes the socket) if runc failed.
     fn accept_console(&mut self) -> Option<tokio::task::JoinHandle<Result<OwnedFd>>> {
         let console = self.console.take()?;
-        Some(tokio::task::spawn_blocking(move || console.receive()))
+        Some(tokio::spawn(console.receive()))
     }
 
     /// Starts the copies. `master` is the pty master for a terminal process.
@@ -352,7 +388,7 @@ impl Drain {
 
 /// A unix socket on which runc sends a terminal's pty master.
 struct ConsoleSocket {
-    listener: UnixListener,
+    listener: tokio::net::UnixListener,
     path: PathBuf,
 }
 
@@ -363,32 +399,53 @@ impl ConsoleSocket {
         let n = CONSOLE_SEQ.fetch_add(1, Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!("torpor-pty-{}-{n}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path).io_context(|| format!("bind console socket {path:?}"))?;
-        Ok(ConsoleSocket { listener, path })
+        let listener = UnixListener::bind(&path)
+            .and_then(|l| l.set_nonblocking(true).map(|()| l))
+            .and_then(tokio::net::UnixListener::from_std);
+        match listener {
+            // Dropped with this (an aborted accept): the file goes too.
+            Ok(listener) => Ok(ConsoleSocket { listener, path }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                Err(e).io_context(|| format!("bind console socket {path:?}"))
+            }
+        }
     }
 
-    fn receive(self) -> Result<OwnedFd> {
-        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixAddr};
-        let r = (|| {
-            let (stream, _) = self.listener.accept().io_context(|| "accept console socket".into())?;
-            let mut buf = [0u8; 4096];
-            let mut iov = [std::io::IoSliceMut::new(&mut buf)];
-            let mut space = nix::cmsg_space!([std::os::fd::RawFd; 2]);
-            let msg = recvmsg::<UnixAddr>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
-                .io_context(|| "receive pty master".into())?;
-            for cmsg in msg.cmsgs().io_context(|| "read control message".into())? {
-                if let ControlMessageOwned::ScmRights(fds) = cmsg {
-                    if let Some(fd) = fds.first() {
-                        // SAFETY: the kernel just installed this fd for us.
-                        return Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(*fd) });
-                    }
-                }
-            }
-            Err(Error::InvalidArgument("runc sent no pty master on the console socket".into()))
-        })();
-        let _ = std::fs::remove_file(&self.path);
+    /// Accepts runc's connection (cancellable: dropping the future closes
+    /// the socket), then receives the master it sends.
+    async fn receive(self) -> Result<OwnedFd> {
+        let (stream, _) = self.listener.accept().await.io_context(|| "accept console socket".into())?;
+        let stream = stream.into_std().io_context(|| "console stream".into())?;
+        stream.set_nonblocking(false).io_context(|| "console stream blocking".into())?;
+        // runc sends the master right after it connects, or closes.
+        let r = tokio::task::spawn_blocking(move || receive_master(&stream))
+            .await
+            .map_err(|e| Error::InvalidArgument(format!("console: {e}")))?;
+        drop(self);
         r
     }
+}
+
+fn receive_master(stream: &std::os::unix::net::UnixStream) -> Result<OwnedFd> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, UnixAddr};
+    let mut buf = [0u8; 4096];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 2]);
+    let msg = recvmsg::<UnixAddr>(stream.as_raw_fd(), &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+        .io_context(|| "receive pty master".into())?;
+    let mut master = None;
+    for cmsg in msg.cmsgs().io_context(|| "read control message".into())? {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg {
+            for fd in fds {
+                // SAFETY: the kernel just installed these fds for us; each
+                // is owned once (the first kept, any other closed).
+                let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+                master.get_or_insert(fd);
+            }
+        }
+    }
+    master.ok_or_else(|| Error::InvalidArgument("runc sent no pty master on the console socket".into()))
 }
 
 impl Drop for ConsoleSocket {
@@ -397,3 +454,44 @@ impl Drop for ConsoleSocket {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// Once the accept thread blocked forever when runc failed before it
+    /// connected, holding the socket (and its file) open.
+    #[tokio::test]
+    async fn a_runc_failing_early_leaves_no_console_socket() {
+        let cfg = StdioConfig { terminal: true, ..Default::default() };
+        let seen = Arc::new(Mutex::new(None));
+        let s = seen.clone();
+        let r = launch(&cfg, move |socket, _stdio| {
+            *lock(&s) = socket;
+            async { Err(Error::InvalidArgument("runc create failed early".into())) }
+        })
+        .await;
+        assert!(r.is_err());
+        let path = lock(&seen).clone().expect("a console socket was given to runc");
+        assert!(!path.exists(), "{path:?} left behind");
+        assert!(std::os::unix::net::UnixStream::connect(&path).is_err(), "{path:?} still accepts");
+    }
+
+    /// A runc that sends the pty master: the process gets its terminal.
+    #[tokio::test]
+    async fn the_pty_master_sent_by_runc_is_received() {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, UnixAddr};
+        let cfg = StdioConfig { terminal: true, ..Default::default() };
+        let io = launch(&cfg, |socket, _stdio| async move {
+            let socket = socket.expect("a console socket");
+            let pty = nix::pty::openpty(None, None).unwrap();
+            let s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+            let fds = [pty.master.as_raw_fd()];
+            sendmsg::<UnixAddr>(s.as_raw_fd(), &[std::io::IoSlice::new(b"pty")], &[ControlMessage::ScmRights(&fds)], MsgFlags::empty(), None).unwrap();
+            Ok(())
+        })
+        .await
+        .unwrap();
+        io.resize(80, 24).unwrap();
+    }
+}

@@ -441,6 +441,15 @@ impl Tasks {
                 }
             }
         });
+        if result.is_err() {
+            // What a failed (or timed-out) restore left in runc's state and
+            // in the container's cgroup goes, so the next attempt starts clean.
+            if let Err(e) = runc.delete(id, true).await {
+                if !runc::is_not_running(&e) {
+                    warn!(container = id, "cleanup after a failed restore: {e}");
+                }
+            }
+        }
         let pid = result?;
         info!(container = id, pid, lazy = from.lazy, ms = started.elapsed().as_millis() as u64, "container restored");
         self.claim_early_exit(id, "", pid);
