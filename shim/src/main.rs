@@ -7,6 +7,7 @@
 mod control;
 mod error;
 mod events;
+mod logging;
 mod service;
 mod stats;
 mod task;
@@ -28,6 +29,7 @@ async fn main() {
     // their spec's umask (0022 unless it says otherwise: see
     // torpor_runtime::oci::spec::pin_umask).
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+    logging::init();
     let config = containerd_shim::Config {
         // The runtime crate owns the SIGCHLD reaper: it must see runc's and
         // the containers' exits in one place.

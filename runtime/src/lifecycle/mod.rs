@@ -52,6 +52,9 @@ use crate::task::Tasks;
 pub use adopt::Adopted;
 pub use suspend::CommitState;
 
+/// The pod's network namespace and the addresses held there.
+type HeldTarget = (PathBuf, Vec<SocketAddr>);
+
 /// The actor of one shim, and what its operations share.
 #[derive(Clone)]
 pub struct Actor {
@@ -66,7 +69,7 @@ pub struct Actor {
     held: Arc<Mutex<Option<held_ports::Armed>>>,
     /// What they hold (the pod's netns and the ports), to hold it again
     /// after a failed resume.
-    held_target: Arc<Mutex<Option<(PathBuf, Vec<SocketAddr>)>>>,
+    held_target: Arc<Mutex<Option<HeldTarget>>>,
     /// Where the held listeners report a real connection.
     wake: mpsc::UnboundedSender<()>,
     /// Lazy-pages daemons still serving a restored actor's memory.
