@@ -697,21 +697,11 @@ fn image_unpacks_through_it_and_a_container_runs_on_it() {
     // and a container runs from it (ctr run --snapshotter torpor)
     let id = unique_name("snap-run");
     let c = CtrContainer::new(&ns.0, &id);
-    let rt = runtime_type();
-    let out = ctr(
+    let out = ctr_run(
         &ns.0,
-        &[
-            "run",
-            "--snapshotter",
-            "torpor",
-            "--runtime",
-            &rt,
-            ACTOR_IMAGE,
-            &id,
-            "/bin/sh",
-            "-c",
-            "test -x /actor && echo rootfs-ok",
-        ],
+        &["--snapshotter", "torpor"],
+        &id,
+        &["/bin/sh", "-c", "test -x /actor && echo rootfs-ok"],
     );
     assert!(out.stdout.contains("rootfs-ok"), "{out}");
     drop(c);
