@@ -770,7 +770,7 @@ fn checkpoint_exit_option_stops_the_task() {
     let name = ctr_ok(NS, &["task", "checkpoint", &c.id])
         .trim()
         .to_string();
-    assert_eq!(images.list(), [name.clone()]);
+    assert_eq!(images.list(), std::slice::from_ref(&name));
     assert_eq!(
         task_status(NS, &c.id).as_deref(),
         Some("RUNNING"),

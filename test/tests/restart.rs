@@ -22,7 +22,7 @@ fn restart_containerd() {
         .trim()
         .parse()
         .unwrap();
-    assert!(run("kill", &["-TERM", &pid.to_string()]).success());
+    assert!(run("kill", ["-TERM", &pid.to_string()]).success());
     wait_for("the rig's containerd to exit", LIVENESS, || {
         (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(())
     });

@@ -141,7 +141,7 @@ fn a_golden_snapshot_cloned_into_ten_actors_that_diverge() {
     let ids: Vec<String> = (0..CLONES).map(|i| unique_name(&format!("tn-clone{i}"))).collect();
     let _guards: Vec<Cleanup> = ids.iter().map(|id| Cleanup::snapshots_everywhere(id)).collect();
     let make = |i: usize| {
-        let node = if i % 2 == 0 { a } else { b };
+        let node = if i.is_multiple_of(2) { a } else { b };
         let source = if i < CLONES / 2 { snap.clone() } else { golden_actor.clone() };
         let opts = PodOptions::annotated(&[("torpor.dev/actor", &ids[i]), ("torpor.dev/restore-from", &source)]);
         // The seed given here is not used: the memory is the golden one.
