@@ -7,10 +7,18 @@
 //!
 //! Rules the tests follow:
 //! * A missing dependency (no crictl, no rig, no image) is a test FAILURE, never a skip.
+//! * A torpor-only test is `#[cfg_attr(not_torpor_runtime, ignore = "torpor-only:
+//!   needs the torpor runtime")]` and starts with [`torpor_only()`]: under
+//!   another runtime it is reported ignored (test/build.rs), never passed.
 //! * Time limits are for liveness only ("did it ever get there"); nothing
 //!   asserts on how fast something happened.
 //! * Every pod/container a test makes is owned by a guard whose `Drop` removes
-//!   it, also when the test panics.
+//!   it, also when the test panics; anything else a test changes is undone by
+//!   a [`Cleanup`].
+//!
+//! The fixtures: [`CounterSpec`] / [`Counter`] (the counter actor in a pod),
+//! [`torporctl`] / [`Node::torporctl`] (the one torporctl runner), [`ctr`] /
+//! [`ctr_run`] / [`CtrContainer`], [`Cleanup`], [`Pod`], [`Node`].
 
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
