@@ -4,7 +4,7 @@
 //! container of a pod, reached at its pod IP; and what a test asks of it
 //! and of its actor record through torporctl.
 //!
-//! ```ignore
+//! ```text
 //! let c = CounterSpec::new().alloc_mib(64).start(Pod::run("prefix"));
 //! assert_eq!(c.inc(), 1);
 //! let snapshot = c.suspend();
