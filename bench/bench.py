@@ -114,10 +114,12 @@ def _short_args(args):
     return out
 
 
-def run(argv, timeout=CALL_TIMEOUT_S, check=True, stdin=None):
-    """Runs argv, returns stdout (str). Raises CommandError on failure/timeout."""
+def run(argv, timeout=CALL_TIMEOUT_S, check=True, stdin=None, env=None):
+    """Runs argv (with `env` added to the environment), returns stdout (str).
+    Raises CommandError on failure/timeout."""
     try:
-        p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=timeout,
+                           env={**os.environ, **env} if env else None)
     except subprocess.TimeoutExpired as e:
         raise CommandError(argv, None, _text(e.stdout), _text(e.stderr), timed_out=True) from None
     if check and p.returncode != 0:
@@ -567,9 +569,6 @@ def _main(argv) -> int:
     return 2
 
 
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv))
-
 
 # ----------------------------------------------------------- the test actor
 
@@ -629,3 +628,427 @@ def task_status(namespace: str, cid: str):
             return f[-1]
     return None
 
+
+def remove_container(namespace: str, cid: str) -> None:
+    """Kill, delete and remove a ctr container of the bench (best effort)."""
+    if task_status(namespace, cid) is not None:
+        ctr(namespace, "tasks", "delete", "-f", cid, check=False, timeout=60)
+    ctr(namespace, "containers", "rm", cid, check=False, timeout=60)
+
+
+def containerd_tmpdir() -> str:
+    """Where the rig's containerd makes temporary dirs ($XDG_RUNTIME_DIR, $TMPDIR, /tmp)."""
+    try:
+        with open(os.path.join(RIG_STATE, "containerd.pid")) as f:
+            pid = int(f.read().strip())
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        for k in (b"XDG_RUNTIME_DIR", b"TMPDIR"):
+            if env.get(k):
+                return env[k].decode()
+    except (OSError, ValueError):
+        pass
+    return "/tmp"
+
+
+def remove_restore_dirs(marker: str) -> int:
+    """containerd (2.4) unpacks a checkpoint image for a restore (task create
+    from a checkpoint) into <tmpdir>/ctrd-checkpoint<random> and never removes
+    it: a full copy of the CRIU image per restore. Removes those of this
+    bench's containers (their CRIU cgroup image names the container id,
+    `marker`). Returns how many."""
+    base = containerd_tmpdir()
+    n = 0
+    try:
+        names = [d for d in os.listdir(base) if d.startswith("ctrd-checkpoint")]
+    except OSError:
+        return 0
+    for d in names:
+        path = os.path.join(base, d)
+        try:
+            with open(os.path.join(path, "cgroup.img"), "rb") as f:
+                if marker.encode() not in f.read():
+                    continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        n += 1
+    return n
+
+
+# ------------------------------------------------------------- time, percentiles
+
+#: The fewest measured runs a latency benchmark reports on.
+MIN_RUNS = 30
+
+
+def now_ns() -> int:
+    return time.perf_counter_ns()
+
+
+def ms(t0: int, t1: int) -> float:
+    return (t1 - t0) / 1e6
+
+
+def pct(vals, p):
+    """The p-th percentile of `vals`, rounded to 0.1; None for no values."""
+    return rnd(percentile(vals, p), 1) if vals else None
+
+
+# ------------------------------------------------------------------ the run loop
+
+class RunError(RuntimeError):
+    """The measurement cannot go on for this subject (runtime, size)."""
+
+
+class RunFailed(RuntimeError):
+    """One run failed (no answer to the request, or a wrong counter); the
+    actor was brought back and the measurement goes on. Counted and reported.
+    `partial`: the timings of the part of the run that did complete."""
+
+    def __init__(self, msg, partial=None):
+        super().__init__(msg)
+        self.partial = partial
+
+
+class Tally:
+    """What the run loop measured of one subject."""
+
+    def __init__(self, samples=None):
+        self.samples = list(samples or [])
+        #: messages of the failed runs it tolerated (RunFailed)
+        self.failures = []
+        #: why this subject's measurement ended (any other exception, or too many failed runs)
+        self.error = None
+        #: "stopped after N of M runs (time budget)"
+        self.stopped = None
+
+
+def run_rounds(name, subjects: dict, runs: int, *, alternate=True, deadline=None, predict=False,
+               tolerate=False, counted=None, rounds=None, tallies=None, unit="runs",
+               error_text=None, failure_text=None, too_many_text=None,
+               on_sample=None, on_round=None) -> dict:
+    """The run loop of every benchmark. `subjects` maps a key (a runtime, in
+    the order given) to `run(i)`, one run of round i, which returns a sample.
+    Round by round each subject runs once (the order reversed on odd rounds
+    if `alternate`, so that drift on the machine hits all alike) until each
+    has `runs` samples that `counted(sample)` accepts, or `rounds` rounds.
+
+    - A RunFailed is tolerated when `tolerate`: its message is kept in
+      `failures` (its `partial` sample in `samples`); more than `runs` of
+      them end the subject (`error`).
+    - Any other exception ends the subject (`error`, from
+      `error_text(key, i, e)`, default "<Type>: <message>").
+    - `deadline` (time.monotonic()): no round starts after it, or, with
+      `predict`, no round that at the average pace so far would end after
+      it; the subjects not done get `stopped`.
+
+    `tallies` (key -> Tally) continues an earlier loop (a warm-up's failures
+    count). `on_sample(key, tally)` after each sample, `on_round(rounds_done)`
+    after each round. Returns key -> Tally."""
+    tallies = {} if tallies is None else tallies
+    for k in subjects:
+        tallies.setdefault(k, Tally())
+    counted = counted or (lambda _s: True)
+
+    def n(k):
+        return sum(1 for x in tallies[k].samples if counted(x))
+
+    t_loop = time.monotonic()
+    i = 0
+    while rounds is None or i < rounds:
+        todo = [k for k in subjects if tallies[k].error is None and n(k) < runs]
+        if not todo:
+            break
+        if deadline is not None:
+            now = time.monotonic()
+            over = (i >= 1 and now + (now - t_loop) / i > deadline) if predict else now > deadline
+            if over:
+                log(f"{name}: stopping after {i} rounds (time budget)")
+                for k in todo:
+                    tallies[k].stopped = f"stopped after {n(k)} of {runs} {unit} (time budget)"
+                break
+        for k in (todo[::-1] if alternate and i % 2 else todo):
+            t = tallies[k]
+            try:
+                sample = subjects[k](i)
+            except Exception as e:  # noqa: BLE001 - reported in results.json
+                if tolerate and isinstance(e, RunFailed):
+                    if e.partial:
+                        t.samples.append(e.partial)
+                    t.failures.append(failure_text(k, i, e) if failure_text else str(e))
+                    log(f"{name} {k}: run {i + 1} FAILED: {e}")
+                    if len(t.failures) > runs:
+                        t.error = too_many_text(k) if too_many_text else f"more than {runs} failed runs"
+                else:
+                    t.error = error_text(k, i, e) if error_text else f"{type(e).__name__}: {e}"
+                    log(f"{name} {k}: {t.error}")
+                continue
+            t.samples.append(sample)
+            if on_sample:
+                on_sample(k, t)
+        i += 1
+        if on_round:
+            on_round(i)
+    return tallies
+
+
+# ------------------------------------------------------ a request to an actor
+
+# A request not answered within this time is a failed run (the goals are
+# 100-150 ms; the slowest answers seen on a loaded 2-core machine are ~4 s).
+TRIGGER_TIMEOUT_S = float(os.environ.get("TORPOR_BENCH_SR_TRIGGER_TIMEOUT", "15"))
+# The TCP handshake itself: the shim (torpor) or the restored process
+# (runc-v2) holds the listening socket, so the kernel completes it at once; a
+# connect that takes longer is not going to complete (SYN-ACKs dropped).
+CONNECT_TIMEOUT_S = float(os.environ.get("TORPOR_BENCH_SR_CONNECT_TIMEOUT", "3"))
+
+
+def inc_first_byte(ip: str, t0: int, retry_refused: bool, port: int = ACTOR_PORT) -> tuple:
+    """The trigger: connect, send `inc`, first byte of the answer. Returns
+    (t_connected_ns, t_first_byte_ns, reply). With retry_refused a refused
+    connect is retried every 1 ms (nobody holds the port yet)."""
+    import socket
+
+    deadline = time.monotonic() + TRIGGER_TIMEOUT_S
+    while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            try:
+                s.connect((ip, port))
+            except socket.timeout:
+                raise RunError(f"TCP connect not completed within {CONNECT_TIMEOUT_S:.0f} s") from None
+            s.settimeout(max(deadline - time.monotonic(), 0.001))
+            break
+        except ConnectionRefusedError:
+            s.close()
+            if not retry_refused or time.monotonic() > deadline:
+                raise
+            time.sleep(0.001)
+        except BaseException:
+            s.close()
+            raise
+    with s:
+        t_conn = now_ns()
+        s.sendall(b"inc\n")
+        first = s.recv(1)
+        t1 = now_ns()
+        if not first:
+            raise RunError(f"{ip}:{port} closed the connection without an answer to inc "
+                           f"({ms(t0, t1):.0f} ms after the trigger)")
+        buf = first
+        while not buf.endswith(b"\n"):
+            more = s.recv(64)
+            if not more:
+                break
+            buf += more
+    return t_conn, t1, buf.decode(errors="replace").strip()
+
+
+def check_counter(reply: str, expect: int) -> None:
+    if reply != str(expect):
+        raise RunFailed(f"inc answered {reply!r}, expected {expect}")
+
+
+# -------------------------------------------------------------------- torporctl
+
+TORPORCTL = os.environ.get("TORPOR_TORPORCTL") or os.path.join(REPO_ROOT, "target", "release", "torporctl")
+SHIM_SOCKET_DIR = os.environ.get("TORPOR_SHIM_SOCKET_DIR", "/run/torpor/shims")
+# One torporctl (or the latency benchmarks' ctr) call longer than this is a
+# failure; a suspend of a large actor takes seconds.
+LONG_CALL_TIMEOUT_S = float(os.environ.get("TORPOR_BENCH_SR_CALL_TIMEOUT", "300"))
+#: The baseline's containerd runtime type, for `ctr run --runtime`.
+BASELINE_RUNTIME_TYPE = os.environ.get("TORPOR_BENCH_BASELINE_RUNTIME_TYPE", "io.containerd.runc.v2")
+
+
+def ensure_torporctl() -> None:
+    """Builds torporctl (unless TORPOR_BENCH_SKIP_BUILD=1 or TORPOR_TORPORCTL
+    names one); raises RuntimeError if there is none."""
+    if os.environ.get("TORPOR_BENCH_SKIP_BUILD", "0") != "1" and not os.environ.get("TORPOR_TORPORCTL"):
+        try:
+            run(["cargo", "build", "--release", "-p", "torporctl"], timeout=900)
+        except (CommandError, OSError) as e:
+            log(f"WARNING: cargo build -p torporctl: {e}")
+    if not os.access(TORPORCTL, os.X_OK):
+        raise RuntimeError(f"{TORPORCTL} missing (cargo build --release -p torporctl)")
+
+
+def torporctl(*args, socket_dir=None, env=None, timeout=LONG_CALL_TIMEOUT_S):
+    """`torporctl [--socket-dir D] --json <args>` (the rig's store and shims,
+    or `env`'s): its JSON output, None if it printed nothing."""
+    argv = [TORPORCTL] + (["--socket-dir", socket_dir] if socket_dir else []) + ["--json", *args]
+    out = run(argv, timeout=timeout, env=env)
+    return json.loads(out) if out.strip() else None
+
+
+# --------------------------------------------------- the actor in a torpor pod
+
+GONE_TIMEOUT_S = 30.0
+
+
+def netns_inode(path: str) -> int:
+    return os.stat(path).st_ino
+
+
+def actor_pids(netns_ino: int, mib: int, port: int = ACTOR_PORT) -> list:
+    """Host pids of `/actor counter --port <port> --alloc-mib <mib> ...`
+    processes in the network namespace with inode `netns_ino`."""
+    want = [b"/actor", b"counter", b"--port", str(port).encode(), b"--alloc-mib", str(mib).encode()]
+    pids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if argv[:len(want)] != want:
+                continue
+            if os.stat(f"/proc/{d}/ns/net").st_ino != netns_ino:
+                continue
+        except OSError:
+            continue
+        pids.append(int(d))
+    return pids
+
+
+def wait_gone(netns_ino: int, mib: int, timeout=GONE_TIMEOUT_S) -> int:
+    """Polls until no actor process is left; returns how many polls found one."""
+    deadline = time.monotonic() + timeout
+    polls = 0
+    while actor_pids(netns_ino, mib):
+        polls += 1
+        if time.monotonic() > deadline:
+            raise RunError(f"the actor's process is still there {timeout:.0f}s after the suspend returned")
+        time.sleep(0.001)
+    return polls
+
+
+class TorporActor:
+    """A CRI pod of runtime torpor with `/actor counter --port 8080
+    --alloc-mib <mib> --seed <seed>` as its app container, running and
+    answering. torporctl is pointed (`--socket-dir`) at a private directory
+    holding only a link to this pod's shim control socket, so that shims of
+    other rigs on the machine do not enter the measurement."""
+
+    key = TORPOR
+
+    def __init__(self, mib: int, seed: int = 0):
+        self.mib = mib
+        self.pod = BenchPod(TORPOR, prefix="sr")
+        self.ctl_dir = None
+        try:
+            self.pod.run()
+            self.cid = self.pod.start_container(
+                "actor", ["counter", "--port", str(ACTOR_PORT), "--alloc-mib", str(mib), "--seed", str(seed)])
+            info = crictl_json("inspectp", "-o", "json", self.pod.id)
+            self.ip = info["status"]["network"]["ip"]
+            nss = info["info"]["runtimeSpec"]["linux"]["namespaces"]
+            self.netns = next(n["path"] for n in nss if n["type"] == "network")
+            self.netns_ino = netns_inode(self.netns)
+            wait_actor(self.ip, error=RunError)
+            self.counter = int(actor_call(self.ip, ["get"], error=RunError)[0])
+            self.crc = actor_call(self.ip, ["sum"], error=RunError)[0]
+            st = torporctl("status", self.pod.id, socket_dir=SHIM_SOCKET_DIR)
+            shim = self.shim = st[0]["shim"]
+            self.ctl_dir = os.path.join(self.pod.dir, "ctl")
+            os.makedirs(self.ctl_dir, mode=0o700, exist_ok=True)
+            # (a short name: a socket path is limited to 107 bytes)
+            os.symlink(os.path.join(SHIM_SOCKET_DIR, f"{shim}.sock"), os.path.join(self.ctl_dir, "shim.sock"))
+            pids = actor_pids(self.netns_ino, mib)
+            if len(pids) != 1:
+                raise RunError(f"expected one actor process in the pod, found {pids}")
+            self.rss_mib = (proc_status_kib(pids[0], "VmRSS") or 0) / 1024
+        except BaseException:
+            self.remove()
+            raise
+
+    def ctl(self, *args, timeout=LONG_CALL_TIMEOUT_S):
+        """torporctl --json against this pod's shim only."""
+        return torporctl(*args, socket_dir=self.ctl_dir, timeout=timeout)
+
+    def status(self) -> dict:
+        return self.ctl("status", self.pod.id)[0]["actor"]
+
+    def lazy_daemons(self) -> list:
+        """pids of `criu lazy-pages` daemons serving this shim's actor (after
+        a resume with lazy pages they prefetch the rest of the memory in the
+        background; the shim waits for them before the next dump)."""
+        pids = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"lazy-pages" in argv[:3] and any(self.shim.encode() in a for a in argv):
+                pids.append(int(d))
+        return pids
+
+    def wait_settled(self, timeout=120.0) -> None:
+        """Until the last resume's lazy-pages daemons are gone."""
+        deadline = time.monotonic() + timeout
+        while self.lazy_daemons():
+            if time.monotonic() > deadline:
+                raise RunError(f"criu lazy-pages still running {timeout:.0f}s after the resume")
+            time.sleep(0.005)
+
+    def recover(self) -> str:
+        """After a failed request: resume explicitly, re-read the counter.
+        Returns what was found (for the error message)."""
+        try:
+            st = self.status()
+        except (CommandError, ValueError, KeyError, IndexError, TypeError) as e:
+            raise RunError(f"torporctl status after a failed request: {e}") from None
+        found = f"actor then {st.get('state')}, last_error {st.get('last_error')!r}"
+        rules = self.netns_rules()
+        if rules:
+            # Left by the suspend/resume (e.g. CRIU's network lock not lifted):
+            # shown in the failure, then removed so that the next run starts clean.
+            found += f"; packet filter rules in the pod's netns: {' | '.join(rules)} (removed)"
+            self.clear_rules()
+        if str(st.get("state")).lower() == "suspended":
+            try:
+                self.ctl("resume", self.pod.id)
+            except CommandError as e:
+                raise RunError(f"{found}; torporctl resume: {e}") from None
+            found += ", resumed with torporctl"
+        try:
+            got = int(actor_call(self.ip, ["get"], timeout=TRIGGER_TIMEOUT_S, error=RunError)[0])
+        except (OSError, ValueError, RunError) as e:
+            raise RunError(f"{found}; the actor does not answer: {e}") from None
+        if got not in (self.counter, self.counter + 1):
+            raise RunError(f"{found}; counter {got}, expected {self.counter} or {self.counter + 1}")
+        self.counter = got
+        return f"{found}; counter {got} afterwards"
+
+    def netns_rules(self) -> list:
+        """iptables/ip6tables rules (-S) in the pod's netns, other than the policies."""
+        rules = []
+        for tool in ("iptables", "ip6tables"):
+            try:
+                out = run(["nsenter", f"--net={self.netns}", tool, "-w", "-S"], timeout=30)
+            except (CommandError, OSError):
+                continue
+            rules += [f"{tool} {r}" for r in out.splitlines() if r and not r.startswith("-P ")]
+        return rules
+
+    def clear_rules(self) -> None:
+        for tool in ("iptables", "ip6tables"):
+            for args in (["-F"], ["-X"]):
+                run(["nsenter", f"--net={self.netns}", tool, "-w", *args], timeout=30, check=False)
+
+    def check_memory(self) -> None:
+        got = actor_call(self.ip, ["sum"], error=RunError)[0]
+        if got != self.crc:
+            raise RunError(f"memory CRC after the last resume {got}, fresh actor {self.crc}")
+
+    def remove(self) -> None:
+        self.pod.remove()
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv))

@@ -134,7 +134,10 @@ def one_run(key: str, pod: NetPod, mib: int) -> tuple:
     cid = f"{ID_PREFIX}{key}-{size_name(mib)}-{uuid.uuid4().hex[:8]}"
     ref = f"{IMAGE_PREFIX}{cid}:1"
     try:
+        # (a cgroup below the pod's, which the rig's down.sh removes, not
+        # containerd's default /<namespace>/<id> at the hierarchies' roots)
         ctr("run", "-d", "--runtime", RUNTIME_TYPES[key], "--with-ns", f"network:{pod.netns}",
+            "--cgroup", f"{bench.CGROUP_ROOT}/pod-{pod.pod.name}/{cid}",
             bench.ACTOR_IMAGE, cid, "/actor", "counter", "--port", str(PORT), "--alloc-mib", str(mib))
         wait_actor(pod.ip)
         replies = actor_call(pod.ip, ["inc", "inc", "inc", "sum"])
@@ -183,19 +186,16 @@ def measure(runs: int, sizes) -> list:
                 log(f"checkpoint_restore {key}: warm-up run failed: {e}")
         for mib in sizes:
             t0 = time.monotonic()
-            for i in range(runs):
-                order = (TORPOR, BASELINE) if i % 2 == 0 else (BASELINE, TORPOR)
-                for key in order:
-                    if key in setup_errors or (key, mib) in errors:
-                        continue
-                    try:
-                        c, r = one_run(key, pods[key], mib)
-                    except Exception as e:  # noqa: BLE001
-                        errors[(key, mib)] = f"{size_name(mib)} run {i + 1}/{runs} failed: {e}"
-                        log(f"checkpoint_restore {key}: {errors[(key, mib)]}")
-                        continue
-                    samples[(key, mib)]["checkpoint"].append(c)
-                    samples[(key, mib)]["restore"].append(r)
+            subjects = {key: (lambda _i, key=key: one_run(key, pods[key], mib))
+                        for key in (TORPOR, BASELINE) if key in pods and key not in setup_errors}
+            tallies = bench.run_rounds(
+                f"checkpoint_restore {size_name(mib)}", subjects, runs,
+                error_text=lambda _k, i, e: f"{size_name(mib)} run {i + 1}/{runs} failed: {e}")
+            for key, t in tallies.items():
+                if t.error:
+                    errors[(key, mib)] = t.error
+                samples[(key, mib)]["checkpoint"] = [c for c, _ in t.samples]
+                samples[(key, mib)]["restore"] = [r for _, r in t.samples]
             log(f"checkpoint_restore: {size_name(mib)} done, {runs} runs per runtime "
                 f"in {time.monotonic() - t0:.0f}s")
     finally:

@@ -72,8 +72,7 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
-import suspend_resume as sr  # noqa: E402
-from bench import log  # noqa: E402
+from bench import RunError, check_counter, inc_first_byte, log, ms, now_ns, pct  # noqa: E402
 
 MIB = 256
 CLONES = 10
@@ -112,18 +111,9 @@ class Node:
     def crictl_json(self, *args):
         return json.loads(self.crictl(*args))
 
-    def torporctl(self, *args, timeout=sr.CALL_TIMEOUT_S):
+    def torporctl(self, *args, timeout=bench.LONG_CALL_TIMEOUT_S):
         """torporctl --json against the node's store and shims."""
-        import subprocess
-        argv = [sr.TORPORCTL, "--json", *args]
-        try:
-            p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
-                               env={**os.environ, **self.env})
-        except subprocess.TimeoutExpired as e:
-            raise bench.CommandError(argv, None, bench._text(e.stdout), bench._text(e.stderr), timed_out=True) from None
-        if p.returncode != 0:
-            raise bench.CommandError(argv, p.returncode, p.stdout, p.stderr)
-        return json.loads(p.stdout) if p.stdout.strip() else None
+        return bench.torporctl(*args, env=self.env, timeout=timeout)
 
     def ready(self) -> bool:
         try:
@@ -156,14 +146,14 @@ class Node:
 def all_at_once(one, errors: list) -> int:
     """Runs one(i, t0) for the CLONES clones in threads started together;
     t0 (ns) is their common start. Raises if any of them recorded an error."""
-    t0 = sr.now_ns()
+    t0 = now_ns()
     threads = [threading.Thread(target=one, args=(i, t0)) for i in range(CLONES)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
-        raise sr.RunError("; ".join(errors))
+        raise RunError("; ".join(errors))
     return t0
 
 def nodes():
@@ -227,7 +217,7 @@ def wait_committed(node: Node, actor: str) -> dict:
             if newest["local"]:
                 return newest
         if time.monotonic() > deadline:
-            raise sr.RunError(f"no committed snapshot of {actor} {COMMIT_TIMEOUT_S:.0f}s after the suspend")
+            raise RunError(f"no committed snapshot of {actor} {COMMIT_TIMEOUT_S:.0f}s after the suspend")
         time.sleep(0.02)
 
 
@@ -243,9 +233,9 @@ def start_counter(node: Node, prefix: str, mib: int, annotations) -> tuple:
         cid = pod.create_counter(mib, random_seed())
         node.crictl("start", cid)
         ip = pod.ip()
-        sr.wait_actor(ip)
-        counter = int(sr.actor_call(ip, ["get"])[0])
-        crc = sr.actor_call(ip, ["sum"])[0]
+        bench.wait_actor(ip, error=RunError)
+        counter = int(bench.actor_call(ip, ["get"], error=RunError)[0])
+        crc = bench.actor_call(ip, ["sum"], error=RunError)[0]
         return pod, ip, counter, crc
     except BaseException:
         pod.remove()
@@ -256,7 +246,7 @@ def suspend_on(node: Node, pod: NodePod, actor: str) -> str:
     """torporctl suspend; the snapshot committed: its name."""
     reply = node.torporctl("suspend", pod.id)
     if str(reply[0]["actor"].get("state")).lower() != "suspended":
-        raise sr.RunError(f"after torporctl suspend the actor is {reply[0]['actor'].get('state')!r}")
+        raise RunError(f"after torporctl suspend the actor is {reply[0]['actor'].get('state')!r}")
     return wait_committed(node, actor)["snapshot"]
 
 
@@ -269,8 +259,8 @@ def cross_node_run(a: Node, b: Node) -> dict:
     try:
         pod_a, ip_a, _, _ = start_counter(a, "xn", MIB, ann)
         try:
-            counter = int(sr.actor_call(ip_a, ["inc"])[0])
-            crc = sr.actor_call(ip_a, ["sum"])[0]
+            counter = int(bench.actor_call(ip_a, ["inc"], error=RunError)[0])
+            crc = bench.actor_call(ip_a, ["sum"], error=RunError)[0]
             snap = suspend_on(a, pod_a, actor)
             a.torporctl("snapshots", "upload", snap, timeout=1800)
             a.torporctl("snapshots", "evict", snap)
@@ -278,32 +268,32 @@ def cross_node_run(a: Node, b: Node) -> dict:
             pod_a.remove()
         left = [s for s in (a.torporctl("snapshots", "ls", actor) or []) if s["local"]]
         if left:
-            raise sr.RunError(f"node A still has a local copy: {left}")
+            raise RunError(f"node A still has a local copy: {left}")
         # TIMED, node B
         pod_b = NodePod(b, "xn", ann)
-        t0 = sr.now_ns()
+        t0 = now_ns()
         pod_b.run()
-        t_runp = sr.now_ns()
+        t_runp = now_ns()
         cid = pod_b.create_counter(MIB, 1)  # the seed is not used: the memory is the snapshot's
-        t_create = sr.now_ns()
+        t_create = now_ns()
         b.crictl("start", cid)
-        t_start = sr.now_ns()
+        t_start = now_ns()
         ip = pod_b.ip()
-        t_ip = sr.now_ns()
-        _, t1, got = sr.inc_first_byte(ip, t0, retry_refused=True)
-        sr.check_counter(got, counter + 1)
+        t_ip = now_ns()
+        _, t1, got = inc_first_byte(ip, t0, retry_refused=True)
+        check_counter(got, counter + 1)
         # untimed checks
-        if sr.actor_call(ip, ["sum"])[0] != crc:
-            raise sr.RunError("the memory CRC on node B differs from the one before the suspend")
+        if bench.actor_call(ip, ["sum"], error=RunError)[0] != crc:
+            raise RunError("the memory CRC on node B differs from the one before the suspend")
         st = pod_b.status()
         if st.get("recovered_from") != snap:
-            raise sr.RunError(f"node B's actor was not restored from {snap}: {st}")
+            raise RunError(f"node B's actor was not restored from {snap}: {st}")
         return {
-            "ms": sr.ms(t0, t1),
-            "phases": {"crictl runp": sr.ms(t0, t_runp), "crictl create": sr.ms(t_runp, t_create),
-                       "crictl start (fetch from S3 + restore)": sr.ms(t_create, t_start),
-                       "crictl inspectp": sr.ms(t_start, t_ip),
-                       "connect + inc + first byte": sr.ms(t_ip, t1)},
+            "ms": ms(t0, t1),
+            "phases": {"crictl runp": ms(t0, t_runp), "crictl create": ms(t_runp, t_create),
+                       "crictl start (fetch from S3 + restore)": ms(t_create, t_start),
+                       "crictl inspectp": ms(t_start, t_ip),
+                       "connect + inc + first byte": ms(t_ip, t1)},
             "shim_resume_ms": float(st.get("last_resume_ms") or 0),
         }
     finally:
@@ -318,30 +308,24 @@ def measure_cross_node(a: Node, b: Node, runs: int, budget_s: float) -> dict:
     samples, failures, err = [], [], None
     try:
         cross_node_run(a, b)  # warm-up, not kept
-        while len(samples) < runs:
-            if time.monotonic() - started > budget_s:
-                err = f"stopped after {len(samples)} of {runs} runs (time budget)"
-                break
-            try:
-                samples.append(cross_node_run(a, b))
-                log(f"cross_node: run {len(samples)}: {samples[-1]['ms']:.0f} ms")
-            except sr.RunFailed as e:
-                failures.append(str(e))
-                log(f"cross_node: run FAILED: {e}")
-                if len(failures) > runs:
-                    err = f"more than {runs} failed runs"
-                    break
+        tally = bench.run_rounds(
+            "cross_node", {bench.TORPOR: lambda _i: cross_node_run(a, b)}, runs,
+            deadline=started + budget_s, tolerate=True,
+            on_sample=lambda _k, t: log(f"cross_node: run {len(t.samples)}: {t.samples[-1]['ms']:.0f} ms"),
+        )[bench.TORPOR]
+        samples, failures = tally.samples, tally.failures
+        err = tally.error or tally.stopped
     except Exception as e:  # noqa: BLE001 - reported in results.json
         err = f"{type(e).__name__}: {e}"
         log(f"cross_node: {err}")
     vals = [s["ms"] for s in samples]
-    phases = {k: sr.pct([s["phases"][k] for s in samples], 50) for k in samples[0]["phases"]} if samples else None
-    phases_p99 = {k: sr.pct([s["phases"][k] for s in samples], 99) for k in samples[0]["phases"]} if samples else None
+    phases = {k: pct([s["phases"][k] for s in samples], 50) for k in samples[0]["phases"]} if samples else None
+    phases_p99 = {k: pct([s["phases"][k] for s in samples], 99) for k in samples[0]["phases"]} if samples else None
     if samples:
-        phases["of which the shim's restore (last_resume_ms)"] = sr.pct([s["shim_resume_ms"] for s in samples], 50)
+        phases["of which the shim's restore (last_resume_ms)"] = pct([s["shim_resume_ms"] for s in samples], 50)
     return bench.entry(
-        "resume_cross_node_256mib_ms", "ms", sr.pct(vals, 50), None,
-        torpor_p99=sr.pct(vals, 99), torpor_n=len(vals) or None,
+        "resume_cross_node_256mib_ms", "ms", pct(vals, 50), None,
+        torpor_p99=pct(vals, 99), torpor_n=len(vals) or None,
         torpor_samples=[bench.rnd(x, 1) for x in vals] or None,
         torpor_phases_p50_ms=phases, torpor_phases_p99_ms=phases_p99,
         torpor_failures=failures or None,
@@ -366,28 +350,28 @@ def clone_rep(a: Node, golden_actor: str, golden_crc: str) -> dict:
         try:
             p = pods[i]
             p.run()
-            t_runp = sr.now_ns()
+            t_runp = now_ns()
             cid = p.create_counter(CLONE_MIB, 1)
-            t_create = sr.now_ns()
+            t_create = now_ns()
             a.crictl("start", cid)
-            t_start = sr.now_ns()
+            t_start = now_ns()
             ips[i] = p.ip()
-            t_ip = sr.now_ns()
-            _, t1, got = sr.inc_first_byte(ips[i], t0, retry_refused=True)
-            sr.check_counter(got, CLONE_GOLDEN_COUNT + 1)
+            t_ip = now_ns()
+            _, t1, got = inc_first_byte(ips[i], t0, retry_refused=True)
+            check_counter(got, CLONE_GOLDEN_COUNT + 1)
             done[i] = t1
-            phases[i] = {"crictl runp": sr.ms(t0, t_runp), "crictl create": sr.ms(t_runp, t_create),
-                         "crictl start (checkout + restore)": sr.ms(t_create, t_start),
-                         "crictl inspectp": sr.ms(t_start, t_ip), "connect + inc + first byte": sr.ms(t_ip, t1)}
+            phases[i] = {"crictl runp": ms(t0, t_runp), "crictl create": ms(t_runp, t_create),
+                         "crictl start (checkout + restore)": ms(t_create, t_start),
+                         "crictl inspectp": ms(t_start, t_ip), "connect + inc + first byte": ms(t_ip, t1)}
         except BaseException as e:  # noqa: BLE001
             errors.append(f"clone {i}: {type(e).__name__}: {e}")
 
     try:
         t0 = all_at_once(one, errors)
         for i, ip in enumerate(ips):
-            if sr.actor_call(ip, ["sum"])[0] != golden_crc:
-                raise sr.RunError(f"clone {i}: memory CRC differs from the golden actor's")
-        return {"all": sr.ms(t0, max(done)), "first": sr.ms(t0, min(done)), "phases": phases}
+            if bench.actor_call(ip, ["sum"], error=RunError)[0] != golden_crc:
+                raise RunError(f"clone {i}: memory CRC differs from the golden actor's")
+        return {"all": ms(t0, max(done)), "first": ms(t0, min(done)), "phases": phases}
     finally:
         for p in pods:
             p.remove()
@@ -403,8 +387,8 @@ class TorporClones:
             pod, ip, _, _ = start_counter(a, "golden", CLONE_MIB, {"torpor.dev/actor": self.golden_actor})
             try:
                 for _ in range(CLONE_GOLDEN_COUNT):
-                    sr.actor_call(ip, ["inc"])
-                self.crc = sr.actor_call(ip, ["sum"])[0]
+                    bench.actor_call(ip, ["inc"], error=RunError)
+                self.crc = bench.actor_call(ip, ["sum"], error=RunError)[0]
                 suspend_on(a, pod, self.golden_actor)
             finally:
                 pod.remove()
@@ -453,7 +437,7 @@ def inc_in_netns(pid: int, t0: int) -> tuple:
             finally:
                 os.close(fd)
             loopback_up()
-            out["r"] = sr.inc_first_byte("127.0.0.1", t0, retry_refused=True)
+            out["r"] = inc_first_byte("127.0.0.1", t0, retry_refused=True)
         except BaseException as e:  # noqa: BLE001
             out["e"] = e
 
@@ -476,8 +460,8 @@ def call_in_netns(pid: int, cmds) -> list:
                     raise OSError(ctypes.get_errno(), "setns")
             finally:
                 os.close(fd)
-            sr.wait_actor("127.0.0.1")
-            out["r"] = sr.actor_call("127.0.0.1", cmds)
+            bench.wait_actor("127.0.0.1", error=RunError)
+            out["r"] = bench.actor_call("127.0.0.1", cmds, error=RunError)
         except BaseException as e:  # noqa: BLE001
             out["e"] = e
 
@@ -489,13 +473,17 @@ def call_in_netns(pid: int, cmds) -> list:
     return out["r"]
 
 
+def remove_container(cid: str) -> None:
+    bench.remove_container(NS, cid)
+
+
 def task_pid(cid: str) -> int:
     out = bench.ctr(NS, "task", "ls", check=True)
     for line in out.splitlines()[1:]:
         f = line.split()
         if f and f[0] == cid:
             return int(f[1])
-    raise sr.RunError(f"no task {cid} after the restore")
+    raise RunError(f"no task {cid} after the restore")
 
 
 class BaselineClones:
@@ -506,7 +494,7 @@ class BaselineClones:
         self.ref = f"{CLONE_IMAGE_PREFIX}{self.golden}:ckpt"
         self.made = []
         try:
-            bench.ctr(NS, "run", "-d", "--runtime", sr.BASELINE_RUNTIME_TYPE,
+            bench.ctr(NS, "run", "-d", "--runtime", bench.BASELINE_RUNTIME_TYPE,
                       "--cgroup", f"{bench.CGROUP_ROOT}/{self.golden}", bench.ACTOR_IMAGE, self.golden,
                       "/actor", "counter", "--port", str(PORT), "--alloc-mib", str(CLONE_MIB),
                       "--seed", str(random_seed()), timeout=120)
@@ -515,7 +503,7 @@ class BaselineClones:
             call_in_netns(pid, ["inc"] * CLONE_GOLDEN_COUNT)
             self.crc = call_in_netns(pid, ["sum"])[0]
             bench.ctr(NS, "containers", "checkpoint", "--rw", "--task", self.golden, self.ref, timeout=300)
-            sr.remove_container(self.golden)
+            remove_container(self.golden)
             self.made.remove(self.golden)
         except BaseException:
             self.close()
@@ -528,15 +516,15 @@ class BaselineClones:
         def one(i, t0):
             try:
                 bench.ctr(NS, "containers", "restore", "--rw", "--live", ids[i], self.ref, timeout=300)
-                t_rest = sr.now_ns()
+                t_rest = now_ns()
                 self.made.append(ids[i])
                 pids[i] = task_pid(ids[i])
-                t_pid = sr.now_ns()
+                t_pid = now_ns()
                 _, t1, got = inc_in_netns(pids[i], t0)
-                sr.check_counter(got, CLONE_GOLDEN_COUNT + 1)
+                check_counter(got, CLONE_GOLDEN_COUNT + 1)
                 done[i] = t1
-                phases[i] = {"ctr c restore --rw --live": sr.ms(t0, t_rest), "ctr task ls": sr.ms(t_rest, t_pid),
-                             "setns + lo up + connect + inc + first byte": sr.ms(t_pid, t1)}
+                phases[i] = {"ctr c restore --rw --live": ms(t0, t_rest), "ctr task ls": ms(t_rest, t_pid),
+                             "setns + lo up + connect + inc + first byte": ms(t_pid, t1)}
             except BaseException as e:  # noqa: BLE001
                 errors.append(f"clone {i}: {type(e).__name__}: {e}")
 
@@ -544,21 +532,21 @@ class BaselineClones:
             t0 = all_at_once(one, errors)
             for i, p in enumerate(pids):
                 if call_in_netns(p, ["sum"])[0] != self.crc:
-                    raise sr.RunError(f"clone {i}: memory CRC differs from the checkpointed actor's")
-            return {"all": sr.ms(t0, max(done)), "first": sr.ms(t0, min(done)), "phases": phases}
+                    raise RunError(f"clone {i}: memory CRC differs from the checkpointed actor's")
+            return {"all": ms(t0, max(done)), "first": ms(t0, min(done)), "phases": phases}
         finally:
             for cid in ids:
                 if cid in self.made:
-                    sr.remove_container(cid)
+                    remove_container(cid)
                     self.made.remove(cid)
             # containerd's unpacked copies of the image (their cgroup image names the golden id)
-            sr.remove_restore_dirs(self.golden)
+            bench.remove_restore_dirs(self.golden)
 
     def close(self) -> None:
         for cid in list(self.made):
-            sr.remove_container(cid)
+            remove_container(cid)
         bench.ctr(NS, "images", "rm", "--sync", self.ref, check=False, timeout=120)
-        sr.remove_restore_dirs(CLONE_ID_PREFIX)
+        bench.remove_restore_dirs(CLONE_ID_PREFIX)
 
 
 def measure_clone(a: Node, reps: int, budget_s: float) -> dict:
@@ -578,23 +566,14 @@ def measure_clone(a: Node, reps: int, budget_s: float) -> dict:
             if key in subjects:
                 subjects.pop(key).close()
     try:
-        for i in range(reps):
-            if time.monotonic() - started > budget_s:
-                for key in subjects:
-                    errs[key] = errs[key] or f"stopped after {len(samples[key])} of {reps} repetitions (time budget)"
-                break
-            order = list(subjects)
-            if i % 2:
-                order.reverse()
-            for key in order:
-                if errs[key]:
-                    continue
-                try:
-                    samples[key].append(subjects[key].rep())
-                    log(f"clone: {key} repetition {len(samples[key])}: all 10 in {samples[key][-1]['all']:.0f} ms")
-                except Exception as e:  # noqa: BLE001
-                    errs[key] = f"{type(e).__name__}: {e}"
-                    log(f"clone: {key}: {errs[key]}")
+        tallies = bench.run_rounds(
+            "clone", {key: (lambda _i, sub=sub: sub.rep()) for key, sub in subjects.items()}, reps,
+            deadline=started + budget_s, unit="repetitions",
+            on_sample=lambda key, t: log(f"clone: {key} repetition {len(t.samples)}: "
+                                         f"all 10 in {t.samples[-1]['all']:.0f} ms"))
+        for key, t in tallies.items():
+            samples[key] = t.samples
+            errs[key] = errs[key] or t.error or t.stopped
     finally:
         for sub in subjects.values():
             sub.close()
@@ -604,24 +583,24 @@ def measure_clone(a: Node, reps: int, budget_s: float) -> dict:
 def clone_phases(samples) -> dict:
     """p50 per step over every clone of every repetition."""
     per = [p for s in samples for p in s["phases"]]
-    return {k: sr.pct([p[k] for p in per], 50) for k in per[0]} if per else None
+    return {k: pct([p[k] for p in per], 50) for k in per[0]} if per else None
 
 
 def clone_entry(t_samples, t_err, b_samples, b_err) -> dict:
     t = [s["all"] for s in t_samples]
     b = [s["all"] for s in b_samples]
     return bench.entry(
-        "clone_10_actors_ms", "ms", sr.pct(t, 50), sr.pct(b, 50),
-        torpor_p99=sr.pct(t, 99), torpor_n=len(t) or None,
+        "clone_10_actors_ms", "ms", pct(t, 50), pct(b, 50),
+        torpor_p99=pct(t, 99), torpor_n=len(t) or None,
         torpor_samples=[bench.rnd(x, 1) for x in t] or None,
-        torpor_first_answer_p50_ms=sr.pct([s["first"] for s in t_samples], 50),
+        torpor_first_answer_p50_ms=pct([s["first"] for s in t_samples], 50),
         torpor_phases_p50_ms=clone_phases(t_samples),
         torpor_note=(f"10 pods created at once (crictl runp/create/start/inspectp), each a new actor with "
                      f"torpor.dev/restore-from a golden {CLONE_MIB} MiB actor's snapshot in node A's store, "
                      f"until all 10 answered a request at their pod IPs"),
-        baseline_p99=sr.pct(b, 99), baseline_n=len(b) or None,
+        baseline_p99=pct(b, 99), baseline_n=len(b) or None,
         baseline_samples=[bench.rnd(x, 1) for x in b] or None,
-        baseline_first_answer_p50_ms=sr.pct([s["first"] for s in b_samples], 50),
+        baseline_first_answer_p50_ms=pct([s["first"] for s in b_samples], 50),
         baseline_phases_p50_ms=clone_phases(b_samples),
         baseline_note=("10 x ctr c restore --rw --live of one runc checkpoint at once, until all 10 answered "
                        "in their network namespaces (lo brought up by the bench; no pods: containerd's CRI "
@@ -632,7 +611,7 @@ def clone_entry(t_samples, t_err, b_samples, b_err) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=int(os.environ.get("TORPOR_BENCH_XN_RUNS", str(sr.MIN_RUNS))))
+    ap.add_argument("--runs", type=int, default=int(os.environ.get("TORPOR_BENCH_XN_RUNS", str(bench.MIN_RUNS))))
     ap.add_argument("--clone-reps", type=int, default=int(os.environ.get("TORPOR_BENCH_CLONE_REPS", "5")))
     args = ap.parse_args()
     only = os.environ.get("TORPOR_BENCH_XN_ONLY", "")
@@ -643,7 +622,7 @@ def main():
         try:
             if not b.ready():
                 raise SystemExit(f"bench: node B is not up at {b.address} (test/rig/up.sh brings up both nodes)")
-            sr.ensure_torporctl()
+            bench.ensure_torporctl()
             if only in ("", "clone"):
                 entries.append(measure_clone(a, args.clone_reps, budget / 3 if only == "" else budget))
                 bench.merge_results(entries[-1:])

@@ -56,19 +56,14 @@ def measure(n: int) -> list:
         except Exception as e:  # noqa: BLE001 - reported in results.json
             errors[key] = f"warm-up pod failed: {e}"
             log(f"pod_start {key} ({bench.RUNTIMES[key]['handler']}): {errors[key]}")
-    for i in range(n):
-        for key in (TORPOR, BASELINE):
-            if key in errors:
-                continue
-            try:
-                t = one_pod(key)
-            except Exception as e:  # noqa: BLE001
-                errors[key] = f"pod {i + 1}/{n} failed: {e}"
-                log(f"pod_start {key}: {errors[key]}")
-                continue
-            samples[key].append(t)
-        if (i + 1) % 5 == 0:
-            log(f"pod_start: {i + 1}/{n} rounds")
+    tallies = bench.run_rounds(
+        "pod_start", {key: (lambda _i, key=key: one_pod(key)) for key in (TORPOR, BASELINE) if key not in errors},
+        n, alternate=False, error_text=lambda _k, i, e: f"pod {i + 1}/{n} failed: {e}",
+        on_round=lambda i: log(f"pod_start: {i}/{n} rounds") if i % 5 == 0 else None)
+    for key, t in tallies.items():
+        samples[key] = t.samples
+        if t.error:
+            errors[key] = t.error
 
     def stat(key, phase, p):
         vals = [s[phase] for s in samples[key]]

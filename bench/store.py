@@ -36,24 +36,21 @@ Goals (absolute): resume_remote_256mib_ms p99 <= 500 ms; resuspend_upload_fracti
 """
 
 import argparse
-import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
-import suspend_resume as sr  # noqa: E402
-from bench import log  # noqa: E402
+from bench import RunError, RunFailed, TorporActor, log, ms, now_ns, pct  # noqa: E402
 
 MIB = 256
 COMMIT_TIMEOUT_S = 300.0
 
 
-def ctl(*args, timeout=sr.CALL_TIMEOUT_S):
+def ctl(*args, timeout=bench.LONG_CALL_TIMEOUT_S):
     """torporctl --json against the rig's store (TORPOR_STORE_SOCKET from env.sh)."""
-    out = bench.run([sr.TORPORCTL, "--json", *args], timeout=timeout)
-    return json.loads(out)
+    return bench.torporctl(*args, timeout=timeout)
 
 
 def store_status() -> dict:
@@ -69,13 +66,13 @@ def wait_committed(actor: str, after_gen: int) -> dict:
         if newest and int(newest["snapshot"].rsplit("@", 1)[1]) > after_gen and newest["local"]:
             return newest
         if time.monotonic() > deadline:
-            raise sr.RunError(f"no committed snapshot of {actor} newer than generation {after_gen} "
+            raise RunError(f"no committed snapshot of {actor} newer than generation {after_gen} "
                               f"{COMMIT_TIMEOUT_S:.0f}s after the suspend: {snaps}")
         time.sleep(0.02)
 
 
 class Round:
-    def __init__(self, a: "sr.TorporActor", actor: str):
+    def __init__(self, a: TorporActor, actor: str):
         self.a = a
         self.actor = actor
         self.gen = 0
@@ -83,34 +80,34 @@ class Round:
     def suspend_upload_evict(self) -> dict:
         a = self.a
         a.wait_settled()
-        reply = sr.torporctl(a.ctl_dir, "suspend", a.pod.id)
+        reply = a.ctl("suspend", a.pod.id)
         if str(reply[0]["actor"].get("state")).lower() not in ("suspended", "committing"):
-            raise sr.RunError(f"after torporctl suspend the actor is {reply[0]['actor'].get('state')!r}")
-        sr.wait_gone(a.netns_ino, a.mib)
+            raise RunError(f"after torporctl suspend the actor is {reply[0]['actor'].get('state')!r}")
+        bench.wait_gone(a.netns_ino, a.mib)
         snap = wait_committed(self.actor, self.gen)
         self.gen = int(snap["snapshot"].rsplit("@", 1)[1])
         ref = f"{self.actor}@{self.gen}"
         before = store_status()["uploaded_bytes"]
-        t0 = sr.now_ns()
+        t0 = now_ns()
         ctl("snapshots", "upload", ref, timeout=1800)
-        t1 = sr.now_ns()
+        t1 = now_ns()
         sent = store_status()["uploaded_bytes"] - before
         ctl("snapshots", "evict", ref)
-        return {"bytes": int(snap["bytes"]), "upload_ms": sr.ms(t0, t1), "uploaded_bytes": sent}
+        return {"bytes": int(snap["bytes"]), "upload_ms": ms(t0, t1), "uploaded_bytes": sent}
 
     def resume(self) -> float:
         a = self.a
-        t0 = sr.now_ns()
+        t0 = now_ns()
         try:
-            _, t1, got = sr.inc_first_byte(a.ip, t0, retry_refused=False)
-            sr.check_counter(got, a.counter + 1)
-        except (OSError, sr.RunError, sr.RunFailed) as e:
-            raise sr.RunFailed(f"request to the suspended actor (snapshot only in S3): {e}; {a.recover()}") from None
+            _, t1, got = bench.inc_first_byte(a.ip, t0, retry_refused=False)
+            bench.check_counter(got, a.counter + 1)
+        except (OSError, RunError, RunFailed) as e:
+            raise RunFailed(f"request to the suspended actor (snapshot only in S3): {e}; {a.recover()}") from None
         a.counter += 1
         st = a.status()
         if str(st.get("state")).lower() != "running":
-            raise sr.RunError(f"after the request the actor is {st.get('state')!r}: {st.get('last_error')}")
-        return sr.ms(t0, t1)
+            raise RunError(f"after the request the actor is {st.get('state')!r}: {st.get('last_error')}")
+        return ms(t0, t1)
 
 
 def measure(runs: int, budget_s: float) -> list:
@@ -123,7 +120,7 @@ def measure(runs: int, budget_s: float) -> list:
     try:
         # A pattern of its own: no chunk of an earlier run's snapshots (still
         # in the object tier) deduplicates this run's full upload.
-        a = sr.TorporActor(MIB, seed=int.from_bytes(os.urandom(7), "little"))
+        a = TorporActor(MIB, seed=int.from_bytes(os.urandom(7), "little"))
         actor = a.status()["actor"]
         r = Round(a, actor)
         # round 0: the full upload (and the warm-up)
@@ -131,30 +128,26 @@ def measure(runs: int, budget_s: float) -> list:
         upload = full
         r.resume()
         # round 1: after the actor changed 1% of its memory
-        touched = int(sr.actor_call(a.ip, ["touch"])[0])
+        touched = int(bench.actor_call(a.ip, ["touch"], error=RunError)[0])
         extra["touched_bytes"] = touched
         # The memory the snapshots must carry from now on.
-        a.crc = sr.actor_call(a.ip, ["sum"])[0]
+        a.crc = bench.actor_call(a.ip, ["sum"], error=RunError)[0]
         second = r.suspend_upload_evict()
         fraction = second["uploaded_bytes"] / full["uploaded_bytes"] if full["uploaded_bytes"] else None
         extra["resuspend_uploaded_bytes"] = second["uploaded_bytes"]
         extra["full_uploaded_bytes"] = full["uploaded_bytes"]
-        resumes.append(r.resume())
-        while len(resumes) < runs:
-            if time.monotonic() - started > budget_s:
-                err = f"stopped after {len(resumes)} of {runs} runs (time budget)"
-                break
+        tally = bench.Tally([r.resume()])
+
+        def one(_i):
             r.suspend_upload_evict()
-            try:
-                resumes.append(r.resume())
-            except sr.RunFailed as e:
-                failures.append(str(e))
-                log(f"store: run FAILED: {e}")
-                if len(failures) > runs:
-                    err = f"more than {runs} failed runs"
-                    break
-        if a is not None:
-            crc = sr.actor_call(a.ip, ["sum"])[0]
+            return r.resume()
+
+        bench.run_rounds("store", {bench.TORPOR: one}, runs, deadline=started + budget_s, tolerate=True,
+                         tallies={bench.TORPOR: tally})
+        resumes, failures = tally.samples, tally.failures
+        err = tally.error or tally.stopped
+        if not tally.error or len(failures) > runs:  # (not after an exception ended the runs)
+            crc = bench.actor_call(a.ip, ["sum"], error=RunError)[0]
             if crc != a.crc:
                 err = f"memory checksum {crc} after the last resume, {a.crc} before (after the 1% change)"
     except Exception as e:  # noqa: BLE001 - reported in results.json
@@ -178,7 +171,7 @@ def measure(runs: int, budget_s: float) -> list:
         error=None if fraction is not None else err,
         baseline_na=True, baseline_error="containerd-shim-runc-v2 has no object tier",
         **extra))
-    p50, p99 = sr.pct(resumes, 50), sr.pct(resumes, 99)
+    p50, p99 = pct(resumes, 50), pct(resumes, 99)
     entries.append(bench.entry(
         "resume_remote_256mib_ms", "ms", p50, None,
         goal="p99 <= 500 ms (absolute)", goal_met=(p99 is not None and p99 <= 500 and not failures),
@@ -191,11 +184,11 @@ def measure(runs: int, budget_s: float) -> list:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", type=int, default=int(os.environ.get("TORPOR_BENCH_STORE_RUNS", str(sr.MIN_RUNS))))
+    ap.add_argument("--runs", type=int, default=int(os.environ.get("TORPOR_BENCH_STORE_RUNS", str(bench.MIN_RUNS))))
     args = ap.parse_args()
     budget = float(os.environ.get("TORPOR_BENCH_SCRIPT_TIMEOUT", "420")) - 60
     with bench.bench_session():
-        sr.ensure_torporctl()
+        bench.ensure_torporctl()
         entries = measure(args.runs, budget)
     bench.merge_results(entries)
     for e in entries:

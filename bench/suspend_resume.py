@@ -86,37 +86,24 @@ with cargo unless TORPOR_BENCH_SKIP_BUILD=1), TORPOR_CTR.
 """
 
 import argparse
-import json
 import os
-import shutil
-import socket
 import sys
 import time
 import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
-from bench import BASELINE, TORPOR, BenchPod, log  # noqa: E402
+from bench import (BASELINE, BASELINE_RUNTIME_TYPE, CONNECT_TIMEOUT_S, MIN_RUNS, TORPOR,  # noqa: E402
+                   TRIGGER_TIMEOUT_S, BenchPod, RunError, RunFailed, TorporActor, actor_pids,
+                   check_counter, inc_first_byte, log, ms, netns_inode, now_ns, pct, remove_restore_dirs,
+                   wait_gone)
 
-TORPORCTL = os.environ.get("TORPOR_TORPORCTL") or os.path.join(bench.REPO_ROOT, "target", "release", "torporctl")
-SHIM_SOCKET_DIR = os.environ.get("TORPOR_SHIM_SOCKET_DIR", "/run/torpor/shims")
 NAMESPACE = "default"
-BASELINE_RUNTIME_TYPE = os.environ.get("TORPOR_BENCH_BASELINE_RUNTIME_TYPE", "io.containerd.runc.v2")
-PORT = 8080
+PORT = bench.ACTOR_PORT
 ID_PREFIX = "bench-sr-"
 IMAGE_PREFIX = "localhost/torpor-bench/suspend-resume/"
-MIN_RUNS = 30
 # liveness limits, not measurements
-CALL_TIMEOUT_S = float(os.environ.get("TORPOR_BENCH_SR_CALL_TIMEOUT", "300"))
-READY_TIMEOUT_S = 180.0
-GONE_TIMEOUT_S = 30.0
-# A request not answered within this time is a failed run (the goals are
-# 100-150 ms; the slowest answers seen on a loaded 2-core machine are ~4 s).
-TRIGGER_TIMEOUT_S = float(os.environ.get("TORPOR_BENCH_SR_TRIGGER_TIMEOUT", "15"))
-# The TCP handshake itself: the shim (torpor) or the restored process
-# (runc-v2) holds the listening socket, so the kernel completes it at once; a
-# connect that takes longer is not going to complete (SYN-ACKs dropped).
-CONNECT_TIMEOUT_S = float(os.environ.get("TORPOR_BENCH_SR_CONNECT_TIMEOUT", "3"))
+CALL_TIMEOUT_S = bench.LONG_CALL_TIMEOUT_S
 GOALS = {  # name -> (p99 bound in ms, text)
     "resume_256mib_ms": (100.0, "p99 <= 100 ms (absolute)"),
     "resume_1gib_ms": (150.0, "p99 <= 150 ms (absolute)"),
@@ -128,84 +115,8 @@ def size_name(mib: int) -> str:
     return f"{mib // 1024}gib" if mib % 1024 == 0 else f"{mib}mib"
 
 
-def now_ns() -> int:
-    return time.perf_counter_ns()
-
-
-def ms(t0: int, t1: int) -> float:
-    return (t1 - t0) / 1e6
-
-
-class RunError(RuntimeError):
-    """The measurement cannot go on for this runtime and size."""
-
-
-class RunFailed(RuntimeError):
-    """One run failed (no answer to the request, or a wrong counter); the
-    actor was brought back and the measurement goes on. Counted and reported.
-    `partial`: the timings of the run's suspend, which did complete."""
-
-    def __init__(self, msg, partial=None):
-        super().__init__(msg)
-        self.partial = partial
-
-
-# ------------------------------------------------------------ tools / actor
-
 def ctr(*args, timeout=CALL_TIMEOUT_S, check=True) -> str:
     return bench.ctr(NAMESPACE, *args, timeout=timeout, check=check)
-
-
-def ensure_torporctl() -> None:
-    if os.environ.get("TORPOR_BENCH_SKIP_BUILD", "0") != "1" and not os.environ.get("TORPOR_TORPORCTL"):
-        try:
-            bench.run(["cargo", "build", "--release", "-p", "torporctl"], timeout=900)
-        except (bench.CommandError, OSError) as e:
-            log(f"suspend_resume: WARNING: cargo build -p torporctl: {e}")
-    if not os.access(TORPORCTL, os.X_OK):
-        raise RuntimeError(f"{TORPORCTL} missing (cargo build --release -p torporctl)")
-
-
-def torporctl(socket_dir: str, *args, timeout=CALL_TIMEOUT_S):
-    out = bench.run([TORPORCTL, "--socket-dir", socket_dir, "--json", *args], timeout=timeout)
-    return json.loads(out)
-
-
-def netns_inode(path: str) -> int:
-    return os.stat(path).st_ino
-
-
-def actor_pids(netns_ino: int, mib: int) -> list:
-    """Host pids of `/actor counter ... --alloc-mib <mib>` processes in the
-    network namespace with inode `netns_ino`."""
-    want = [b"/actor", b"counter", b"--port", str(PORT).encode(), b"--alloc-mib", str(mib).encode()]
-    pids = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
-        try:
-            with open(f"/proc/{d}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            if argv[:len(want)] != want:
-                continue
-            if os.stat(f"/proc/{d}/ns/net").st_ino != netns_ino:
-                continue
-        except OSError:
-            continue
-        pids.append(int(d))
-    return pids
-
-
-def wait_gone(netns_ino: int, mib: int, timeout=GONE_TIMEOUT_S) -> int:
-    """Polls until no actor process is left; returns how many polls found one."""
-    deadline = time.monotonic() + timeout
-    polls = 0
-    while actor_pids(netns_ino, mib):
-        polls += 1
-        if time.monotonic() > deadline:
-            raise RunError(f"the actor's process is still there {timeout:.0f}s after the suspend returned")
-        time.sleep(0.001)
-    return polls
 
 
 def actor_call(ip: str, cmds, timeout=30.0) -> list:
@@ -213,124 +124,17 @@ def actor_call(ip: str, cmds, timeout=30.0) -> list:
     return bench.actor_call(ip, cmds, timeout=timeout, port=PORT, error=RunError)
 
 
-def wait_actor(ip: str, timeout=READY_TIMEOUT_S) -> None:
-    bench.wait_actor(ip, timeout=timeout, port=PORT, error=RunError)
-
-
-def inc_first_byte(ip: str, t0: int, retry_refused: bool) -> tuple:
-    """The trigger: connect, send `inc`, first byte of the answer. Returns
-    (t_connected_ns, t_first_byte_ns, reply). With retry_refused a refused
-    connect is retried every 1 ms (nobody holds the port yet)."""
-    deadline = time.monotonic() + TRIGGER_TIMEOUT_S
-    while True:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.settimeout(CONNECT_TIMEOUT_S)
-        try:
-            try:
-                s.connect((ip, PORT))
-            except socket.timeout:
-                raise RunError(f"TCP connect not completed within {CONNECT_TIMEOUT_S:.0f} s") from None
-            s.settimeout(max(deadline - time.monotonic(), 0.001))
-            break
-        except ConnectionRefusedError:
-            s.close()
-            if not retry_refused or time.monotonic() > deadline:
-                raise
-            time.sleep(0.001)
-        except BaseException:
-            s.close()
-            raise
-    with s:
-        t_conn = now_ns()
-        s.sendall(b"inc\n")
-        first = s.recv(1)
-        t1 = now_ns()
-        if not first:
-            raise RunError(f"{ip}:{PORT} closed the connection without an answer to inc "
-                           f"({ms(t0, t1):.0f} ms after the trigger)")
-        buf = first
-        while not buf.endswith(b"\n"):
-            more = s.recv(64)
-            if not more:
-                break
-            buf += more
-    return t_conn, t1, buf.decode(errors="replace").strip()
-
-
-def check_counter(reply: str, expect: int) -> None:
-    if reply != str(expect):
-        raise RunFailed(f"inc answered {reply!r}, expected {expect}")
+def wait_actor(ip: str) -> None:
+    bench.wait_actor(ip, port=PORT, error=RunError)
 
 
 # -------------------------------------------------------------------- actors
 
-class TorporActor:
-    """A CRI pod of runtime torpor with the actor as its app container."""
-
-    key = TORPOR
-
-    def __init__(self, mib: int, seed: int = 0):
-        self.mib = mib
-        self.pod = BenchPod(TORPOR, prefix="sr")
-        self.ctl_dir = None
-        try:
-            self.pod.run()
-            self.cid = self.pod.start_container(
-                "actor", ["counter", "--port", str(PORT), "--alloc-mib", str(mib), "--seed", str(seed)])
-            info = bench.crictl_json("inspectp", "-o", "json", self.pod.id)
-            self.ip = info["status"]["network"]["ip"]
-            nss = info["info"]["runtimeSpec"]["linux"]["namespaces"]
-            self.netns = next(n["path"] for n in nss if n["type"] == "network")
-            self.netns_ino = netns_inode(self.netns)
-            wait_actor(self.ip)
-            self.counter = int(actor_call(self.ip, ["get"])[0])
-            self.crc = actor_call(self.ip, ["sum"])[0]
-            # torporctl against this pod's shim only (see the module docstring).
-            st = torporctl(SHIM_SOCKET_DIR, "status", self.pod.id)
-            shim = self.shim = st[0]["shim"]
-            self.ctl_dir = os.path.join(self.pod.dir, "ctl")
-            os.makedirs(self.ctl_dir, mode=0o700, exist_ok=True)
-            # (a short name: a socket path is limited to 107 bytes)
-            os.symlink(os.path.join(SHIM_SOCKET_DIR, f"{shim}.sock"), os.path.join(self.ctl_dir, "shim.sock"))
-            pids = actor_pids(self.netns_ino, mib)
-            if len(pids) != 1:
-                raise RunError(f"expected one actor process in the pod, found {pids}")
-            self.rss_mib = (bench.proc_status_kib(pids[0], "VmRSS") or 0) / 1024
-        except BaseException:
-            self.remove()
-            raise
-
-    def status(self) -> dict:
-        return torporctl(self.ctl_dir, "status", self.pod.id)[0]["actor"]
-
-    def lazy_daemons(self) -> list:
-        """pids of `criu lazy-pages` daemons serving this shim's actor (after
-        a resume with lazy pages they prefetch the rest of the memory in the
-        background; the shim waits for them before the next dump)."""
-        pids = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue
-            if b"lazy-pages" in argv[:3] and any(self.shim.encode() in a for a in argv):
-                pids.append(int(d))
-        return pids
-
-    def wait_settled(self, timeout=120.0) -> None:
-        """Until the last resume's lazy-pages daemons are gone."""
-        deadline = time.monotonic() + timeout
-        while self.lazy_daemons():
-            if time.monotonic() > deadline:
-                raise RunError(f"criu lazy-pages still running {timeout:.0f}s after the resume")
-            time.sleep(0.005)
+class TorporSuspendResume(TorporActor):
+    """The torpor actor (bench.TorporActor), suspended and resumed by a request."""
 
     def run(self) -> dict:
-        """One suspend + resume; returns the timings."""
+        """One suspend + resume of the torpor actor; returns the timings."""
         if len(actor_pids(self.netns_ino, self.mib)) != 1:
             raise RunError("the actor is not running before the suspend")
         # Untimed: the actor fully resumed (memory prefetched) before the
@@ -339,7 +143,7 @@ class TorporActor:
         self.wait_settled()
         # SUSPEND
         t0 = now_ns()
-        reply = torporctl(self.ctl_dir, "suspend", self.pod.id)
+        reply = self.ctl("suspend", self.pod.id)
         t_ret = now_ns()
         polls = wait_gone(self.netns_ino, self.mib)
         t_gone = now_ns()
@@ -381,59 +185,6 @@ class TorporActor:
                               "rest: wake, proxy, reply (end-to-end - last_resume_ms)":
                                   ms(t1, t_first) - float(st.get("last_resume_ms") or 0)},
         }
-
-    def recover(self) -> str:
-        """After a failed request: resume explicitly, re-read the counter.
-        Returns what was found (for the error message)."""
-        try:
-            st = self.status()
-        except (bench.CommandError, ValueError, KeyError, IndexError) as e:
-            raise RunError(f"torporctl status after a failed request: {e}") from None
-        found = f"actor then {st.get('state')}, last_error {st.get('last_error')!r}"
-        rules = self.netns_rules()
-        if rules:
-            # Left by the suspend/resume (e.g. CRIU's network lock not lifted):
-            # shown in the failure, then removed so that the next run starts clean.
-            found += f"; packet filter rules in the pod's netns: {' | '.join(rules)} (removed)"
-            self.clear_rules()
-        if str(st.get("state")).lower() == "suspended":
-            try:
-                torporctl(self.ctl_dir, "resume", self.pod.id)
-            except bench.CommandError as e:
-                raise RunError(f"{found}; torporctl resume: {e}") from None
-            found += ", resumed with torporctl"
-        try:
-            got = int(actor_call(self.ip, ["get"], timeout=TRIGGER_TIMEOUT_S)[0])
-        except (OSError, ValueError, RunError) as e:
-            raise RunError(f"{found}; the actor does not answer: {e}") from None
-        if got not in (self.counter, self.counter + 1):
-            raise RunError(f"{found}; counter {got}, expected {self.counter} or {self.counter + 1}")
-        self.counter = got
-        return f"{found}; counter {got} afterwards"
-
-    def netns_rules(self) -> list:
-        """iptables/ip6tables rules (-S) in the pod's netns, other than the policies."""
-        rules = []
-        for tool in ("iptables", "ip6tables"):
-            try:
-                out = bench.run(["nsenter", f"--net={self.netns}", tool, "-w", "-S"], timeout=30)
-            except (bench.CommandError, OSError):
-                continue
-            rules += [f"{tool} {r}" for r in out.splitlines() if r and not r.startswith("-P ")]
-        return rules
-
-    def clear_rules(self) -> None:
-        for tool in ("iptables", "ip6tables"):
-            for args in (["-F"], ["-X"]):
-                bench.run(["nsenter", f"--net={self.netns}", tool, "-w", *args], timeout=30, check=False)
-
-    def check_memory(self) -> None:
-        got = actor_call(self.ip, ["sum"])[0]
-        if got != self.crc:
-            raise RunError(f"memory CRC after the last resume {got}, fresh actor {self.crc}")
-
-    def remove(self) -> None:
-        self.pod.remove()
 
 
 class BaselineActor:
@@ -522,55 +273,9 @@ class BaselineActor:
         self.pod.remove()
 
 
-def containerd_tmpdir() -> str:
-    """Where the rig's containerd makes temporary dirs ($XDG_RUNTIME_DIR, $TMPDIR, /tmp)."""
-    try:
-        with open(os.path.join(bench.RIG_STATE, "containerd.pid")) as f:
-            pid = int(f.read().strip())
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        for k in (b"XDG_RUNTIME_DIR", b"TMPDIR"):
-            if env.get(k):
-                return env[k].decode()
-    except (OSError, ValueError):
-        pass
-    return "/tmp"
-
-
-def remove_restore_dirs(marker: str) -> int:
-    """containerd (2.4) unpacks a checkpoint image for a restore (task create
-    from a checkpoint) into <tmpdir>/ctrd-checkpoint<random> and never removes
-    it: a full copy of the CRIU image per restore. Removes those of this
-    bench's containers (their CRIU cgroup image names the container id,
-    `marker`). Returns how many."""
-    base = containerd_tmpdir()
-    n = 0
-    try:
-        names = [d for d in os.listdir(base) if d.startswith("ctrd-checkpoint")]
-    except OSError:
-        return 0
-    for d in names:
-        path = os.path.join(base, d)
-        try:
-            with open(os.path.join(path, "cgroup.img"), "rb") as f:
-                if marker.encode() not in f.read():
-                    continue
-        except OSError:
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        n += 1
-    return n
-
-
-def task_status(cid: str):
-    return bench.task_status(NAMESPACE, cid)
-
-
 def remove_container(cid: str) -> None:
     """Kill, delete and remove a container of the bench (best effort)."""
-    if task_status(cid) is not None:
-        ctr("tasks", "delete", "-f", cid, check=False, timeout=60)
-    ctr("containers", "rm", cid, check=False, timeout=60)
+    bench.remove_container(NAMESPACE, cid)
 
 
 def cleanup_leftovers() -> None:
@@ -587,10 +292,6 @@ def cleanup_leftovers() -> None:
 
 
 # ------------------------------------------------------------------ measure
-
-def pct(vals, p):
-    return bench.rnd(bench.percentile(vals, p), 1) if vals else None
-
 
 def phases_p50(runs, field):
     if not runs:
@@ -609,67 +310,56 @@ def measure(runs: int, sizes, budget_s: float) -> list:
     def resumed(k):
         return sum(1 for r in results[k] if r["resume"] is not None)
 
-    def one(key, a, label):
-        """One run; True if it counted. A RunFailed is recorded and tolerated
-        up to `runs` times; anything else ends this runtime+size."""
-        try:
-            results[(key, a.mib)].append(a.run())
-            return
-        except RunFailed as e:
-            if e.partial:
-                results[(key, a.mib)].append(e.partial)
-            failed[(key, a.mib)].append(f"{label}: {e}")
-            log(f"suspend_resume {key}: {size_name(a.mib)} {label} FAILED: {e}")
-            if len(failed[(key, a.mib)]) > runs:
-                errors[(key, a.mib)] = f"{size_name(a.mib)}: more than {runs} failed runs"
-        except Exception as e:  # noqa: BLE001 - reported in results.json
-            errors[(key, a.mib)] = f"{size_name(a.mib)} {label} failed: {e}"
-            log(f"suspend_resume {key}: {errors[(key, a.mib)]}")
-
     for si, mib in enumerate(sizes):
         actors = {}
         t_size = time.monotonic()
+        size = size_name(mib)
         try:
-            for key, cls in ((TORPOR, TorporActor), (BASELINE, BaselineActor)):
+            for key, cls in ((TORPOR, TorporSuspendResume), (BASELINE, BaselineActor)):
                 try:
                     actors[key] = cls(mib)
                     notes[(key, mib)] = f"actor VmRSS {actors[key].rss_mib:.0f} MiB"
                 except Exception as e:  # noqa: BLE001 - reported in results.json
-                    errors[(key, mib)] = f"{size_name(mib)}: setting up the actor: {e}"
+                    errors[(key, mib)] = f"{size}: setting up the actor: {e}"
                     log(f"suspend_resume {key}: {errors[(key, mib)]}")
+            subjects = {key: (lambda _i, a=a: a.run()) for key, a in actors.items()}
+
+            def texts(label):
+                """How a run's failure and error read: a RunFailed is recorded
+                and tolerated up to `runs` times; anything else ends this runtime+size."""
+                return dict(failure_text=lambda _k, i, e: f"{label(i)}: {e}",
+                            error_text=lambda _k, i, e: f"{size} {label(i)} failed: {e}",
+                            too_many_text=lambda _k: f"{size}: more than {runs} failed runs")
+
+            tallies = {}
             # warm-up (first size only: shim, CRIU, runc, ctr and the image in the
             # page cache): one unmeasured suspend + resume each
-            for key, a in (actors.items() if si == 0 else ()):
-                one(key, a, "warm-up run")
-                results[(key, mib)].clear()
+            if si == 0:
+                bench.run_rounds(f"suspend_resume {size} warm-up", subjects, 1, rounds=1, tolerate=True,
+                                 tallies=tallies, **texts(lambda _i: "warm-up run"))
+                for t in tallies.values():
+                    t.samples.clear()
             # this size's share of the time left, by its expected cost (a round
             # at 1 GiB takes ~3.5 times as long as one at 256 MiB)
             weight = (mib + 128) / sum(m + 128 for m in sizes[si:])
             size_deadline = t_size + (started + budget_s - t_size) * weight
-            t_loop = time.monotonic()
-            i = 0
-            while True:
-                todo = [k for k in (TORPOR, BASELINE)
-                        if k in actors and (k, mib) not in errors and resumed((k, mib)) < runs]
-                if not todo:
-                    break
-                if i >= 1 and time.monotonic() + (time.monotonic() - t_loop) / i > size_deadline:
-                    log(f"suspend_resume: {size_name(mib)}: stopping after {i} rounds (time budget)")
-                    for key in todo:
-                        notes[(key, mib)] = notes.get((key, mib), "") + \
-                            f"; stopped after {resumed((key, mib))} of {runs} runs (time budget)"
-                    break
-                for key in (todo if i % 2 == 0 else todo[::-1]):
-                    one(key, actors[key], f"run {i + 1}")
-                i += 1
+            bench.run_rounds(f"suspend_resume {size}", subjects, runs, deadline=size_deadline, predict=True, tolerate=True, tallies=tallies,
+                             counted=lambda r: r["resume"] is not None, **texts(lambda i: f"run {i + 1}"))
+            for key, t in tallies.items():
+                results[(key, mib)] = t.samples
+                failed[(key, mib)] = t.failures
+                if t.error:
+                    errors[(key, mib)] = t.error
+                if t.stopped:
+                    notes[(key, mib)] = notes.get((key, mib), "") + f"; {t.stopped}"
             for key, a in actors.items():
                 if (key, mib) in errors:
                     continue
                 try:
                     a.check_memory()
                 except Exception as e:  # noqa: BLE001
-                    errors[(key, mib)] = f"{size_name(mib)}: {e}"
-            log(f"suspend_resume: {size_name(mib)} done in {time.monotonic() - t_size:.0f}s: "
+                    errors[(key, mib)] = f"{size}: {e}"
+            log(f"suspend_resume: {size} done in {time.monotonic() - t_size:.0f}s: "
                 + ", ".join(f"{k} {resumed((k, mib))} runs ({len(failed[(k, mib)])} failed)"
                             for k in (TORPOR, BASELINE)))
         finally:
@@ -785,7 +475,7 @@ def main():
         log(f"suspend_resume: WARNING: {args.runs} runs per size is below the required {MIN_RUNS}")
     with bench.bench_session():
         try:
-            ensure_torporctl()
+            bench.ensure_torporctl()
         except RuntimeError as e:
             log(f"suspend_resume: {e}")
         cleanup_leftovers()

@@ -7,10 +7,18 @@
 //!
 //! Rules the tests follow:
 //! * A missing dependency (no crictl, no rig, no image) is a test FAILURE, never a skip.
+//! * A torpor-only test is `#[cfg_attr(not_torpor_runtime, ignore = "torpor-only:
+//!   needs the torpor runtime")]` and starts with [`torpor_only()`]: under
+//!   another runtime it is reported ignored (test/build.rs), never passed.
 //! * Time limits are for liveness only ("did it ever get there"); nothing
 //!   asserts on how fast something happened.
 //! * Every pod/container a test makes is owned by a guard whose `Drop` removes
-//!   it, also when the test panics.
+//!   it, also when the test panics; anything else a test changes is undone by
+//!   a [`Cleanup`].
+//!
+//! The fixtures: [`CounterSpec`] / [`Counter`] (the counter actor in a pod),
+//! [`torporctl`] / [`Node::torporctl`] (the one torporctl runner), [`ctr`] /
+//! [`ctr_run`] / [`CtrContainer`], [`Cleanup`], [`Pod`], [`Node`].
 
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -24,8 +32,18 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use serde_json;
 
+mod cleanup;
+mod counter;
+mod ctr;
 mod node;
-pub use node::{DeadNode, Node, SnapshotsGuardAll};
+mod torporctl;
+pub use cleanup::Cleanup;
+pub use counter::{Counter, CounterSpec, COUNTER_PORT};
+pub use ctr::{
+    ctr, ctr_cgroup, ctr_ok, ctr_run, ctr_run_args, ctr_with, task_status, task_status_in, wait_task_status, CtrContainer,
+};
+pub use node::{DeadNode, HungDaemon, Node};
+pub use torporctl::{default_actor, store_snapshots, torporctl, torporctl_json, torporctl_path};
 
 /// Generous liveness limit for one state change (pod ready, container running, ...).
 pub const LIVENESS: Duration = Duration::from_secs(120);
@@ -117,6 +135,25 @@ pub fn runtime_handler() -> &'static str {
 /// Whether the runtime under test is torpor (torpor-only tests run then).
 pub fn is_torpor() -> bool {
     runtime_handler() == "torpor"
+}
+
+/// The runtime handler the test binaries were built for (test/build.rs).
+pub const BUILT_FOR: &str = env!("TORPOR_TESTS_BUILT_FOR");
+
+/// The guard of a torpor-only test: its first line. Such a test is also
+/// marked `#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the
+/// torpor runtime")]`, so that under another runtime the run reports it
+/// ignored (test/build.rs). If it runs anyway (`--ignored`, or a binary
+/// built for torpor run under another `TORPOR_TEST_RUNTIME`) it fails here:
+/// a torpor-only test never passes without having run.
+#[track_caller]
+pub fn torpor_only() {
+    let handler = runtime_handler();
+    assert!(
+        handler == "torpor",
+        "a torpor-only test cannot run under runtime {handler} (the binary was built for {BUILT_FOR}); \
+         build the tests with TORPOR_TEST_RUNTIME={handler} so that it is reported ignored"
+    );
 }
 
 /// containerd runtime_type (`ctr run --runtime`) of the handler under test.
@@ -336,26 +373,6 @@ pub fn crictl_json(args: &[&str]) -> Value {
     Node::a().crictl_json(args)
 }
 
-/// `ctr --address <rig> -n <namespace> <args>` (node A).
-#[track_caller]
-pub fn ctr(namespace: &str, args: &[&str]) -> Output {
-    Node::a().ctr(namespace, args)
-}
-
-/// `ctr` with a custom limit (for `ctr run` of a process that runs a while).
-#[track_caller]
-pub fn ctr_with(namespace: &str, args: &[&str], stdin: Option<&[u8]>, limit: Duration) -> Output {
-    let r = rig();
-    let mut all: Vec<String> = vec![
-        "--address".into(),
-        r.address.clone(),
-        "-n".into(),
-        namespace.into(),
-    ];
-    all.extend(args.iter().map(|s| s.to_string()));
-    run_with(&r.ctr, all, stdin, limit)
-}
-
 /// Fails the test unless the rig (node A) answers and has the test images.
 /// Call at the start of each test: a clear message beats a cascade of crictl
 /// errors.
@@ -517,6 +534,8 @@ pub struct Pod {
     /// The PodSandboxConfig file (needed by `crictl create`).
     pub config_path: String,
     pub log_dir: PathBuf,
+    /// The pod's annotations (`torpor.dev/*`).
+    pub annotations: BTreeMap<String, String>,
     dir: TempDir,
     removed: bool,
 }
@@ -527,6 +546,21 @@ pub struct PodOptions {
     pub annotations: BTreeMap<String, String>,
     /// Runtime handler; None = the one under test.
     pub runtime: Option<String>,
+}
+
+impl PodOptions {
+    /// A pod of the runtime under test with these annotations.
+    pub fn annotated(pairs: &[(&str, &str)]) -> PodOptions {
+        PodOptions {
+            annotations: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            runtime: None,
+        }
+    }
+
+    /// A pod of the actor `actor` (`torpor.dev/actor`).
+    pub fn actor(actor: &str) -> PodOptions {
+        PodOptions::annotated(&[("torpor.dev/actor", actor)])
+    }
 }
 
 impl Pod {
@@ -613,9 +647,16 @@ impl Pod {
             node,
             config_path,
             log_dir,
+            annotations: opts.annotations,
             dir,
             removed: false,
         })
+    }
+
+    /// The id of the pod's actor: its `torpor.dev/actor`, else the default
+    /// `<namespace>/<pod name>`.
+    pub fn actor(&self) -> String {
+        self.annotations.get("torpor.dev/actor").cloned().unwrap_or_else(|| default_actor(&self.name))
     }
 
     /// The pod's temp dir (configs, logs).
@@ -786,54 +827,6 @@ pub fn wait_exited(id: &str) -> (i64, String) {
     )
 }
 
-// ------------------------------------------------------------ ctr guard
-
-/// A container created through `ctr` (namespace `default` by default).
-/// Dropping it kills and deletes its task and removes the container.
-#[derive(Debug)]
-pub struct CtrContainer {
-    pub namespace: String,
-    pub id: String,
-}
-
-impl CtrContainer {
-    /// Only registers the id for cleanup; the caller creates it (`ctr run ...`).
-    pub fn new(namespace: &str, id: &str) -> CtrContainer {
-        CtrContainer {
-            namespace: namespace.into(),
-            id: id.into(),
-        }
-    }
-
-    /// `ctr task ls` status of this task (RUNNING, PAUSED, STOPPED, ...), if any.
-    #[track_caller]
-    pub fn task_status(&self) -> Option<String> {
-        let out = ctr(&self.namespace, &["task", "ls"]).ok();
-        out.lines().skip(1).find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.first() == Some(&self.id.as_str())).then(|| f.last().unwrap_or(&"").to_string())
-        })
-    }
-}
-
-impl Drop for CtrContainer {
-    fn drop(&mut self) {
-        let _ = std::panic::catch_unwind(|| {
-            let ns = self.namespace.clone();
-            let _ = ctr(&ns, &["task", "kill", "-a", "-s", "SIGKILL", &self.id]);
-            for _ in 0..100 {
-                let out = ctr(&ns, &["task", "delete", "-f", &self.id]);
-                if out.success() || out.stderr.contains("not found") {
-                    break;
-                }
-                thread::sleep(Duration::from_millis(100));
-            }
-            let _ = ctr(&ns, &["containers", "rm", &self.id]);
-            let _ = ctr(&ns, &["snapshots", "rm", &self.id]);
-        });
-    }
-}
-
 // ------------------------------------------------------------ host checks
 
 /// Processes whose command line or working directory mentions `needle`
@@ -867,6 +860,44 @@ pub fn processes_mentioning(needle: &str) -> Vec<String> {
         }
     }
     found
+}
+
+/// Processes in a cgroup whose path contains `needle` (a container id, a
+/// pod's cgroup), with their command lines.
+pub fn processes_in_cgroup(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else { return found };
+    for e in rd.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        if cg.contains(needle) {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                .unwrap_or_default();
+            found.push(format!("pid {pid}: {}", cmd.trim()));
+        }
+    }
+    found
+}
+
+/// The files below `dir` (at most 5 levels deep).
+pub fn files_below(dir: &Path) -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>, depth: usize) {
+        if depth > 4 {
+            return;
+        }
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out, depth + 1);
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, &mut out, 0);
+    out
 }
 
 /// Lines of /proc/self/mountinfo that mention `needle`.
@@ -921,54 +952,5 @@ pub fn connect_with_retry(addr: &str) -> std::net::TcpStream {
     match res {
         Ok(s) => s,
         Err(_) => panic!("cannot connect to {addr}: {last_err}"),
-    }
-}
-
-// ------------------------------------------------------- snapshot store
-
-/// The torporctl binary: `$TORPOR_CTL` or the build tree's.
-pub fn torporctl_path() -> String {
-    match std::env::var("TORPOR_CTL") {
-        Ok(v) if !v.is_empty() => v,
-        _ => concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release/torporctl").to_string(),
-    }
-}
-
-/// `torporctl <args>` (not checked; it talks to the rig's store through
-/// `$TORPOR_STORE_SOCKET`). A missing binary fails the test.
-#[track_caller]
-pub fn torporctl_run(args: &[&str]) -> Output {
-    let bin = torporctl_path();
-    assert!(Path::new(&bin).is_file(), "torporctl not found at {bin} (cargo build --release -p torporctl)");
-    run(&bin, args)
-}
-
-/// The default actor id of a test pod: `<namespace>/<pod name>`.
-pub fn default_actor(pod_name: &str) -> String {
-    format!("{POD_NAMESPACE}/{pod_name}")
-}
-
-/// The snapshots of `actor` the rig's store knows (`torporctl --json snapshots ls ACTOR`).
-#[track_caller]
-pub fn store_snapshots(actor: &str) -> Vec<Value> {
-    let out = torporctl_run(&["--json", "snapshots", "ls", actor]);
-    let text = out.clone().ok();
-    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("snapshots ls is not JSON ({e}): {out}"));
-    v.as_array().cloned().unwrap_or_default()
-}
-
-/// Removes every snapshot of an actor from the rig's store on drop (tests
-/// that leave snapshots by policy, e.g. a suspended actor removed).
-pub struct SnapshotsGuard(pub String);
-
-impl Drop for SnapshotsGuard {
-    fn drop(&mut self) {
-        let Ok(out) = std::panic::catch_unwind(|| torporctl_run(&["--json", "snapshots", "ls", &self.0])) else { return };
-        let Ok(v) = serde_json::from_str::<Value>(&out.stdout) else { return };
-        for s in v.as_array().into_iter().flatten() {
-            if let Some(name) = s["snapshot"].as_str() {
-                let _ = run(&torporctl_path(), ["snapshots", "rm", name]);
-            }
-        }
     }
 }

@@ -199,30 +199,6 @@ impl Node {
         ]
     }
 
-    /// `torporctl <args>` against the node's shims and store (not checked).
-    #[track_caller]
-    pub fn torporctl(&self, args: &[&str]) -> Output {
-        let bin = crate::torporctl_path();
-        assert!(Path::new(&bin).is_file(), "torporctl not found at {bin} (cargo build --release -p torporctl)");
-        run_env(&bin, args, None, COMMAND_LIMIT, &self.torpor_env())
-    }
-
-    /// `torporctl --json <args>`, checked, parsed.
-    #[track_caller]
-    pub fn torporctl_json(&self, args: &[&str]) -> Value {
-        let mut all = vec!["--json"];
-        all.extend_from_slice(args);
-        let out = self.torporctl(&all);
-        let text = out.clone().ok();
-        serde_json::from_str(&text).unwrap_or_else(|e| panic!("torporctl on node {}: not JSON ({e}): {out}", self.letter))
-    }
-
-    /// The snapshots of `actor` the node's store knows.
-    #[track_caller]
-    pub fn store_snapshots(&self, actor: &str) -> Vec<Value> {
-        self.torporctl_json(&["snapshots", "ls", actor]).as_array().cloned().unwrap_or_default()
-    }
-
     /// `test/rig/<script> <args>` for this node (`TORPOR_RIG_NODE`; up.sh of
     /// node A alone, `TORPOR_RIG_NODE_B=0`).
     #[track_caller]
@@ -248,6 +224,21 @@ impl Node {
     #[track_caller]
     pub fn wait_container_state(&self, id: &str, state: &str) -> Value {
         wait_container_state_on(self, id, state)
+    }
+
+    /// The last `n` lines of the node's containerd log that mention one of
+    /// `ids`, under a header (for failure messages).
+    pub fn log_about(&self, ids: &[&str], n: usize) -> String {
+        let log = format!("{}/containerd.log", self.rig.state_dir);
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().filter(|l| ids.iter().any(|i| l.contains(i))).collect();
+        let tail = &lines[lines.len().saturating_sub(n)..];
+        let mut s = format!("--- {log} (last {} lines about {}) ---\n", tail.len(), ids.join(" "));
+        for l in tail {
+            s.push_str(l);
+            s.push('\n');
+        }
+        s
     }
 
     /// Removes every pod (any state) whose metadata name is `name`.
@@ -418,26 +409,6 @@ impl Drop for DeadNode {
                 eprintln!("node {} did not come back up: {out}", self.node.letter);
             }
         }));
-    }
-}
-
-/// Removes every snapshot of an actor from both nodes' stores (and so from
-/// the object tier) on drop.
-pub struct SnapshotsGuardAll(pub String);
-
-impl Drop for SnapshotsGuardAll {
-    fn drop(&mut self) {
-        for node in [Node::b(), Node::a()] {
-            let _ = std::panic::catch_unwind(|| {
-                let out = node.torporctl(&["--json", "snapshots", "ls", &self.0]);
-                let Ok(v) = serde_json::from_str::<Value>(&out.stdout) else { return };
-                for s in v.as_array().into_iter().flatten() {
-                    if let Some(name) = s["snapshot"].as_str() {
-                        let _ = node.torporctl(&["snapshots", "rm", name]);
-                    }
-                }
-            });
-        }
     }
 }
 

@@ -1,8 +1,8 @@
 //! Bad torpor annotations are refused with a clear error, never silently
 //! defaulted. torpor-only: under TORPOR_TEST_RUNTIME=runc there is nothing to
-//! test (runc ignores torpor.dev/*), under the default `torpor` it must run.
+//! test (runc ignores torpor.dev/*: the tests are reported ignored), under
+//! the default `torpor` they must run.
 
-use std::collections::BTreeMap;
 use torpor_tests::*;
 
 /// Runs pod + container with `annotations` on the pod; returns the error
@@ -11,14 +11,7 @@ fn first_failure(
     prefix: &str,
     annotations: &[(&str, &str)],
 ) -> (Option<Pod>, Option<(String, Output)>) {
-    let opts = PodOptions {
-        annotations: annotations
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect::<BTreeMap<_, _>>(),
-        runtime: None,
-    };
-    let pod = match Pod::try_run(prefix, opts) {
+    let pod = match Pod::try_run(prefix, PodOptions::annotated(annotations)) {
         Ok(p) => p,
         // The sandbox is created by the same runtime: refusing the bad pod
         // already at RunPodSandbox is acceptable too.
@@ -36,14 +29,9 @@ fn first_failure(
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn invalid_idle_after_fails_container_creation_naming_the_annotation() {
-    if !is_torpor() {
-        eprintln!(
-            "runtime {} is not torpor: torpor.dev annotations are not validated there",
-            runtime_handler()
-        );
-        return;
-    }
+    torpor_only();
     let (_pod, failure) = first_failure("badidle", &[("torpor.dev/idle-after", "banana")]);
     let (step, out) = failure.expect("a pod with torpor.dev/idle-after=banana must not start");
     let text = out.all_output();
@@ -55,11 +43,9 @@ fn invalid_idle_after_fails_container_creation_naming_the_annotation() {
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn valid_idle_after_is_accepted() {
-    if !is_torpor() {
-        eprintln!("runtime {} is not torpor", runtime_handler());
-        return;
-    }
+    torpor_only();
     let (pod, failure) = first_failure("goodidle", &[("torpor.dev/idle-after", "5m")]);
     if let Some((step, out)) = failure {
         panic!("a valid torpor.dev/idle-after was refused at {step}: {out}");

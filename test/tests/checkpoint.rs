@@ -38,36 +38,6 @@ const CRIU_TAR_MEDIA_TYPE: &str = "application/vnd.containerd.container.criu.che
 
 // ------------------------------------------------------------------ helpers
 
-#[track_caller]
-fn ctr_ok(ns: &str, args: &[&str]) -> String {
-    ctr(ns, args).ok()
-}
-
-/// `ctr task ls` status of a task in `ns`, if the task exists.
-#[track_caller]
-fn task_status(ns: &str, id: &str) -> Option<String> {
-    let out = ctr_ok(ns, &["task", "ls"]);
-    out.lines().skip(1).find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        (f.first() == Some(&id)).then(|| f.last().unwrap_or(&"").to_string())
-    })
-}
-
-#[track_caller]
-fn wait_task_status(ns: &str, id: &str, want: &str) {
-    let mut last = None;
-    let what = format!("ctr task {id} to be {want}");
-    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_for(&what, LIVENESS, || {
-            last = task_status(ns, id);
-            (last.as_deref() == Some(want)).then_some(())
-        })
-    }));
-    if res.is_err() {
-        panic!("timed out waiting for {what}; last status {last:?}");
-    }
-}
-
 /// A pod of the runtime under test whose network namespace `ctr run`
 /// containers join.
 struct NetPod {
@@ -107,22 +77,11 @@ impl NetPod {
 fn run_in_pod(pod: &NetPod, prefix: &str, args: &[&str]) -> CtrContainer {
     let id = unique_name(prefix);
     let c = CtrContainer::new(NS, &id);
-    let rt = runtime_type();
     let with_ns = format!("network:{}", pod.netns);
-    let mut a = vec![
-        "run",
-        "-d",
-        "--runtime",
-        rt.as_str(),
-        "--with-ns",
-        with_ns.as_str(),
-        ACTOR_IMAGE,
-        id.as_str(),
-        "/actor",
-    ];
-    a.extend_from_slice(args);
-    ctr_ok(NS, &a);
-    wait_task_status(NS, &id, "RUNNING");
+    let mut command = vec!["/actor"];
+    command.extend_from_slice(args);
+    ctr_run(NS, &["-d", "--with-ns", &with_ns], &id, &command).ok();
+    c.wait_status("RUNNING");
     c
 }
 
@@ -811,7 +770,7 @@ fn checkpoint_exit_option_stops_the_task() {
     let name = ctr_ok(NS, &["task", "checkpoint", &c.id])
         .trim()
         .to_string();
-    assert_eq!(images.list(), [name.clone()]);
+    assert_eq!(images.list(), std::slice::from_ref(&name));
     assert_eq!(
         task_status(NS, &c.id).as_deref(),
         Some("RUNNING"),
@@ -925,21 +884,7 @@ fn checkpoint_of_a_stopped_container_fails_clearly() {
     let id = unique_name("ckpt-stopped");
     let _c = CtrContainer::new(NS, &id);
     let images = TaskCheckpointImages::new(NS, &id);
-    let rt = runtime_type();
-    ctr_ok(
-        NS,
-        &[
-            "run",
-            "-d",
-            "--runtime",
-            &rt,
-            ACTOR_IMAGE,
-            &id,
-            "/actor",
-            "exit",
-            "0",
-        ],
-    );
+    ctr_run(NS, &["-d"], &id, &["/actor", "exit", "0"]).ok();
     wait_task_status(NS, &id, "STOPPED");
 
     let out = ctr(NS, &["task", "checkpoint", &id]);
@@ -1197,6 +1142,8 @@ struct CriulessRig {
     env: Vec<(String, String)>,
     address: String,
     bin: PathBuf,
+    /// Its cgroup parent (`TORPOR_RIG_CGROUP`): its down.sh removes it.
+    cgroup: String,
 }
 
 impl CriulessRig {
@@ -1246,6 +1193,7 @@ impl CriulessRig {
             "{}-nocriu",
             std::env::var("TORPOR_RIG_CNI_NETWORK").unwrap_or_else(|_| "torpor-test".into())
         );
+        let cgroup = format!("{}-nocriu", rig().cgroup);
         let env = vec![
             ("PATH".to_string(), kept.join(":")),
             ("TORPOR_RIG_STATE".into(), state.clone()),
@@ -1256,10 +1204,7 @@ impl CriulessRig {
                 "TORPOR_RIG_SUBNET".into(),
                 format!("10.{}.0.0/16", 250 + tag % 5),
             ),
-            (
-                "TORPOR_RIG_CGROUP".into(),
-                format!("{}-nocriu", rig().cgroup),
-            ),
+            ("TORPOR_RIG_CGROUP".into(), cgroup.clone()),
             ("TORPOR_SHIM_DIR".into(), bin.to_string_lossy().into_owned()),
             // one node is enough here
             ("TORPOR_RIG_NODE_B".into(), "0".into()),
@@ -1268,6 +1213,7 @@ impl CriulessRig {
             env,
             address: format!("{state}/containerd.sock"),
             bin,
+            cgroup,
         };
         let out = me.script(&format!("{rig_dir}/up.sh"), &[]);
         if !out.success() {
@@ -1298,11 +1244,7 @@ impl CriulessRig {
 
     #[track_caller]
     fn task_status(&self, id: &str) -> Option<String> {
-        let out = self.ctr(&["task", "ls"]).ok();
-        out.lines().skip(1).find_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            (f.first() == Some(&id)).then(|| f.last().unwrap_or(&"").to_string())
-        })
+        task_status_in(&self.ctr(&["task", "ls"]).ok(), id)
     }
 }
 
@@ -1327,17 +1269,8 @@ impl Drop for CriulessRig {
 fn checkpoint_without_usable_criu_fails_clearly() {
     let side = CriulessRig::up();
     let id = unique_name("ckpt-nocriu");
-    let rt = runtime_type();
-    let out = side.ctr(&[
-        "run",
-        "-d",
-        "--runtime",
-        &rt,
-        ACTOR_IMAGE,
-        &id,
-        "/actor",
-        "counter",
-    ]);
+    let run = ctr_run_args(&side.cgroup, NS, &["-d"], &id, &["/actor", "counter"]);
+    let out = side.ctr(&run.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(out.success(), "{out}");
     wait_for("the task to run", LIVENESS, || {
         (side.task_status(&id).as_deref() == Some("RUNNING")).then_some(())

@@ -16,89 +16,35 @@
 //!   kept, and the new pod's container is restored from it (3, memory
 //!   intact), once; the kept checkpoint is gone after.
 //!
-//! torpor-only: under TORPOR_TEST_RUNTIME=runc each test returns early.
+//! torpor-only: under TORPOR_TEST_RUNTIME=runc each test is reported ignored.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use torpor_tests::serde_json::{self, Value};
 use torpor_tests::*;
 
-fn torpor_only() -> bool {
-    if !is_torpor() {
-        eprintln!("runtime {} is not torpor: no actor to crash", runtime_handler());
-        return false;
-    }
-    true
-}
-
-/// `torporctl <args>` (not checked). A missing binary fails the test.
+/// Arms crash point `point` of shim `shim`; disarmed when the guard drops.
 #[track_caller]
-fn torporctl(args: &[&str]) -> Output {
-    let bin = match std::env::var("TORPOR_CTL") {
-        Ok(v) if !v.is_empty() => v,
-        _ => concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release/torporctl").to_string(),
-    };
-    assert!(Path::new(&bin).is_file(), "torporctl not found at {bin} (cargo build --release -p torporctl)");
-    run(&bin, args)
-}
-
-/// The shim's actor record directory (the shim's TORPOR_STATE_ROOT).
-fn actor_dir(shim: &str) -> PathBuf {
-    let root = std::env::var("TORPOR_STATE_ROOT")
+fn arm(shim: &str, point: &str) -> Cleanup {
+    let dir = std::env::var("TORPOR_FAILPOINTS_DIR")
         .ok()
         .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "/var/lib/torpor".into());
-    Path::new(&root).join("actors").join(shim)
-}
-
-fn record(shim: &str) -> Option<Value> {
-    let text = std::fs::read(actor_dir(shim).join("actor.json")).ok()?;
-    serde_json::from_slice(&text).ok()
-}
-
-/// The actor record `torporctl --json status <shim>` prints.
-#[track_caller]
-fn status(shim: &str) -> Value {
-    let out = torporctl(&["--json", "status", shim]);
-    let text = out.clone().ok();
-    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
-    let live: Vec<&Value> = v.as_array().into_iter().flatten().filter(|a| a["kept"] != true).collect();
-    assert_eq!(live.len(), 1, "one live actor for {shim}: {out}");
-    live[0]["actor"].clone()
-}
-
-/// Arms crash point `point` of shim `shim`; disarmed on drop.
-struct Armed(PathBuf);
-
-impl Armed {
-    #[track_caller]
-    fn new(shim: &str, point: &str) -> Armed {
-        let dir = std::env::var("TORPOR_FAILPOINTS_DIR")
-            .ok()
-            .filter(|s| !s.is_empty())
-            .expect("TORPOR_FAILPOINTS_DIR is not set: run the tests through test/rig/run-tests.sh");
-        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {dir}: {e}"));
-        let p = Path::new(&dir).join(shim);
-        std::fs::write(&p, point).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
-        Armed(p)
-    }
-}
-
-impl Drop for Armed {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
+        .expect("TORPOR_FAILPOINTS_DIR is not set: run the tests through test/rig/run-tests.sh");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {dir}: {e}"));
+    let p = Path::new(&dir).join(shim);
+    std::fs::write(&p, point).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+    Cleanup::new(format!("crash point {point} of {shim}"), move || {
+        let _ = std::fs::remove_file(&p);
+    })
 }
 
 /// Removes what a dead shim kept of an actor, if a test left it (a failed
 /// test: a passing one sees it consumed).
-struct KeptGuard(String);
-
-impl Drop for KeptGuard {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(actor_dir(&self.0));
-    }
+fn kept_removed(shim: &str) -> Cleanup {
+    let dir = Node::a().actor_dir(shim);
+    Cleanup::new(format!("the kept record of {shim}"), move || {
+        let _ = std::fs::remove_dir_all(&dir);
+    })
 }
 
 /// The pid of the shim serving `shim` (its `-id`), if it runs.
@@ -114,23 +60,6 @@ fn shim_pid(shim: &str) -> Option<u32> {
         }
     }
     None
-}
-
-/// Processes in a cgroup whose path contains `needle` (a container id).
-fn processes_in_cgroup(needle: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    let Ok(rd) = std::fs::read_dir("/proc") else { return found };
-    for e in rd.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-        if cg.contains(needle) {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-                .unwrap_or_default();
-            found.push(format!("pid {pid}: {}", cmd.trim()));
-        }
-    }
-    found
 }
 
 /// Children the dead shim `shim` started (runc, CRIU, lazy-pages): they
@@ -150,62 +79,10 @@ fn children_of_shim(shim: &str) -> Vec<String> {
     found
 }
 
-/// A counter pod.
-struct Counter {
-    pod: Pod,
-    container: String,
-    ip: String,
-}
-
-const ALLOC: &[&str] = &["counter", "--port", "8080", "--alloc-mib", "64"];
-
-impl Counter {
-    /// `attempt`: the container's restart count (kubelet counts on in a
-    /// pod run again: CRI reserves `<name>_<pod>_..._<attempt>`).
-    #[track_caller]
-    fn start(pod: Pod, attempt: u32) -> Counter {
-        let mut config = container_config("counter", ALLOC);
-        config["metadata"]["attempt"] = attempt.into();
-        // As kubelet sends it (no shareProcessNamespace): the container has
-        // its own pid namespace. (In a pod-shared one, the restored pids
-        // must be free in the new pod's namespace: see docs/ARCHITECTURE.md.)
-        config["linux"]["security_context"] = serde_json::json!({"namespace_options": {"pid": 1}});
-        let container = pod.create(&config);
-        let out = crictl(&["start", &container]);
-        if !out.success() {
-            // A failed restore: CRIU's log goes with the failure.
-            let log = format!(
-                "{}/io.containerd.runtime.v2.task/k8s.io/{container}/criu-restore.log",
-                rig().containerd_state
-            );
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            panic!(
-                "crictl start {container} failed: {out}\n--- {log} (tail) ---\n{}",
-                lines[lines.len().saturating_sub(80)..].join("\n")
-            );
-        }
-        wait_container_state(&container, "CONTAINER_RUNNING");
-        let ip = pod.ip();
-        Counter { pod, container, ip }
-    }
-
-    #[track_caller]
-    fn cmd(&self, cmd: &str) -> String {
-        counter_cmd(&format!("{}:8080", self.ip), cmd)
-    }
-
-    fn shim(&self) -> &str {
-        &self.pod.id
-    }
-}
-
-/// The containerd log lines about `ids`, for failure messages.
-fn log_about(ids: &[&str]) -> String {
-    let log = format!("{}/containerd.log", rig().state_dir);
-    let text = std::fs::read_to_string(&log).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().filter(|l| ids.iter().any(|i| l.contains(i))).collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
+/// The counter of these tests: 64 MiB of checked memory; `attempt`: the
+/// container's restart count.
+fn counter(attempt: u32) -> CounterSpec {
+    CounterSpec::new().alloc_mib(64).attempt(attempt)
 }
 
 /// What a crash left, and the pod created after it.
@@ -217,8 +94,8 @@ struct AfterCrash {
     sum: String,
     /// The actor id (its snapshots in the store).
     actor: String,
-    _guard: KeptGuard,
-    _snapshots: SnapshotsGuard,
+    _guard: Cleanup,
+    _snapshots: Cleanup,
     /// The old pod (NotReady), removed last, as kubelet would.
     _old: Pod,
 }
@@ -235,12 +112,8 @@ fn crash_at(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&str
 /// old pod IP.
 #[track_caller]
 fn crash_with(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&str>, open_conn: bool) -> AfterCrash {
-    let pod = Pod::run_with(prefix, opts.clone());
-    let a = Counter::start(pod, 0);
-    for n in 1..=3 {
-        assert_eq!(a.cmd("inc"), n.to_string());
-    }
-    let sum = a.cmd("sum");
+    let a = counter(0).start(Pod::run_with(prefix, opts.clone()));
+    let sum = a.count_to(3);
     let _conn = open_conn.then(|| {
         let s = connect_with_retry(&format!("{}:8080", a.ip));
         let mut w = s.try_clone().unwrap();
@@ -250,17 +123,17 @@ fn crash_with(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&s
         assert_eq!(line.trim(), "3");
         s
     });
-    let guard = KeptGuard(a.shim().to_string());
-    let actor = opts.annotations.get("torpor.dev/actor").cloned().unwrap_or_else(|| default_actor(&a.pod.name));
-    let snapshots = SnapshotsGuard(actor.clone());
+    let guard = kept_removed(a.shim());
+    let actor = a.actor.clone();
+    let snapshots = Cleanup::snapshots(&actor);
     let op = if point.starts_with("resume") { "resume" } else { "suspend" };
     if op == "resume" {
         let out = torporctl(&["--json", "suspend", a.shim()]);
-        assert!(out.success(), "suspend before the resume crash: {out}\n{}", log_about(&[a.shim()]));
-        assert_eq!(status(a.shim())["state"], "SUSPENDED");
+        assert!(out.success(), "suspend before the resume crash: {out}\n{}", Node::a().log_about(&[a.shim()], 40));
+        assert_eq!(a.status()["state"], "SUSPENDED");
     }
     let pid = shim_pid(a.shim()).unwrap_or_else(|| panic!("no shim process for {}", a.shim()));
-    let armed = Armed::new(a.shim(), point);
+    let armed = arm(a.shim(), point);
     let out = torporctl(&["--json", op, a.shim()]);
     assert!(!out.success(), "the shim was to die at {point}, but the {op} succeeded: {out}");
     drop(armed);
@@ -281,7 +154,7 @@ fn crash_with(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&s
 
     // containerd notices, and cleans up after the dead shim.
     wait_container_state(&a.container, "CONTAINER_EXITED");
-    let kept = wait_for("the dead shim's actor record to be settled", LIVENESS, || match record(&shim) {
+    let kept = wait_for("the dead shim's actor record to be settled", LIVENESS, || match Node::a().actor_record(&shim) {
         None => Some(None),
         Some(r) if r["orphaned"] == true => Some(Some(r)),
         Some(_) => None,
@@ -310,7 +183,7 @@ fn crash_with(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&s
         None => Pod::run_again(&a.pod.name, 1, opts),
         Some(prefix) => Pod::run_with(prefix, opts),
     };
-    let new = Counter::start(again, 1);
+    let new = counter(1).start(again);
     let Counter { pod: old, .. } = a;
     AfterCrash {
         kept,
@@ -342,7 +215,7 @@ fn assert_cold(c: &AfterCrash) {
     let snaps = store_snapshots(&c.actor);
     assert!(snaps.is_empty(), "nothing of the suspend reached the store (its staging was aborted): {snaps:?}");
     assert_eq!(c.new.cmd("get"), "0", "the new pod starts cold");
-    let st = status(c.new.shim());
+    let st = c.new.status();
     assert_eq!(st["state"], "RUNNING", "{st}");
     assert!(st["recovered_from"].is_null(), "{st}");
     one_counter(&c.new.pod.name);
@@ -364,14 +237,14 @@ fn assert_restored(c: &AfterCrash, kept_state: &str) {
         got,
         "3",
         "the new pod continues from the kept checkpoint\n{}",
-        log_about(&[&c.old_shim, c.new.shim(), &c.new.container])
+        Node::a().log_about(&[&c.old_shim, c.new.shim(), &c.new.container], 40)
     );
     assert_eq!(c.new.cmd("sum"), c.sum, "the 64 MiB came back intact");
     assert_eq!(c.new.cmd("inc"), "4");
-    let st = status(c.new.shim());
+    let st = c.new.status();
     assert_eq!(st["state"], "RUNNING", "{st}");
     assert_eq!(st["recovered_from"], snap.as_str(), "{st}");
-    assert!(!actor_dir(&c.old_shim).exists(), "the kept checkpoint is consumed once the restored container runs");
+    assert!(!Node::a().actor_dir(&c.old_shim).exists(), "the kept checkpoint is consumed once the restored container runs");
     assert_eq!(container_state(&c.new.container), "CONTAINER_RUNNING");
     one_counter(&c.new.pod.name);
     // And it is a full actor again: it suspends and resumes.
@@ -385,34 +258,30 @@ fn assert_restored(c: &AfterCrash, kept_state: &str) {
 // -------------------------------------------------------------- suspend
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn crash_suspend_after_persist() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     assert_cold(&crash_at("crash-sp", "suspend-after-persist", PodOptions::default(), None));
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn crash_suspend_after_freeze() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     assert_cold(&crash_at("crash-sf", "suspend-after-freeze", PodOptions::default(), None));
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn crash_suspend_during_dump() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     assert_cold(&crash_at("crash-sd", "suspend-during-dump", PodOptions::default(), None));
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn crash_suspend_after_dump() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     // Every dump completed and was marked: the cleanup commits the suspend.
     assert_restored(&crash_at("crash-sa", "suspend-after-dump", PodOptions::default(), None), "SUSPENDED");
 }
@@ -420,36 +289,32 @@ fn crash_suspend_after_dump() {
 // --------------------------------------------------------------- resume
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn crash_resume_after_persist() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     assert_restored(&crash_at("crash-rp", "resume-after-persist", PodOptions::default(), None), "RESUMING");
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn crash_resume_during_restore() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     assert_restored(&crash_at("crash-rd", "resume-during-restore", PodOptions::default(), None), "RESUMING");
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn crash_resume_after_restore() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     assert_restored(&crash_at("crash-ra", "resume-after-restore", PodOptions::default(), None), "RESUMING");
 }
 
 /// The checkpoint holds an established connection of the old pod's IP,
 /// which does not exist in the new pod: it comes back closed.
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn crash_resume_with_an_open_connection() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let c = crash_with("crash-rc", "resume-after-persist", PodOptions::default(), None, true);
     assert_restored(&c, "RESUMING");
 }
@@ -460,22 +325,19 @@ fn crash_resume_with_an_open_connection() {
 /// second pod of the same actor created while the first runs is refused
 /// (the actor's node-local claim): an actor never runs twice.
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn kept_checkpoint_is_restored_once_by_actor_id() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let actor = format!("crash-test/{}", unique_name("actor"));
-    let opts = PodOptions {
-        annotations: BTreeMap::from([("torpor.dev/actor".to_string(), actor.clone())]),
-        runtime: None,
-    };
+    let opts = PodOptions::actor(&actor);
     let c = crash_at("crash-id", "resume-after-persist", opts.clone(), Some("crash-id-new"));
     assert_restored(&c, "RESUMING");
-    assert_eq!(status(c.new.shim())["actor"], actor.as_str());
+    assert_eq!(c.new.status()["actor"], actor.as_str());
 
     let second = Pod::run_with("crash-id-second", opts);
     // (CRI creates the task, and the shim sees the container, at its start.)
-    let created = second.try_create(&container_config("counter", ALLOC)).unwrap_or_else(|o| panic!("crictl create: {o}"));
+    let created =
+        second.try_create(&counter(0).in_the_pods_pid_namespace().config()).unwrap_or_else(|o| panic!("crictl create: {o}"));
     let out = crictl(&["start", &created]);
     assert!(!out.success(), "a second pod of a running actor must be refused: {out}");
     assert!(

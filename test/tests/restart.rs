@@ -6,7 +6,6 @@
 //! One test per binary: restarting the rig's containerd would disturb tests
 //! running beside it.
 
-use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -16,28 +15,6 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-fn torporctl(args: &[&str]) -> Output {
-    let bin = std::env::var("TORPOR_CTL")
-        .unwrap_or_else(|_| repo().join("target/release/torporctl").to_string_lossy().into_owned());
-    run(&bin, args)
-}
-
-fn actor_state(pod: &Pod) -> String {
-    let out = torporctl(&["--json", "status", &pod.id]);
-    assert!(out.success(), "torporctl status: {out}");
-    let v: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out}"));
-    v[0]["actor"]["state"].as_str().unwrap_or_default().to_string()
-}
-
-fn inc(ip: &str) -> u64 {
-    let mut s = connect_with_retry(&format!("{ip}:8080"));
-    s.set_read_timeout(Some(LIVENESS)).unwrap();
-    s.write_all(b"inc\n").unwrap();
-    let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).unwrap();
-    line.trim().parse().unwrap_or_else(|e| panic!("counter said {line:?}: {e}"))
-}
-
 fn restart_containerd() {
     let pidfile = format!("{}/containerd.pid", rig().state_dir);
     let pid: i32 = std::fs::read_to_string(&pidfile)
@@ -45,7 +22,7 @@ fn restart_containerd() {
         .trim()
         .parse()
         .unwrap();
-    assert!(run("kill", &["-TERM", &pid.to_string()]).success());
+    assert!(run("kill", ["-TERM", &pid.to_string()]).success());
     wait_for("the rig's containerd to exit", LIVENESS, || {
         (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(())
     });
@@ -54,35 +31,28 @@ fn restart_containerd() {
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn actors_survive_a_containerd_restart() {
-    if !is_torpor() {
-        eprintln!("runtime {} is not torpor: no actors to suspend", runtime_handler());
-        return;
-    }
+    torpor_only();
     require_rig();
-    let running = Pod::run("restart-run");
-    let c1 = running.start_actor("counter", &["counter", "--port", "8080"]);
-    let asleep = Pod::run("restart-sleep");
-    let c2 = asleep.start_actor("counter", &["counter", "--port", "8080", "--alloc-mib", "32"]);
-    let (ip1, ip2) = (running.ip(), asleep.ip());
-    assert_eq!(inc(&ip1), 1);
-    assert_eq!(inc(&ip2), 1);
-    assert_eq!(inc(&ip2), 2);
-    let out = torporctl(&["suspend", &asleep.id]);
+    let running = CounterSpec::new().in_the_pods_pid_namespace().start(Pod::run("restart-run"));
+    let asleep = CounterSpec::new().in_the_pods_pid_namespace().alloc_mib(32).start(Pod::run("restart-sleep"));
+    assert_eq!(running.inc(), 1);
+    assert_eq!(asleep.inc(), 1);
+    assert_eq!(asleep.inc(), 2);
+    let out = torporctl(&["suspend", asleep.shim()]);
     assert!(out.success(), "suspend: {out}");
-    assert_eq!(actor_state(&asleep), "SUSPENDED");
+    assert_eq!(asleep.state(), "SUSPENDED");
 
     restart_containerd();
 
-    for c in [&c1, &c2] {
+    for c in [&running.container, &asleep.container] {
         wait_container_state(c, "CONTAINER_RUNNING");
     }
-    assert_eq!(actor_state(&asleep), "SUSPENDED", "the restart did not wake the actor");
-    assert_eq!(inc(&ip1), 2, "the running actor kept its state");
-    assert_eq!(inc(&ip2), 3, "the suspended actor woke on a connection, with its state");
-    wait_for("the actor to be RUNNING", Duration::from_secs(30), || {
-        (actor_state(&asleep) == "RUNNING").then_some(())
-    });
-    running.remove();
-    asleep.remove();
+    assert_eq!(asleep.state(), "SUSPENDED", "the restart did not wake the actor");
+    assert_eq!(running.inc(), 2, "the running actor kept its state");
+    assert_eq!(asleep.inc(), 3, "the suspended actor woke on a connection, with its state");
+    wait_for("the actor to be RUNNING", Duration::from_secs(30), || (asleep.state() == "RUNNING").then_some(()));
+    running.pod.remove();
+    asleep.pod.remove();
 }

@@ -697,21 +697,11 @@ fn image_unpacks_through_it_and_a_container_runs_on_it() {
     // and a container runs from it (ctr run --snapshotter torpor)
     let id = unique_name("snap-run");
     let c = CtrContainer::new(&ns.0, &id);
-    let rt = runtime_type();
-    let out = ctr(
+    let out = ctr_run(
         &ns.0,
-        &[
-            "run",
-            "--snapshotter",
-            "torpor",
-            "--runtime",
-            &rt,
-            ACTOR_IMAGE,
-            &id,
-            "/bin/sh",
-            "-c",
-            "test -x /actor && echo rootfs-ok",
-        ],
+        &["--snapshotter", "torpor"],
+        &id,
+        &["/bin/sh", "-c", "test -x /actor && echo rootfs-ok"],
     );
     assert!(out.stdout.contains("rootfs-ok"), "{out}");
     drop(c);
@@ -780,8 +770,11 @@ fn pod_rootfs_lives_in_the_snapshotter() {
 
 // ------------------------------------------------------------ restarts
 
+/// What the daemon reports of one snapshot: kind, parent, labels, creation time (ns).
+type SnapshotInfo = (i32, String, BTreeMap<String, String>, Option<i64>);
+
 /// What the daemon reports, comparable across restarts.
-fn backend_state() -> BTreeMap<String, (i32, String, BTreeMap<String, String>, Option<i64>)> {
+fn backend_state() -> BTreeMap<String, SnapshotInfo> {
     backend_list(&[])
         .expect("list")
         .into_iter()
@@ -863,12 +856,7 @@ fn restart_keeps_every_snapshot(sig: &str) {
             .filter(|(k, _)| {
                 k.contains("/sha256:") || ours.iter().any(|o| k.ends_with(&format!("/{o}")))
             })
-            .map(
-                |(k, v): (
-                    &String,
-                    &(i32, String, BTreeMap<String, String>, Option<i64>),
-                )| { (k.clone(), v.clone()) },
-            )
+            .map(|(k, v): (&String, &SnapshotInfo)| (k.clone(), v.clone()))
             .collect()
     };
     let before = stable(&backend_state());

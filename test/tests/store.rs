@@ -5,10 +5,9 @@
 //! it; corrupt data is refused; S3 or the daemon going away loses nothing.
 //!
 //! The tests stop S3 and kill the daemon, so they run one at a time
-//! (`SERIAL`). torpor-only: under TORPOR_TEST_RUNTIME=runc each test
-//! returns early.
+//! (`SERIAL`). torpor-only: under TORPOR_TEST_RUNTIME=runc each test is
+//! reported ignored.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
@@ -21,96 +20,8 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn torpor_only() -> bool {
-    if !is_torpor() {
-        eprintln!("runtime {} is not torpor: no actor to suspend", runtime_handler());
-        return false;
-    }
-    true
-}
-
 fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| panic!("${name} is not set: run the tests through test/rig/run-tests.sh"))
-}
-
-/// A counter pod (`alloc` MiB of checked memory) and its actor id.
-struct Counter {
-    pod: Pod,
-    container: String,
-    ip: String,
-    actor: String,
-}
-
-impl Counter {
-    #[track_caller]
-    fn start(pod: Pod, actor: &str, alloc_mib: u32, attempt: u32) -> Counter {
-        let alloc = alloc_mib.to_string();
-        let mut config = container_config("counter", &["counter", "--port", "8080", "--alloc-mib", &alloc]);
-        config["metadata"]["attempt"] = attempt.into();
-        config["linux"]["security_context"] = serde_json::json!({"namespace_options": {"pid": 1}});
-        let container = pod.create(&config);
-        crictl_ok(&["start", &container]);
-        wait_container_state(&container, "CONTAINER_RUNNING");
-        let ip = pod.ip();
-        Counter { pod, container, ip, actor: actor.to_string() }
-    }
-
-    #[track_caller]
-    fn cmd(&self, cmd: &str) -> String {
-        counter_cmd(&format!("{}:8080", self.ip), cmd)
-    }
-
-    fn shim(&self) -> &str {
-        &self.pod.id
-    }
-
-    /// Counts to `n`; returns the memory checksum.
-    #[track_caller]
-    fn count_to(&self, n: u32) -> String {
-        for i in 1..=n {
-            assert_eq!(self.cmd("inc"), i.to_string());
-        }
-        self.cmd("sum")
-    }
-
-    /// The live actor record `torporctl --json status` shows.
-    #[track_caller]
-    fn status(&self) -> Value {
-        let out = torporctl_run(&["--json", "status", self.shim()]);
-        let v: Value = serde_json::from_str(&out.clone().ok()).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
-        v[0]["actor"].clone()
-    }
-
-    /// `torporctl suspend`, then waits for the commit: the snapshot's name.
-    #[track_caller]
-    fn suspend(&self) -> String {
-        let out = torporctl_run(&["--json", "suspend", self.shim()]);
-        assert!(out.success(), "suspend: {out}");
-        let st = wait_for("the suspend's snapshot to be committed", LIVENESS, || {
-            let st = self.status();
-            st["snapshot"].is_object().then_some(st)
-        });
-        assert_eq!(st["state"], "SUSPENDED", "{st}");
-        assert_eq!(st["snapshot"]["actor"], self.actor.as_str(), "{st}");
-        format!("{}@{}", self.actor, st["snapshot"]["generation"])
-    }
-
-    /// Counter processes in the container's cgroup.
-    fn processes(&self) -> Vec<String> {
-        let mut found = Vec::new();
-        let Ok(rd) = std::fs::read_dir("/proc") else { return found };
-        for e in rd.flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-            // comm, not cmdline: cmdline is read from the process's memory,
-            // which right after a lazy-pages restore may not be there yet.
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            if cg.contains(&self.container) && comm.trim() == "actor" {
-                found.push(format!("pid {pid}: {}", comm.trim()));
-            }
-        }
-        found
-    }
 }
 
 fn snapshot(name: &str) -> Value {
@@ -123,7 +34,7 @@ fn snapshot(name: &str) -> Value {
 fn snapshots_ok(args: &[&str]) -> String {
     let mut a = vec!["snapshots"];
     a.extend_from_slice(args);
-    let out = torporctl_run(&a);
+    let out = torporctl(&a);
     assert!(out.success(), "torporctl {}: {out}", a.join(" "));
     out.stdout
 }
@@ -132,38 +43,26 @@ fn wait_durable(name: &str, limit: Duration) {
     wait_for(&format!("{name} to be durable in S3"), limit, || (snapshot(name)["durable"] == true).then_some(()));
 }
 
-/// The rig's S3 server: stopped by a test, always started again on drop.
-struct S3Down;
-
-impl S3Down {
-    #[track_caller]
-    fn stop() -> S3Down {
-        let out = run(&s3_sh(), ["stop"]);
-        assert!(out.success(), "s3.sh stop: {out}");
-        S3Down
-    }
+/// Stops the rig's S3 server; the guard starts it again.
+#[track_caller]
+fn stop_s3() -> Cleanup {
+    let out = run(&s3_sh(), ["stop"]);
+    assert!(out.success(), "s3.sh stop: {out}");
+    s3_started()
 }
 
-impl Drop for S3Down {
-    fn drop(&mut self) {
+/// Starts the rig's S3 server on drop (a failed test must not leave it stopped).
+fn s3_started() -> Cleanup {
+    Cleanup::new("S3 started again", || {
         let out = run(&s3_sh(), ["start"]);
         if !out.success() {
             eprintln!("s3.sh start: {out}");
         }
-    }
+    })
 }
 
 fn s3_sh() -> String {
     concat!(env!("CARGO_MANIFEST_DIR"), "/rig/s3.sh").to_string()
-}
-
-/// Starts S3 on drop (a failed test must not leave it stopped).
-struct S3Up;
-
-impl Drop for S3Up {
-    fn drop(&mut self) {
-        let _ = run(&s3_sh(), ["start"]);
-    }
 }
 
 /// SIGKILL of the rig's torpor-snapshotter, and its restart (up.sh reuses
@@ -180,14 +79,10 @@ fn kill_daemon() {
     wait_for("the daemon to die", LIVENESS, || (!Path::new(&format!("/proc/{pid}")).exists()).then_some(()));
 }
 
-/// Restarts the daemon if it is not running (also on drop: a failed test
-/// must not leave the rig without its snapshotter).
-struct DaemonUp;
-
-impl Drop for DaemonUp {
-    fn drop(&mut self) {
-        start_daemon();
-    }
+/// Restarts the daemon if it is not running, on drop (a failed test must
+/// not leave the rig without its snapshotter).
+fn daemon_up() -> Cleanup {
+    Cleanup::new("torpor-snapshotter started again", start_daemon)
 }
 
 fn start_daemon() {
@@ -210,20 +105,16 @@ fn start_daemon_with_key(key_id: &str) {
 
 /// The daemon runs with the rig's key again when dropped (killed and
 /// restarted if a test left it with another one).
-struct RigKey(bool);
-
-impl Drop for RigKey {
-    fn drop(&mut self) {
-        if self.0 {
-            kill_daemon();
-            start_daemon();
-        }
-    }
+fn rig_key_back() -> Cleanup {
+    Cleanup::new("torpor-snapshotter with the rig's key", || {
+        kill_daemon();
+        start_daemon();
+    })
 }
 
 /// The transfers the store reports (`snapshots status --json`).
 fn transfers(kind: &str, name: &str) -> Vec<Value> {
-    let out = torporctl_run(&["--json", "snapshots", "status"]);
+    let out = torporctl(&["--json", "snapshots", "status"]);
     let v: Value = serde_json::from_str(&out.stdout).unwrap_or(Value::Null);
     v["transfers"]
         .as_array()
@@ -275,20 +166,13 @@ fn chunk_object(name: &str, digest: &str) -> PathBuf {
     file
 }
 
-fn pod_opts(actor: Option<&str>) -> PodOptions {
-    PodOptions {
-        annotations: actor.map(|a| BTreeMap::from([("torpor.dev/actor".to_string(), a.to_string())])).unwrap_or_default(),
-        runtime: None,
-    }
-}
-
-/// A counter in a new pod (default actor id) counted to 3.
+/// A counter (`alloc_mib` MiB of checked memory) in a new pod (default
+/// actor id) counted to 3; its memory checksum; its snapshots removed at the end.
 #[track_caller]
-fn counter(prefix: &str, alloc_mib: u32) -> (Counter, String, SnapshotsGuard) {
-    let pod = Pod::run_with(prefix, pod_opts(None));
-    let actor = default_actor(&pod.name);
-    let guard = SnapshotsGuard(actor.clone());
-    let c = Counter::start(pod, &actor, alloc_mib, 0);
+fn counter(prefix: &str, alloc_mib: u32) -> (Counter, String, Cleanup) {
+    let pod = Pod::run(prefix);
+    let guard = Cleanup::snapshots(&pod.actor());
+    let c = CounterSpec::new().alloc_mib(alloc_mib).start(pod);
     let sum = c.count_to(3);
     (c, sum, guard)
 }
@@ -305,10 +189,9 @@ fn assert_continues(c: &Counter, sum: &str) {
 // ------------------------------------------------------------------ tests
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn resume_fetches_an_evicted_snapshot_from_s3() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _serial = serial();
     let (c, sum, _g) = counter("store-evict", 64);
     let name = c.suspend();
@@ -329,21 +212,20 @@ fn resume_fetches_an_evicted_snapshot_from_s3() {
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn s3_down_suspend_succeeds_and_the_upload_retries() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _serial = serial();
-    let _daemon = DaemonUp;
+    let _daemon = daemon_up();
     let (c, sum, _g) = counter("store-s3down", 64);
-    let down = S3Down::stop();
+    let down = stop_s3();
     let name = c.suspend();
     assert_eq!(snapshot(&name)["local"], true);
-    let out = torporctl_run(&["snapshots", "upload", &name]);
+    let out = torporctl(&["snapshots", "upload", &name]);
     assert!(!out.success(), "an upload with S3 down must fail: {out}");
     assert!(out.stderr.contains(&name), "the error names the snapshot: {out}");
     eprintln!("upload with S3 down: {}", out.stderr.trim());
-    let out = torporctl_run(&["snapshots", "evict", &name]);
+    let out = torporctl(&["snapshots", "evict", &name]);
     assert!(!out.success(), "evict of a snapshot that is not durable must be refused: {out}");
     assert!(out.stderr.contains("durable"), "the refusal says why: {out}");
     assert_eq!(snapshot(&name)["local"], true, "the local copy stays");
@@ -351,16 +233,15 @@ fn s3_down_suspend_succeeds_and_the_upload_retries() {
     // The background upload retries and completes.
     wait_durable(&name, LIVENESS);
     snapshots_ok(&["evict", &name]);
-    let out = torporctl_run(&["--json", "resume", c.shim()]);
+    let out = torporctl(&["--json", "resume", c.shim()]);
     assert!(out.success(), "resume from S3: {out}");
     assert_continues(&c, &sum);
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn corrupt_chunk_in_s3_refuses_the_resume() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _serial = serial();
     let (c, sum, _g) = counter("store-badchunk", 64);
     let name = c.suspend();
@@ -373,16 +254,15 @@ fn corrupt_chunk_in_s3_refuses_the_resume() {
     assert_refused(&c, &name);
     // Repaired, the same snapshot resumes: nothing was lost.
     flip(&chunk, len / 2);
-    let out = torporctl_run(&["--json", "resume", c.shim()]);
+    let out = torporctl(&["--json", "resume", c.shim()]);
     assert!(out.success(), "resume after the repair: {out}");
     assert_continues(&c, &sum);
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn corrupt_local_copy_refuses_the_resume() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _serial = serial();
     let (c, sum, _g) = counter("store-badlocal", 64);
     let name = c.suspend();
@@ -398,7 +278,7 @@ fn corrupt_local_copy_refuses_the_resume() {
     flip(&file, size / 2);
     assert_refused(&c, &name);
     flip(&file, size / 2);
-    let out = torporctl_run(&["--json", "resume", c.shim()]);
+    let out = torporctl(&["--json", "resume", c.shim()]);
     assert!(out.success(), "resume after the repair: {out}");
     assert_continues(&c, &sum);
 }
@@ -406,7 +286,7 @@ fn corrupt_local_copy_refuses_the_resume() {
 /// A resume from bad data is refused, naming the snapshot; nothing starts.
 #[track_caller]
 fn assert_refused(c: &Counter, name: &str) {
-    let out = torporctl_run(&["--json", "resume", c.shim()]);
+    let out = torporctl(&["--json", "resume", c.shim()]);
     assert!(!out.success(), "a resume from corrupt data must be refused: {out}");
     assert!(out.stderr.contains(name), "the error names the snapshot {name}: {out}");
     assert!(out.stderr.to_lowercase().contains("corrupt") || out.stderr.contains("mismatch") || out.stderr.contains("digest"), "the error says the data is bad: {out}");
@@ -419,14 +299,13 @@ fn assert_refused(c: &Counter, name: &str) {
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn restore_by_identity_through_the_store() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _serial = serial();
     let actor = format!("store-test/{}", unique_name("id"));
-    let _g = SnapshotsGuard(actor.clone());
-    let first = Counter::start(Pod::run_with("store-id-a", pod_opts(Some(&actor))), &actor, 64, 0);
+    let _g = Cleanup::snapshots(&actor);
+    let first = CounterSpec::new().alloc_mib(64).start(Pod::run_with("store-id-a", PodOptions::actor(&actor)));
     let sum = first.count_to(3);
     let name = first.suspend();
     // The pod goes away: the suspended actor's snapshot stays in the store.
@@ -435,16 +314,18 @@ fn restore_by_identity_through_the_store() {
     assert_eq!(snapshot(&name)["local"], true);
 
     // A new pod (new sandbox, new container ids) of the same actor.
-    let second = Counter::start(Pod::run_with("store-id-b", pod_opts(Some(&actor))), &actor, 64, 0);
+    let second = CounterSpec::new().alloc_mib(64).start(Pod::run_with("store-id-b", PodOptions::actor(&actor)));
     assert_continues(&second, &sum);
     let st = second.status();
     assert_eq!(st["state"], "RUNNING", "{st}");
     assert_eq!(st["recovered_from"], name.as_str(), "{st}");
 
     // A third pod of the actor while the second runs: refused.
-    let third = Pod::run_with("store-id-c", pod_opts(Some(&actor)));
+    let third = Pod::run_with("store-id-c", PodOptions::actor(&actor));
     // (CRI creates the task, and the shim sees the container, at its start.)
-    let created = third.try_create(&container_config("counter", &["counter", "--port", "8080"])).unwrap_or_else(|o| panic!("crictl create: {o}"));
+    let created = third
+        .try_create(&CounterSpec::new().in_the_pods_pid_namespace().config())
+        .unwrap_or_else(|o| panic!("crictl create: {o}"));
     let out = crictl(&["start", &created]);
     assert!(!out.success(), "a second pod of a running actor must be refused: {out}");
     let text = out.all_output();
@@ -453,14 +334,13 @@ fn restore_by_identity_through_the_store() {
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn daemon_killed_mid_upload_and_mid_fetch() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _serial = serial();
-    let _daemon = DaemonUp;
+    let _daemon = daemon_up();
     let (c, sum, _g) = counter("store-kill", 256);
-    let _s3 = S3Up;
+    let _s3 = s3_started();
     let name = c.suspend();
 
     // Mid-upload. The actors' memory is the same pseudo-random pattern in
@@ -468,8 +348,8 @@ fn daemon_killed_mid_upload_and_mid_fetch() {
     // every chunk is deduplicated and an upload is over in milliseconds:
     // the upload is held in flight by a stopped S3 instead (persisted
     // `Uploading`, chunk PUTs failing and retried) when the daemon dies.
-    let down = S3Down::stop();
-    let out = torporctl_run(&["snapshots", "upload", &name]);
+    let down = stop_s3();
+    let out = torporctl(&["snapshots", "upload", &name]);
     assert!(!out.success(), "an upload with S3 down must fail: {out}");
     let s = snapshot(&name);
     assert_eq!(s["durable"], false, "{s}");
@@ -484,7 +364,7 @@ fn daemon_killed_mid_upload_and_mid_fetch() {
     // Mid-fetch: the resume fails with the daemon gone; the actor stays
     // SUSPENDED, and a resume after the restart works.
     let shim = c.shim().to_string();
-    let resume = std::thread::spawn(move || torporctl_run(&["--json", "resume", &shim]));
+    let resume = std::thread::spawn(move || torporctl(&["--json", "resume", &shim]));
     wait_for("the fetch to be under way", LIVENESS, || {
         transfers("fetch", &name).iter().any(|t| t["done_bytes"].as_u64().unwrap_or(0) > 0).then_some(())
     });
@@ -495,18 +375,17 @@ fn daemon_killed_mid_upload_and_mid_fetch() {
     assert_eq!(c.status()["state"], "SUSPENDED");
     assert!(c.processes().is_empty(), "nothing started: {:?}", c.processes());
     start_daemon();
-    let out = torporctl_run(&["--json", "resume", c.shim()]);
+    let out = torporctl(&["--json", "resume", c.shim()]);
     assert!(out.success(), "resume after the daemon's restart: {out}");
     assert_continues(&c, &sum);
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn snapshot_under_an_unknown_key_is_refused_until_the_key_is_back() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _serial = serial();
-    let _daemon = DaemonUp;
+    let _daemon = daemon_up();
     let rig_key = env("TORPOR_RIG_STORE_KEY_ID");
     let (c, sum, _g) = counter("store-key", 64);
     let name = c.suspend();
@@ -519,10 +398,10 @@ fn snapshot_under_an_unknown_key_is_refused_until_the_key_is_back() {
 
     // The daemon restarted with another key: the evicted snapshot cannot be
     // opened; the resume is refused naming the snapshot and the key id.
-    let mut back = RigKey(true);
+    let back = rig_key_back();
     kill_daemon();
     start_daemon_with_key("rig-other");
-    let out = torporctl_run(&["--json", "resume", c.shim()]);
+    let out = torporctl(&["--json", "resume", c.shim()]);
     assert!(!out.success(), "a resume from a snapshot under an unknown key must be refused: {out}");
     assert!(out.stderr.contains(&name) && out.stderr.contains(&format!("key \"{rig_key}\"")), "the error names the snapshot and the key id: {out}");
     assert!(out.stderr.contains("does not have"), "the error says why: {out}");
@@ -537,8 +416,8 @@ fn snapshot_under_an_unknown_key_is_refused_until_the_key_is_back() {
     // The right key back: the resume works, the state is intact.
     kill_daemon();
     start_daemon();
-    back.0 = false;
-    let out = torporctl_run(&["--json", "resume", c.shim()]);
+    back.disarm();
+    let out = torporctl(&["--json", "resume", c.shim()]);
     assert!(out.success(), "resume with the key back: {out}");
     assert_continues(&c, &sum);
     assert_eq!(c.status()["state"], "RUNNING");

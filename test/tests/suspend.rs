@@ -1,7 +1,7 @@
 //! Actor suspend / resume / freeze through `torporctl`, against the rig.
 //!
 //! torpor-only: under TORPOR_TEST_RUNTIME=runc there is no actor to suspend
-//! (each test returns early), under the default `torpor` they must run.
+//! (each test is reported ignored), under the default `torpor` they must run.
 //!
 //! The torporctl binary is `$TORPOR_CTL`, else `<repo>/target/release/torporctl`
 //! (`cargo build --release -p torporctl`; test/rig/run-tests.sh builds it).
@@ -29,241 +29,13 @@ const MIB: u64 = 1024 * 1024;
 
 // ------------------------------------------------------------------ helpers
 
-/// Whether the tests of this file apply (prints why not).
-fn torpor_only() -> bool {
-    if !is_torpor() {
-        eprintln!(
-            "runtime {} is not torpor: actors cannot be suspended there",
-            runtime_handler()
-        );
-        return false;
-    }
-    true
-}
-
-fn torporctl_bin() -> String {
-    match std::env::var("TORPOR_CTL") {
-        Ok(v) if !v.is_empty() => v,
-        _ => concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release/torporctl").to_string(),
-    }
-}
-
-/// `torporctl <args>` (not checked). A missing binary fails the test.
+/// A fresh pod with `/actor counter --port 8080 <extra>` (in the pod's pid
+/// namespace), running and answering 0.
 #[track_caller]
-fn torporctl(args: &[&str]) -> Output {
-    let bin = torporctl_bin();
-    assert!(
-        Path::new(&bin).is_file(),
-        "torporctl not found at {bin} (cargo build --release -p torporctl, or set TORPOR_CTL)"
-    );
-    run(&bin, args)
-}
-
-/// Where the shim keeps actor records (the shim's TORPOR_STATE_ROOT).
-fn actor_dir(sandbox: &str) -> PathBuf {
-    let root = std::env::var("TORPOR_STATE_ROOT")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "/var/lib/torpor".into());
-    Path::new(&root).join("actors").join(sandbox)
-}
-
-/// The shim's control socket (shim id = pod sandbox id).
-fn control_socket(sandbox: &str) -> PathBuf {
-    let dir = std::env::var("TORPOR_SHIM_SOCKET_DIR")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "/run/torpor/shims".into());
-    Path::new(&dir).join(format!("{sandbox}.sock"))
-}
-
-/// One pod with one counter container, reachable on the pod IP.
-struct Actor {
-    pod: Pod,
-    container: String,
-    ip: String,
-}
-
-impl Actor {
-    /// Pod + `/actor counter --port 8080 <extra>`, running and answering.
-    #[track_caller]
-    fn start(prefix: &str, extra: &[&str]) -> Actor {
-        let pod = Pod::run(prefix);
-        let mut args = vec!["counter", "--port", "8080"];
-        args.extend_from_slice(extra);
-        let container = pod.start_actor("counter", &args);
-        wait_container_state(&container, "CONTAINER_RUNNING");
-        let ip = pod.ip();
-        let a = Actor { pod, container, ip };
-        assert_eq!(a.cmd("get"), "0", "fresh counter");
-        a
-    }
-
-    fn sandbox(&self) -> &str {
-        &self.pod.id
-    }
-
-    /// The default actor id: `<pod namespace>/<pod name>`.
-    fn actor_id(&self) -> String {
-        format!("{POD_NAMESPACE}/{}", self.pod.name)
-    }
-
-    fn addr(&self) -> String {
-        format!("{}:8080", self.ip)
-    }
-
-    /// One line-protocol command on a fresh connection; the reply, trimmed.
-    #[track_caller]
-    fn cmd(&self, cmd: &str) -> String {
-        counter_cmd(&self.addr(), cmd)
-    }
-
-    #[track_caller]
-    fn inc(&self) -> u64 {
-        let r = self.cmd("inc");
-        r.parse()
-            .unwrap_or_else(|e| panic!("inc answered {r:?}: {e}"))
-    }
-
-    /// The actor record (`torporctl --json status <sandbox id>`).
-    #[track_caller]
-    fn status(&self) -> Value {
-        status_of(self.sandbox())
-    }
-
-    #[track_caller]
-    fn state(&self) -> String {
-        self.status()["state"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
-    }
-
-    /// `torporctl <op> <sandbox id>`, which must succeed; returns the record
-    /// it printed.
-    #[track_caller]
-    fn op(&self, op: &str) -> Value {
-        op_ok(op, self.sandbox(), &[&self.container])
-    }
-}
-
-/// The actor object of `torporctl --json status NAME` for the shim `sandbox`.
-#[track_caller]
-fn status_by_name(name: &str, sandbox: &str) -> Value {
-    let out = torporctl(&["--json", "status", name]);
-    let text = out.clone().ok();
-    let v: Value = serde_json::from_str(&text)
-        .unwrap_or_else(|e| panic!("torporctl --json status is not JSON ({e}):\n{out}"));
-    let arr = v
-        .as_array()
-        .unwrap_or_else(|| panic!("not a JSON array:\n{out}"));
-    assert_eq!(arr.len(), 1, "exactly one actor for {name:?}:\n{out}");
-    assert_eq!(
-        arr[0]["shim"].as_str(),
-        Some(sandbox),
-        "the actor named {name:?} is served by the pod's shim:\n{out}"
-    );
-    arr[0]["actor"].clone()
-}
-
-#[track_caller]
-fn status_of(sandbox: &str) -> Value {
-    status_by_name(sandbox, sandbox)
-}
-
-/// `torporctl --json <op> <sandbox>`: must succeed, and prints one record
-/// (checked against the shim); returns the record.
-#[track_caller]
-fn op_ok(op: &str, sandbox: &str, containers: &[&str]) -> Value {
-    let out = torporctl(&["--json", op, sandbox]);
-    if !out.success() {
-        panic!(
-            "torporctl {op} {sandbox} failed: {out}\n{}",
-            diagnostics(sandbox, containers)
-        );
-    }
-    let v: Value = serde_json::from_str(&out.stdout)
-        .unwrap_or_else(|e| panic!("torporctl --json {op} is not JSON ({e}):\n{out}"));
-    assert_eq!(v[0]["shim"].as_str(), Some(sandbox), "{out}");
-    v[0]["actor"].clone()
-}
-
-/// What a failure report needs: torporctl status, the rig's containerd log
-/// lines about the pod, the runc logs and CRIU logs of its containers.
-fn diagnostics(sandbox: &str, containers: &[&str]) -> String {
-    let mut s = String::new();
-    let st = std::panic::catch_unwind(|| torporctl(&["status", sandbox]));
-    if let Ok(o) = st {
-        s.push_str(&format!(
-            "--- torporctl status ---\n{}{}\n",
-            o.stdout, o.stderr
-        ));
-    }
-    let log = format!("{}/containerd.log", rig().state_dir);
-    if let Ok(text) = std::fs::read_to_string(&log) {
-        let lines: Vec<&str> = text
-            .lines()
-            .filter(|l| l.contains(sandbox) || containers.iter().any(|c| l.contains(c)))
-            .collect();
-        let tail = &lines[lines.len().saturating_sub(30)..];
-        s.push_str(&format!(
-            "--- {log} (last {} lines about the pod) ---\n",
-            tail.len()
-        ));
-        for l in tail {
-            s.push_str(l);
-            s.push('\n');
-        }
-    }
-    for c in containers {
-        let p = format!(
-            "{}/io.containerd.runtime.v2.task/k8s.io/{c}/log.json",
-            rig().containerd_state
-        );
-        if let Ok(text) = std::fs::read_to_string(&p) {
-            let lines: Vec<&str> = text.lines().collect();
-            s.push_str(&format!("--- {p} ---\n"));
-            for l in &lines[lines.len().saturating_sub(15)..] {
-                s.push_str(l);
-                s.push('\n');
-            }
-        }
-    }
-    let mut logs = Vec::new();
-    find_files(&actor_dir(sandbox), &mut logs, 0);
-    for p in logs
-        .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "log"))
-    {
-        if let Ok(text) = std::fs::read_to_string(p) {
-            let lines: Vec<&str> = text
-                .lines()
-                .filter(|l| l.contains("Error") || l.contains("error") || l.contains("Warn"))
-                .collect();
-            s.push_str(&format!("--- {} (errors) ---\n", p.display()));
-            for l in &lines[lines.len().saturating_sub(15)..] {
-                s.push_str(l);
-                s.push('\n');
-            }
-        }
-    }
-    s
-}
-
-fn find_files(dir: &Path, out: &mut Vec<PathBuf>, depth: usize) {
-    if depth > 4 {
-        return;
-    }
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                find_files(&p, out, depth + 1);
-            } else {
-                out.push(p);
-            }
-        }
-    }
+fn actor(prefix: &str, extra: &[&str]) -> Counter {
+    let a = CounterSpec::new().in_the_pods_pid_namespace().extra_args(extra).start(Pod::run(prefix));
+    assert_eq!(a.cmd("get"), "0", "fresh counter");
+    a
 }
 
 /// Host pid of the container's init (`crictl inspect` .info.pid).
@@ -360,11 +132,10 @@ fn panic_text(e: Box<dyn std::any::Any + Send>) -> String {
 // -------------------------------------------------------------------- tests
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn suspend_resume_keeps_state() {
-    if !torpor_only() {
-        return;
-    }
-    let a = Actor::start("susp-state", &["--alloc-mib", "64"]);
+    torpor_only();
+    let a = actor("susp-state", &["--alloc-mib", "64"]);
     assert_eq!(a.inc(), 1);
     assert_eq!(a.inc(), 2);
     let sum = a.cmd("sum");
@@ -389,8 +160,8 @@ fn suspend_resume_keeps_state() {
     );
 
     // By the default actor id, <pod namespace>/<pod name>.
-    let name = a.actor_id();
-    let st = status_by_name(&name, a.sandbox());
+    let name = a.actor.clone();
+    let st = Node::a().actor_status(&name, a.shim());
     assert_eq!(st["actor"].as_str(), Some(name.as_str()), "{st}");
     assert_eq!(st["state"], "RUNNING", "{st}");
     assert!(
@@ -404,7 +175,7 @@ fn suspend_resume_keeps_state() {
     assert!(
         out.success(),
         "suspend by actor id failed: {out}\n{}",
-        diagnostics(a.sandbox(), &[&a.container])
+        a.diagnostics(&[])
     );
     let st = a.status();
     assert_eq!(st["state"], "SUSPENDED", "{st}");
@@ -478,11 +249,10 @@ fn suspend_resume_keeps_state() {
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn rootfs_changes_survive_suspend() {
-    if !torpor_only() {
-        return;
-    }
-    let a = Actor::start("susp-rootfs", &[]);
+    torpor_only();
+    let a = actor("susp-rootfs", &[]);
     assert_eq!(a.inc(), 1);
     let token = unique_name("written-before-suspend");
     let out = crictl(&[
@@ -512,11 +282,10 @@ fn rootfs_changes_survive_suspend() {
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn exec_into_suspended_resumes_first() {
-    if !torpor_only() {
-        return;
-    }
-    let a = Actor::start("susp-exec", &[]);
+    torpor_only();
+    let a = actor("susp-exec", &[]);
     assert_eq!(a.inc(), 1);
     assert_eq!(a.inc(), 2);
     a.op("suspend");
@@ -526,7 +295,7 @@ fn exec_into_suspended_resumes_first() {
     assert!(
         out.success(),
         "exec into a suspended container: {out}\n{}",
-        diagnostics(a.sandbox(), &[&a.container])
+        a.diagnostics(&[])
     );
     assert_eq!(out.stdout.trim(), "hi", "{out}");
     let st = a.status();
@@ -541,7 +310,7 @@ fn exec_into_suspended_resumes_first() {
     assert!(
         out.success(),
         "exec -s into a suspended container: {out}\n{}",
-        diagnostics(a.sandbox(), &[&a.container])
+        a.diagnostics(&[])
     );
     assert_eq!(out.stdout.trim(), "hi again", "{out}");
     assert_eq!(a.state(), "RUNNING");
@@ -549,18 +318,17 @@ fn exec_into_suspended_resumes_first() {
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn stop_and_remove_suspended() {
-    if !torpor_only() {
-        return;
-    }
-    let a = Actor::start("susp-stop", &[]);
+    torpor_only();
+    let a = actor("susp-stop", &[]);
     assert_eq!(a.inc(), 1);
     a.op("suspend");
     assert_eq!(a.state(), "SUSPENDED");
 
-    let sandbox = a.sandbox().to_string();
-    let dir = actor_dir(&sandbox);
-    let sock = control_socket(&sandbox);
+    let sandbox = a.shim().to_string();
+    let dir = Node::a().actor_dir(&sandbox);
+    let sock = Node::a().control_socket(&sandbox);
     assert!(
         dir.join("actor.json").is_file(),
         "{} exists while the actor is suspended",
@@ -576,7 +344,7 @@ fn stop_and_remove_suspended() {
     assert!(
         out.success(),
         "crictl stop of a suspended container: {out}\n{}",
-        diagnostics(&sandbox, &[&a.container])
+        a.diagnostics(&[])
     );
     let (code, reason) = wait_exited(&a.container);
     assert!(
@@ -585,8 +353,8 @@ fn stop_and_remove_suspended() {
     );
     crictl_ok(&["rm", &a.container]);
     let actor = default_actor(&a.pod.name);
-    let _snapshots = SnapshotsGuard(actor.clone());
-    let Actor { pod, container, .. } = a;
+    let _snapshots = Cleanup::snapshots(&actor);
+    let Counter { pod, container, .. } = a;
     pod.remove();
 
     wait_for(
@@ -622,11 +390,10 @@ fn stop_and_remove_suspended() {
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn failed_suspend_leaves_actor_running() {
-    if !torpor_only() {
-        return;
-    }
-    let a = Actor::start("susp-refused", &[]);
+    torpor_only();
+    let a = actor("susp-refused", &[]);
     assert_eq!(a.inc(), 1);
 
     // A long exec session: the suspend must be refused while it runs.
@@ -641,7 +408,7 @@ fn failed_suspend_leaves_actor_running() {
         (!container_processes(&a.container, needle).is_empty()).then_some(())
     });
 
-    let out = torporctl(&["suspend", a.sandbox()]);
+    let out = torporctl(&["suspend", a.shim()]);
     assert!(
         !out.success(),
         "suspend with an exec session running must fail: {out}"
@@ -673,11 +440,10 @@ fn failed_suspend_leaves_actor_running() {
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn freeze_and_thaw() {
-    if !torpor_only() {
-        return;
-    }
-    let a = Actor::start("susp-freeze", &[]);
+    torpor_only();
+    let a = actor("susp-freeze", &[]);
     assert_eq!(a.inc(), 1);
 
     let st = a.op("freeze");
@@ -719,10 +485,9 @@ fn freeze_and_thaw() {
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn torporctl_errors() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     // unknown actor
     let missing = format!("{POD_NAMESPACE}/{}", unique_name("no-such-actor"));
     for op in ["status", "suspend", "resume", "freeze"] {
@@ -741,7 +506,7 @@ fn torporctl_errors() {
         "a clear error for an invalid name: {out}"
     );
 
-    let a = Actor::start("susp-errors", &[]);
+    let a = actor("susp-errors", &[]);
     assert_eq!(a.inc(), 1);
     // by a 12-character prefix of the container id, as crictl shows it
     let short = &a.container[..12];
@@ -772,12 +537,11 @@ fn torporctl_errors() {
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn soak_200_cycles() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     const CYCLES: u64 = 200;
-    let a = Actor::start("susp-soak", &[]);
+    let a = actor("susp-soak", &[]);
     let mut value = a.inc();
     assert_eq!(value, 1);
     for cycle in 1..=CYCLES {
@@ -796,26 +560,25 @@ fn soak_200_cycles() {
         }
     }
     assert_eq!(container_state(&a.container), "CONTAINER_RUNNING");
-    let Actor { pod, .. } = a;
+    let Counter { pod, .. } = a;
     pod.remove();
 }
 
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn twenty_actors_concurrently() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     const N: usize = 20;
     require_rig();
 
     // Run them all at once; failures are collected so every guard cleans up.
-    let started: Arc<Mutex<Vec<Result<Actor, String>>>> = Arc::new(Mutex::new(Vec::new()));
+    let started: Arc<Mutex<Vec<Result<Counter, String>>>> = Arc::new(Mutex::new(Vec::new()));
     let handles: Vec<_> = (0..N)
         .map(|i| {
             let started = Arc::clone(&started);
             thread::spawn(move || {
                 let r = std::panic::catch_unwind(|| {
-                    let a = Actor::start(&format!("susp-many{i}"), &[]);
+                    let a = actor(&format!("susp-many{i}"), &[]);
                     assert_eq!(a.inc(), 1);
                     a
                 });
@@ -850,7 +613,7 @@ fn twenty_actors_concurrently() {
                 thread::spawn(move || {
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         let st = a.op(op);
-                        assert_eq!(st["state"], want, "{op} {}: {st}", a.sandbox());
+                        assert_eq!(st["state"], want, "{op} {}: {st}", a.shim());
                     }))
                     .map_err(|e| format!("{}: {}", a.pod.name, panic_text(e)))
                 })
@@ -872,7 +635,7 @@ fn twenty_actors_concurrently() {
     // all SUSPENDED at the same time (one status of every actor on the node)
     let out = torporctl(&["--json", "status"]);
     let v: Value = serde_json::from_str(&out.clone().ok()).expect("status JSON");
-    let ours: BTreeSet<&str> = actors.iter().map(|a| a.sandbox()).collect();
+    let ours: BTreeSet<&str> = actors.iter().map(|a| a.shim()).collect();
     let mut seen = BTreeSet::new();
     for r in v.as_array().expect("array") {
         let shim = r["shim"].as_str().unwrap_or_default();
@@ -1047,23 +810,17 @@ fn pod_with_counter_before_ghost(prefix: &str) -> (Pod, String, String) {
 /// the container already dumped is restored with its state, the others are
 /// thawed, the actor is RUNNING and says why, no half image is left.
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn failed_checkpoint_rolls_back() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let (pod, counter, ghost) = pod_with_counter_before_ghost("susp-rollback");
-    let ip = pod.ip();
-    let a = Actor {
-        pod,
-        container: counter.clone(),
-        ip,
-    };
+    let a = Counter::attach(pod, counter.clone());
     assert_eq!(a.inc(), 1);
     assert_eq!(a.inc(), 2);
     let counter_pid = init_pid(&counter);
     let ghost_pid = init_pid(&ghost);
 
-    let out = torporctl(&["suspend", a.sandbox()]);
+    let out = torporctl(&["suspend", a.shim()]);
     assert!(
         !out.success(),
         "the suspend must fail (CRIU cannot dump the ghost file): {out}"
@@ -1077,7 +834,7 @@ fn failed_checkpoint_rolls_back() {
         st["state"],
         "RUNNING",
         "{st}\n{}",
-        diagnostics(a.sandbox(), &[&counter, &ghost])
+        a.diagnostics(&[&ghost])
     );
     assert_eq!(st["generation"], 0, "a failed suspend does not count: {st}");
     assert!(
@@ -1117,8 +874,7 @@ fn failed_checkpoint_rolls_back() {
     // staging was aborted), and no CRIU work files are left.
     let snaps = store_snapshots(&default_actor(&a.pod.name));
     assert!(snaps.is_empty(), "snapshots of a failed suspend: {snaps:?}");
-    let mut files = Vec::new();
-    find_files(&actor_dir(a.sandbox()).join("work"), &mut files, 0);
+    let files = files_below(&Node::a().actor_dir(a.shim()).join("work"));
     assert!(files.is_empty(), "CRIU work files of the failed suspend left: {files:?}");
 
     // The restored counter is a proper container process: stop reports its exit.
@@ -1134,17 +890,11 @@ fn failed_checkpoint_rolls_back() {
 /// tells the truth: FROZEN with the processes frozen, or RUNNING with them
 /// running (not FROZEN while they run).
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn failed_suspend_of_frozen_actor_is_consistent() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let (pod, counter, ghost) = pod_with_counter_before_ghost("susp-frozen-rollback");
-    let ip = pod.ip();
-    let a = Actor {
-        pod,
-        container: counter.clone(),
-        ip,
-    };
+    let a = Counter::attach(pod, counter.clone());
     assert_eq!(a.inc(), 1);
     let ghost_pid = init_pid(&ghost);
 
@@ -1161,7 +911,7 @@ fn failed_suspend_of_frozen_actor_is_consistent() {
     );
     assert_eq!(freezer_state(ghost_pid).as_deref(), Some("FROZEN"), "ghost");
 
-    let out = torporctl(&["suspend", a.sandbox()]);
+    let out = torporctl(&["suspend", a.shim()]);
     assert!(
         !out.success(),
         "the suspend must fail (CRIU cannot dump the ghost file): {out}"
@@ -1178,7 +928,7 @@ fn failed_suspend_of_frozen_actor_is_consistent() {
             "CONTAINER_RUNNING",
             "container {c} after the rolled-back suspend: {}\n{}",
             v["status"],
-            diagnostics(a.sandbox(), &[&counter, &ghost])
+            a.diagnostics(&[&ghost])
         );
     }
     let st = a.status();
@@ -1195,7 +945,7 @@ fn failed_suspend_of_frozen_actor_is_consistent() {
             panic_text(e),
             inspect_container(&counter)["status"],
             inspect_container(&ghost)["status"],
-            diagnostics(a.sandbox(), &[&counter, &ghost])
+            a.diagnostics(&[&ghost])
         )
     });
     match state.as_str() {
@@ -1227,11 +977,10 @@ fn failed_suspend_of_frozen_actor_is_consistent() {
 /// All app containers of the pod are one actor: both suspend and come back,
 /// and the output of a container continues after the resume with no line lost.
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn two_containers_suspend_as_one() {
-    if !torpor_only() {
-        return;
-    }
-    let a = Actor::start("susp-two", &[]);
+    torpor_only();
+    let a = actor("susp-two", &[]);
     let logs = a
         .pod
         .start_actor("logs", &["logs", "--lines", "0", "--interval-ms", "50"]);
@@ -1299,22 +1048,21 @@ fn two_containers_suspend_as_one() {
 /// has connected to the frozen actor: the connection sits in the listening
 /// socket's accept queue. The suspend must still succeed.
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn suspend_of_frozen_actor_with_pending_connection() {
-    if !torpor_only() {
-        return;
-    }
-    let a = Actor::start("susp-pending", &[]);
+    torpor_only();
+    let a = actor("susp-pending", &[]);
     assert_eq!(a.inc(), 1);
     a.op("freeze");
     assert_eq!(a.state(), "FROZEN");
     // The kernel completes the handshake; the frozen process never accepts it.
     let held = connect_with_retry(&a.addr());
 
-    let out = torporctl(&["suspend", a.sandbox()]);
+    let out = torporctl(&["suspend", a.shim()]);
     assert!(
         out.success(),
         "suspend of a FROZEN actor with a connection in its accept queue failed: {out}\n{}",
-        diagnostics(a.sandbox(), &[&a.container])
+        a.diagnostics(&[])
     );
     assert_eq!(a.state(), "SUSPENDED");
     a.op("resume");

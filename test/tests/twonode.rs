@@ -6,9 +6,8 @@
 //! that dies (`Node::kill`) takes nothing of the other node with it.
 //!
 //! Tests that kill a node hold `NODES` exclusively, the others shared.
-//! torpor-only: under TORPOR_TEST_RUNTIME=runc each test returns early.
+//! torpor-only: under TORPOR_TEST_RUNTIME=runc each test is reported ignored.
 
-use std::collections::BTreeMap;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 use torpor_tests::serde_json::{self, Value};
@@ -26,107 +25,16 @@ fn nodes_exclusive() -> RwLockWriteGuard<'static, ()> {
     NODES.write().unwrap_or_else(|p| p.into_inner())
 }
 
-fn torpor_only() -> bool {
-    if !is_torpor() {
-        eprintln!("runtime {} is not torpor: no actor to move or clone", runtime_handler());
-        return false;
-    }
-    true
-}
-
 /// A seed for the counter's memory pattern no other run used.
 fn seed() -> String {
     let n = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
     format!("{}", (n as u64) ^ (std::process::id() as u64) << 40)
 }
 
-fn annotations(pairs: &[(&str, &str)]) -> PodOptions {
-    PodOptions {
-        annotations: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>(),
-        runtime: None,
-    }
-}
-
-/// The counter's container config: `counter` on port 8080 with `alloc` MiB
-/// of patterned memory, in its own pid namespace.
-fn counter_config(alloc_mib: u32, seed: &str) -> Value {
-    let alloc = alloc_mib.to_string();
-    let mut config = container_config("counter", &["counter", "--port", "8080", "--alloc-mib", &alloc, "--seed", seed]);
-    config["linux"]["security_context"] = serde_json::json!({"namespace_options": {"pid": 1}});
-    config
-}
-
-/// A counter pod on a node.
-struct Counter {
-    pod: Pod,
-    container: String,
-    ip: String,
-}
-
-impl Counter {
-    /// Creates and starts the counter in `pod`; waits until it runs.
-    #[track_caller]
-    fn start(pod: Pod, alloc_mib: u32, seed: &str) -> Counter {
-        let node = pod.node;
-        let container = pod.create(&counter_config(alloc_mib, seed));
-        node.crictl_ok(&["start", &container]);
-        node.wait_container_state(&container, "CONTAINER_RUNNING");
-        let ip = pod.ip();
-        Counter { pod, container, ip }
-    }
-
-    fn node(&self) -> &'static Node {
-        self.pod.node
-    }
-
-    #[track_caller]
-    fn cmd(&self, cmd: &str) -> String {
-        counter_cmd(&format!("{}:8080", self.ip), cmd)
-    }
-
-    /// `inc` `n` times, from `from`: the values must follow.
-    #[track_caller]
-    fn inc(&self, from: u64, n: u64) {
-        for i in 1..=n {
-            assert_eq!(self.cmd("inc"), (from + i).to_string(), "counter at {} (node {})", self.ip, self.node().letter);
-        }
-    }
-
-    /// The actor record `torporctl --json status` shows on the pod's node.
-    #[track_caller]
-    fn status(&self) -> Value {
-        self.node().torporctl_json(&["status", &self.pod.id])[0]["actor"].clone()
-    }
-
-    /// `torporctl suspend`, then waits for the commit: the snapshot's name.
-    #[track_caller]
-    fn suspend(&self) -> String {
-        let out = self.node().torporctl(&["--json", "suspend", &self.pod.id]);
-        assert!(out.success(), "suspend on node {}: {out}", self.node().letter);
-        let st = wait_for("the suspend's snapshot to be committed", LIVENESS, || {
-            let st = self.status();
-            st["snapshot"].is_object().then_some(st)
-        });
-        assert_eq!(st["state"], "SUSPENDED", "{st}");
-        format!("{}@{}", st["snapshot"]["actor"].as_str().unwrap_or("?"), st["snapshot"]["generation"])
-    }
-
-    /// Pids of the counter's processes, each with its cgroup path.
-    fn processes(&self) -> Vec<(u32, String)> {
-        let mut found = Vec::new();
-        for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-            let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let zombie = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next()).is_none_or(|st| st == "Z" || st == "X");
-            if cg.contains(&self.container) && comm.trim() == "actor" && !zombie {
-                let path = cg.lines().find(|l| l.contains(&self.container)).and_then(|l| l.split(':').nth(2)).unwrap_or("").to_string();
-                found.push((pid, path));
-            }
-        }
-        found
-    }
+/// The counter of these tests: `alloc_mib` MiB of patterned memory from
+/// `seed`, in its own pid namespace.
+fn counter(alloc_mib: u32, seed: &str) -> CounterSpec {
+    CounterSpec::new().alloc_mib(alloc_mib).seed(seed)
 }
 
 /// `torporctl snapshots upload NAME` on `node`: durable in S3.
@@ -150,21 +58,20 @@ fn store_entry(node: &Node, name: &str) -> Option<Value> {
 /// deleted), its listener answers at node B's pod IP, its process runs in
 /// node B's cgroups.
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn an_actor_suspended_on_node_a_resumes_on_node_b() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _up = nodes_up();
     let (a, b) = (Node::a(), Node::b());
     b.require();
     let pod = Pod::run_on(a, "tn-move", PodOptions::default());
     let name = pod.name.clone();
     let actor = default_actor(&name);
-    let _g = SnapshotsGuardAll(actor.clone());
+    let _g = Cleanup::snapshots_everywhere(&actor);
     let seed = seed();
-    let c = Counter::start(pod, 32, &seed);
+    let c = counter(32, &seed).start(pod);
     assert!(a.owns_ip(&c.ip), "node A's pod IP {} is in node A's subnet {}", c.ip, a.subnet);
-    c.inc(0, 5);
+    c.inc_from(0, 5);
     let sum = c.cmd("sum");
     // Rootfs changes: a file the counter holds open, files written,
     // linked and deleted (an image file) by another process.
@@ -181,12 +88,12 @@ fn an_actor_suspended_on_node_a_resumes_on_node_b() {
 
     // kubelet re-creates the pod on another node: same name, new uid, node B.
     let pod = Pod::run_named_on(b, &name, PodOptions::default());
-    let c = Counter::start(pod, 32, &seed);
+    let c = counter(32, &seed).start(pod);
     assert!(b.owns_ip(&c.ip), "node B's pod IP {} is in node B's subnet {}", c.ip, b.subnet);
     assert!(!a.owns_ip(&c.ip), "node B's pod IP {} is not in node A's subnet", c.ip);
     assert_eq!(c.cmd("get"), "5", "the counter continues on node B");
     assert_eq!(c.cmd("sum"), sum, "its memory came back intact");
-    c.inc(5, 1);
+    c.inc_from(5, 1);
     // Its rootfs changes came along: the open file continues, the others are there.
     assert_eq!(c.cmd("note second"), "13", "the counter's open /var/notes continues on node B");
     let sh = |script: &str| b.crictl_ok(&["exec", &c.container, "sh", "-c", script]);
@@ -209,20 +116,19 @@ fn an_actor_suspended_on_node_a_resumes_on_node_b() {
 /// on its own (suspending and resuming one does not touch the others); the
 /// golden snapshot is left as it was (an 11th clone still starts from it).
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn a_golden_snapshot_cloned_into_ten_actors_that_diverge() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _up = nodes_up();
     const N: u64 = 7;
     const CLONES: usize = 10;
     let (a, b) = (Node::a(), Node::b());
     b.require();
     let golden_actor = unique_name("tn-golden");
-    let _gg = SnapshotsGuardAll(golden_actor.clone());
+    let _gg = Cleanup::snapshots_everywhere(&golden_actor);
     let seed = seed();
-    let golden = Counter::start(Pod::run_on(a, "tn-golden", annotations(&[("torpor.dev/actor", &golden_actor)])), 16, &seed);
-    golden.inc(0, N);
+    let golden = counter(16, &seed).start(Pod::run_on(a, "tn-golden", PodOptions::actor(&golden_actor)));
+    golden.inc_from(0, N);
     let golden_sum = golden.cmd("sum");
     let snap = golden.suspend();
     assert_eq!(snap, format!("{golden_actor}@1"));
@@ -233,13 +139,13 @@ fn a_golden_snapshot_cloned_into_ten_actors_that_diverge() {
     // Ten clones, five per node, created concurrently (one thread per
     // node); half name the generation, half the actor (its newest).
     let ids: Vec<String> = (0..CLONES).map(|i| unique_name(&format!("tn-clone{i}"))).collect();
-    let _guards: Vec<SnapshotsGuardAll> = ids.iter().map(|id| SnapshotsGuardAll(id.clone())).collect();
+    let _guards: Vec<Cleanup> = ids.iter().map(|id| Cleanup::snapshots_everywhere(id)).collect();
     let make = |i: usize| {
-        let node = if i % 2 == 0 { a } else { b };
+        let node = if i.is_multiple_of(2) { a } else { b };
         let source = if i < CLONES / 2 { snap.clone() } else { golden_actor.clone() };
-        let opts = annotations(&[("torpor.dev/actor", &ids[i]), ("torpor.dev/restore-from", &source)]);
+        let opts = PodOptions::annotated(&[("torpor.dev/actor", &ids[i]), ("torpor.dev/restore-from", &source)]);
         // The seed given here is not used: the memory is the golden one.
-        Counter::start(Pod::run_on(node, "tn-clone", opts), 16, "1")
+        counter(16, "1").start(Pod::run_on(node, "tn-clone", opts))
     };
     let clones: Vec<Counter> = std::thread::scope(|s| {
         let per_node: Vec<_> = [0usize, 1]
@@ -265,7 +171,7 @@ fn a_golden_snapshot_cloned_into_ten_actors_that_diverge() {
     }
     // Diverge: clone i counts i more.
     for (i, c) in clones.iter().enumerate() {
-        c.inc(N, i as u64);
+        c.inc_from(N, i as u64);
     }
     // Suspend one clone per node; its snapshot is its own; resumed by a request.
     for i in [0usize, 1] {
@@ -295,12 +201,12 @@ fn a_golden_snapshot_cloned_into_ten_actors_that_diverge() {
     assert_eq!(entries[0]["pins"], 0, "no pin left: {entries:?}");
     drop(clones);
     let last_id = unique_name("tn-clone-late");
-    let _gl = SnapshotsGuardAll(last_id.clone());
-    let late = Counter::start(
-        Pod::run_on(b, "tn-clone-late", annotations(&[("torpor.dev/actor", &last_id), ("torpor.dev/restore-from", &golden_actor)])),
-        16,
-        "1",
-    );
+    let _gl = Cleanup::snapshots_everywhere(&last_id);
+    let late = counter(16, "1").start(Pod::run_on(
+        b,
+        "tn-clone-late",
+        PodOptions::annotated(&[("torpor.dev/actor", &last_id), ("torpor.dev/restore-from", &golden_actor)]),
+    ));
     assert_eq!(late.cmd("get"), N.to_string(), "a late clone starts at the golden counter");
     assert_eq!(late.cmd("sum"), golden_sum);
 }
@@ -309,14 +215,14 @@ fn a_golden_snapshot_cloned_into_ten_actors_that_diverge() {
 /// the step that failed (runp, create or start).
 fn failed_clone(restore_from: &str) -> (String, Output) {
     let actor = unique_name("tn-badclone");
-    let opts = annotations(&[("torpor.dev/actor", &actor), ("torpor.dev/restore-from", restore_from)]);
+    let opts = PodOptions::annotated(&[("torpor.dev/actor", &actor), ("torpor.dev/restore-from", restore_from)]);
     let node = Node::b();
     let pod = match Pod::try_run_on(node, "tn-badclone", opts) {
         Ok(p) => p,
         // the sandbox is created by the same runtime: refused at runp is fine too
         Err(o) => return ("runp".into(), o),
     };
-    let id = match pod.try_create(&counter_config(8, "1")) {
+    let id = match pod.try_create(&counter(8, "1").config()) {
         Ok(id) => id,
         Err(o) => return ("create".into(), o),
     };
@@ -329,10 +235,9 @@ fn failed_clone(restore_from: &str) -> (String, Output) {
 /// A malformed or unknown `torpor.dev/restore-from` fails the create with an
 /// error naming the annotation and its value.
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn a_bad_restore_from_fails_the_create_naming_it() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _up = nodes_up();
     Node::b().require();
     let nobody = unique_name("tn-nobody");
@@ -357,17 +262,16 @@ fn a_bad_restore_from_fails_the_create_naming_it() {
 /// node B and its actor go on untouched; node A comes back (its up.sh) and
 /// runs pods again, and containerd reports the killed container gone.
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn node_a_dies_and_comes_back_and_node_b_is_untouched() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _only = nodes_exclusive();
     let (a, b) = (Node::a(), Node::b());
     b.require();
-    let on_b = Counter::start(Pod::run_on(b, "tn-survivor", PodOptions::default()), 8, &seed());
-    on_b.inc(0, 2);
-    let on_a = Counter::start(Pod::run_on(a, "tn-victim", PodOptions::default()), 8, &seed());
-    on_a.inc(0, 3);
+    let on_b = counter(8, &seed()).start(Pod::run_on(b, "tn-survivor", PodOptions::default()));
+    on_b.inc_from(0, 2);
+    let on_a = counter(8, &seed()).start(Pod::run_on(a, "tn-victim", PodOptions::default()));
+    on_a.inc_from(0, 3);
     let victim = on_a.processes();
     assert_eq!(victim.len(), 1, "{victim:?}");
     let before = a.processes();
@@ -388,8 +292,8 @@ fn node_a_dies_and_comes_back_and_node_b_is_untouched() {
     wait_for("containerd to report the killed container not running", LIVENESS, || {
         (a.container_state(&id) != "CONTAINER_RUNNING").then_some(())
     });
-    let again = Counter::start(Pod::run_on(a, "tn-after", PodOptions::default()), 8, &seed());
-    again.inc(0, 1);
+    let again = counter(8, &seed()).start(Pod::run_on(a, "tn-after", PodOptions::default()));
+    again.inc_from(0, 1);
     assert_eq!(on_b.cmd("get"), "3");
 }
 
@@ -410,16 +314,15 @@ fn now_ms() -> u64 {
 /// runs; the other's start fails with the fencing error naming the node
 /// that holds the actor.
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn one_actor_created_at_once_on_two_nodes_runs_once() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _up = nodes_up();
     let (a, b) = (Node::a(), Node::b());
     b.require();
     let actor = format!("fence/{}", unique_name("x"));
-    let _g = SnapshotsGuardAll(actor.clone());
-    let opts = annotations(&[("torpor.dev/actor", &actor)]);
+    let _g = Cleanup::snapshots_everywhere(&actor);
+    let opts = PodOptions::annotated(&[("torpor.dev/actor", &actor)]);
     let pods = [Pod::run_on(a, "tn-race", opts.clone()), Pod::run_on(b, "tn-race", opts)];
     let seed = seed();
     let outcomes: Vec<(String, Output)> = std::thread::scope(|s| {
@@ -428,7 +331,7 @@ fn one_actor_created_at_once_on_two_nodes_runs_once() {
             .map(|pod| {
                 let seed = seed.clone();
                 s.spawn(move || {
-                    let id = pod.create(&counter_config(8, &seed));
+                    let id = pod.create(&counter(8, &seed).config());
                     let out = pod.node.crictl(&["start", &id]);
                     (id, out)
                 })
@@ -461,19 +364,18 @@ fn one_actor_created_at_once_on_two_nodes_runs_once() {
 /// it had when it was stopped (memory and rootfs), with no suspend asked
 /// for.
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn a_stop_with_on_stop_suspend_moves_the_actor_with_its_newest_state() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _up = nodes_up();
     let (a, b) = (Node::a(), Node::b());
     b.require();
     let actor = format!("drain/{}", unique_name("x"));
-    let _g = SnapshotsGuardAll(actor.clone());
-    let opts = annotations(&[("torpor.dev/actor", &actor), ("torpor.dev/on-stop", "suspend")]);
+    let _g = Cleanup::snapshots_everywhere(&actor);
+    let opts = PodOptions::annotated(&[("torpor.dev/actor", &actor), ("torpor.dev/on-stop", "suspend")]);
     let seed = seed();
-    let c = Counter::start(Pod::run_on(a, "tn-drain", opts.clone()), 16, &seed);
-    c.inc(0, 4);
+    let c = counter(16, &seed).start(Pod::run_on(a, "tn-drain", opts.clone()));
+    c.inc_from(0, 4);
     let sum = c.cmd("sum");
     assert_eq!(c.cmd("note drained"), "8");
     // kubelet's StopContainer: the stop signal (SIGTERM), then a wait.
@@ -488,7 +390,7 @@ fn a_stop_with_on_stop_suspend_moves_the_actor_with_its_newest_state() {
     });
     assert!(lease["durable_generation"].as_u64().unwrap_or(0) >= 1, "its snapshot is durable: {lease}");
 
-    let c = Counter::start(Pod::run_on(b, "tn-drain", opts), 16, &seed);
+    let c = counter(16, &seed).start(Pod::run_on(b, "tn-drain", opts));
     assert_eq!(c.cmd("get"), "4", "node B continues from the state of the stop");
     assert_eq!(c.cmd("sum"), sum, "its memory intact");
     assert_eq!(c.cmd("note again"), "14", "its rootfs (the open /var/notes) intact");
@@ -500,25 +402,24 @@ fn a_stop_with_on_stop_suspend_moves_the_actor_with_its_newest_state() {
 /// When A's daemon goes on, its renewal finds the lease lost: X stays
 /// frozen on A, and its resume there is refused naming node B.
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn a_node_cut_off_from_the_lease_freezes_its_actor_before_another_takes_it() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _only = nodes_exclusive();
     let (a, b) = (Node::a(), Node::b());
     b.require();
     let actor = format!("fence/{}", unique_name("cut"));
-    let _g = SnapshotsGuardAll(actor.clone());
-    let opts = annotations(&[("torpor.dev/actor", &actor)]);
+    let _g = Cleanup::snapshots_everywhere(&actor);
+    let opts = PodOptions::annotated(&[("torpor.dev/actor", &actor)]);
     let seed = seed();
-    let c = Counter::start(Pod::run_on(a, "tn-cut", opts.clone()), 8, &seed);
-    c.inc(0, 2);
+    let c = counter(8, &seed).start(Pod::run_on(a, "tn-cut", opts.clone()));
+    c.inc_from(0, 2);
     // While the daemon answers, the fence leaves the actor alone, also
     // after it was suspended for longer than a confirmation lasts.
     std::thread::sleep(std::time::Duration::from_secs(3)); // the fence had an answer
     c.suspend();
     std::thread::sleep(std::time::Duration::from_secs(5)); // suspended past that answer
-    c.inc(2, 1);
+    c.inc_from(2, 1);
     let watched = std::time::Instant::now();
     while watched.elapsed() < std::time::Duration::from_secs(7) {
         let st = c.status();
@@ -537,7 +438,7 @@ fn a_node_cut_off_from_the_lease_freezes_its_actor_before_another_takes_it() {
     let expires = lease["expires_unix_ms"].as_u64().unwrap_or(0);
 
     wait_for("node A's lease to expire", LIVENESS, || (now_ms() > expires + 200).then_some(()));
-    let cb = Counter::start(Pod::run_on(b, "tn-cut-b", opts), 8, &seed);
+    let cb = counter(8, &seed).start(Pod::run_on(b, "tn-cut-b", opts));
     assert_eq!(cb.cmd("inc"), "1", "never suspended: node B starts the actor fresh");
     assert_eq!(lease_doc(&actor).expect("lease")["node"], b.id.as_str());
 
@@ -560,23 +461,22 @@ fn a_node_cut_off_from_the_lease_freezes_its_actor_before_another_takes_it() {
 /// did on A after its resume is lost with A), and the revived node A does
 /// not take it back.
 #[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn node_a_dies_and_node_b_takes_the_actor_once_the_lease_expires() {
-    if !torpor_only() {
-        return;
-    }
+    torpor_only();
     let _only = nodes_exclusive();
     let (a, b) = (Node::a(), Node::b());
     b.require();
     let actor = format!("fence/{}", unique_name("dead"));
-    let _g = SnapshotsGuardAll(actor.clone());
-    let opts = annotations(&[("torpor.dev/actor", &actor)]);
+    let _g = Cleanup::snapshots_everywhere(&actor);
+    let opts = PodOptions::annotated(&[("torpor.dev/actor", &actor)]);
     let seed = seed();
-    let c = Counter::start(Pod::run_on(a, "tn-dead", opts.clone()), 16, &seed);
-    c.inc(0, 3);
+    let c = counter(16, &seed).start(Pod::run_on(a, "tn-dead", opts.clone()));
+    c.inc_from(0, 3);
     let sum = c.cmd("sum");
     let snap = c.suspend();
     upload(a, &snap);
-    c.inc(3, 2); // resumed on A: 5, never snapshotted
+    c.inc_from(3, 2); // resumed on A: 5, never snapshotted
     let held = lease_doc(&actor).expect("node A holds the lease");
     assert_eq!(held["node"], a.id.as_str(), "{held}");
 
@@ -585,7 +485,7 @@ fn node_a_dies_and_node_b_takes_the_actor_once_the_lease_expires() {
     let pod_b = Pod::run_on(b, "tn-dead", opts.clone());
     let expires = lease_doc(&actor).and_then(|l| l["expires_unix_ms"].as_u64()).unwrap_or(0);
     if now_ms() + 1000 < expires {
-        let id = pod_b.create(&counter_config(16, &seed));
+        let id = pod_b.create(&counter(16, &seed).config());
         let out = b.crictl(&["start", &id]);
         assert!(!out.success(), "node B must not start the actor while node A's lease lasts: {out}");
         assert!(out.to_string().contains(&format!("is held by node {}", a.id)), "{out}");
@@ -596,10 +496,10 @@ fn node_a_dies_and_node_b_takes_the_actor_once_the_lease_expires() {
     pod_b.remove();
     // After the expiry B takes the actor over from its last snapshot.
     wait_for("node A's lease to expire", LIVENESS, || (now_ms() > expires + 200).then_some(()));
-    let c = Counter::start(Pod::run_on(b, "tn-dead-b", opts.clone()), 16, &seed);
+    let c = counter(16, &seed).start(Pod::run_on(b, "tn-dead-b", opts.clone()));
     assert_eq!(c.cmd("get"), "3", "node B resumes the actor from its last snapshot");
     assert_eq!(c.cmd("sum"), sum, "its memory intact");
-    c.inc(3, 1);
+    c.inc_from(3, 1);
     let lease = lease_doc(&actor).expect("lease");
     assert_eq!(lease["node"], b.id.as_str(), "{lease}");
     assert!(lease["epoch"].as_u64().unwrap_or(0) >= 2, "the takeover bumped the epoch: {lease}");
@@ -610,7 +510,7 @@ fn node_a_dies_and_node_b_takes_the_actor_once_the_lease_expires() {
     let out = a.torporctl(&["snapshots", "status"]);
     assert!(out.success(), "{out}");
     let pod = Pod::run_on(a, "tn-dead-again", opts);
-    let id = pod.create(&counter_config(16, &seed));
+    let id = pod.create(&counter(16, &seed).config());
     let out = a.crictl(&["start", &id]);
     assert!(!out.success(), "node A must not take the actor back while node B runs it: {out}");
     assert!(out.to_string().contains(&format!("is held by node {}", b.id)), "{out}");
