@@ -42,7 +42,7 @@ demo: deps build
 test: unit-test integration-test
 
 unit-test:
-	$(CARGO) test --release -p torpor-runtime -p torpor-shim -p torporctl -p torpor-snapshotter
+	$(CARGO) test --release -p torpor-api -p torpor-runtime -p torpor-shim -p torporctl -p torpor-snapshotter
 
 integration-test:
 	test/rig/run-tests.sh
