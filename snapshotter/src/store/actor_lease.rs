@@ -20,6 +20,11 @@
 //! Within one node the node-local claim of the shims arbitrates (two shims of
 //! one actor on one node are refused there); the lease names the node and,
 //! for messages, the shim that took it.
+//!
+//! Why `impl Store` here: a lease's `durable_generation` is computed from
+//! the records of the metadata database, a surrender queues the upload of
+//! the actor's newest snapshot, and the upload's manifest write is fenced
+//! by the lease.
 
 use std::time::Duration;
 
