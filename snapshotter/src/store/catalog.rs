@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use tracing::info;
+use tracing::{info, warn};
 
 use super::crypto::{self, Key};
 use super::db::{self, LocalState, Record, RemoteState, Tx};
@@ -49,23 +49,63 @@ impl Store {
         let mut n = 0;
         for id in ids {
             if db::record(&self.db, &id)?.is_none() {
-                self.import(&id).await?;
-                n += 1;
+                match self.import(&id).await {
+                    Ok(_) => n += 1,
+                    Err(e) if self.ignores_untrusted(&e) => self.untrusted(&format!("snapshot {id} in the object tier"), &e),
+                    Err(e) => return Err(e),
+                }
             }
         }
         Ok(n)
     }
 
     /// The newest snapshot of `actor` in either tier (asks the object tier).
+    /// A commit of the actor in progress is waited for (at most
+    /// `commit_wait`): the snapshot it makes is the newest. With keys
+    /// configured, an entry of the object tier that does not authenticate
+    /// (a `_gen/<n>/` without a manifest, a plaintext or garbled manifest,
+    /// one under a key this node does not have) is ignored, reported and
+    /// counted, and the next older one is tried: anyone who can write the
+    /// bucket could have planted it.
     pub async fn latest(&self, actor: &ActorName) -> Result<Option<SnapshotInfo>> {
+        self.wait_for_commits(actor).await?;
         let local_max = self.latest_local(actor).await?;
-        let remote_max = self.remote.generations(actor).await?.last().copied();
-        self.check_lease_floor(actor, local_max.as_ref().map(|l| l.id.generation).max(remote_max))?;
-        match (local_max, remote_max) {
-            (Some(l), Some(r)) if r > l.id.generation => Ok(Some(self.record_or_import(&SnapshotId::new(actor.clone(), r)).await?)),
-            (None, Some(r)) => Ok(Some(self.record_or_import(&SnapshotId::new(actor.clone(), r)).await?)),
-            (l, _) => Ok(l),
+        let local_gen = local_max.as_ref().map(|l| l.id.generation);
+        let mut found = None;
+        for g in self.remote.generations(actor).await?.into_iter().rev() {
+            if local_gen.is_some_and(|l| g <= l) {
+                break;
+            }
+            let id = SnapshotId::new(actor.clone(), g);
+            match self.record_or_import(&id).await {
+                Ok(info) => {
+                    found = Some(info);
+                    break;
+                }
+                Err(e) if self.ignores_untrusted(&e) => self.untrusted(&format!("snapshot {id} in the object tier"), &e),
+                Err(e) => return Err(e),
+            }
         }
+        let newest = found.or(local_max);
+        self.check_lease_floor(actor, newest.as_ref().map(|i| i.id.generation))?;
+        Ok(newest)
+    }
+
+    /// Is `e` (reading an entry of the object tier) one to ignore and report
+    /// rather than fail on: keys are configured (the object tier is
+    /// authenticated) and the entry did not authenticate. An unreachable
+    /// object tier is never that.
+    pub(super) fn ignores_untrusted(&self, e: &Error) -> bool {
+        !self.cfg.keyring.is_empty() && !e.is_remote_unavailable() && !matches!(e, Error::Db { .. } | Error::Io { .. } | Error::Internal(_))
+    }
+
+    /// An entry of the object tier that does not authenticate under the
+    /// ring: ignored, logged at warn, counted (`status().untrusted_entries`)
+    /// and kept in the status's recent errors.
+    pub(super) fn untrusted(&self, what: &str, e: &Error) {
+        self.stats.update(|s| s.untrusted_entries += 1);
+        warn!(entry = what, error = %e, "ignored an entry of the object tier that does not authenticate (anyone who can write the bucket could have planted it)");
+        self.note_error(format!("ignored {what} (it does not authenticate): {e}"));
     }
 
     /// The newest snapshot of `actor` this database knows, without asking the object tier.
@@ -87,11 +127,24 @@ impl Store {
         self.info(&rec)
     }
 
-    /// Record a snapshot found in the object tier (durable, not local).
+    /// Record a snapshot found in the object tier (durable, not local). A
+    /// plaintext manifest is refused when this store requires encryption
+    /// (as for a restore: [`Store::open_for_restore`]).
     pub(super) async fn import(&self, id: &SnapshotId) -> Result<Record> {
+        self.import_opened(id, true).await
+    }
+
+    /// [`Store::import`]; `strict` false takes a plaintext manifest whatever
+    /// the ring says (to remove it).
+    pub(super) async fn import_opened(&self, id: &SnapshotId, strict: bool) -> Result<Record> {
         let bytes = self.remote.get_manifest(id).await?.ok_or_else(|| Error::NotFound(id.clone()))?;
-        let opened = crypto::open_manifest(&self.cfg.keyring, id, &bytes)?;
-        let (bytes, key_id) = (opened.plain, opened.key.map(|k| k.id().to_string()));
+        let (plain, key) = if strict {
+            self.open_for_restore(id, &bytes)?
+        } else {
+            let o = crypto::open_manifest(&self.cfg.keyring, id, &bytes)?;
+            (o.plain, o.key)
+        };
+        let (bytes, key_id) = (plain, key.map(|k| k.id().to_string()));
         let m = Manifest::parse(&bytes, Some(id)).map_err(|what| Error::Corrupt { id: id.clone(), what: format!("manifest in the object tier: {what}") })?;
         let now = now_ms();
         let rec = Record {

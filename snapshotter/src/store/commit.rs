@@ -25,7 +25,9 @@ impl Store {
     pub async fn begin(&self, actor: &ActorName) -> Result<Staging> {
         let id = random_id();
         let path = self.paths.staging.join(&id);
-        std::fs::create_dir(&path).map_err(|e| Error::io("create staging directory", &path, e))?;
+        // 0700: what the writer (CRIU, the rootfs tar) dumps into it is
+        // process memory, root's alone from the first byte.
+        local::create_private_dir(&path).map_err(|e| Error::io("create staging directory", &path, e))?;
         // The sidecar names the actor: a staging survives a restart of the
         // daemon (a shim may have dumped an actor into it and not committed yet).
         local::write_atomic(&self.staging_sidecar(&id), actor.as_str().as_bytes())?;
@@ -74,6 +76,9 @@ impl Store {
             if !src.is_dir() {
                 return Err(Error::StagingNotFound(id));
             }
+            // The dump is done: its files become the store's (0600), shared
+            // by the view's hard links.
+            local::make_tree_private(&src)?;
             local::link_tree(&src, &v).inspect_err(|_| {
                 let _ = local::remove_tree(&v, &trash);
             })
@@ -87,6 +92,23 @@ impl Store {
     /// `<root>/staging/<id>.actor`: the actor a writer's staging belongs to.
     pub(super) fn staging_sidecar(&self, staging_id: &str) -> PathBuf {
         self.paths.staging.join(format!("{staging_id}.actor"))
+    }
+
+    /// Wait (at most `commit_wait`) until no commit of `actor` is in
+    /// progress: its newest generation is the one being committed.
+    pub(super) async fn wait_for_commits(&self, actor: &ActorName) -> Result<()> {
+        let started = tokio::time::Instant::now();
+        let deadline = started.checked_add(self.cfg.commit_wait).unwrap_or(started);
+        loop {
+            // Created before the check: a commit that ends in between wakes it.
+            let done = self.commit_done.notified();
+            let busy = lock(&self.stagings).iter().find(|(_, (a, busy))| *busy && a == actor).map(|(id, _)| id.clone());
+            let Some(staging) = busy else { return Ok(()) };
+            debug!(actor = %actor, staging, "waiting for the commit in progress of the actor's newest generation");
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                return Err(Error::CommitInProgress { actor: actor.clone(), staging, waited_s: started.elapsed().as_secs() });
+            }
+        }
     }
 
     /// Turn a staging directory into the actor's next generation: chunk and
@@ -166,7 +188,13 @@ impl Store {
         let staging = self.paths.staging.join(staging_id);
         let chunking = self.cfg.chunking;
         let dir = staging.clone();
-        let entries = blocking(move || local::build_entries(&dir, &chunking)).await?;
+        // The manifest keeps the writer's modes; the committed copy is 0700/0600.
+        let entries = blocking(move || {
+            let entries = local::build_entries(&dir, &chunking)?;
+            local::make_tree_private(&dir)?;
+            Ok(entries)
+        })
+        .await?;
         let logical_bytes: u64 = entries.iter().map(|e| e.size).sum();
         let chunk_count: u64 = entries.iter().map(|e| e.chunks.len() as u64).sum();
         let now = now_ms();
@@ -174,7 +202,12 @@ impl Store {
 
         // Assign the generation and record the commit (Committing) before the rename.
         let tx = Tx::begin(&self.db)?;
-        let generation = tx.generation(actor)? + 1;
+        let generation = tx.generation(actor)?.checked_add(1).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "actor {actor}: its newest generation is {}, the largest there is: no further snapshot can be committed (a generation that large was planted in the object tier or its lease; remove it there)",
+                u64::MAX
+            ))
+        })?;
         let manifest = Manifest {
             format: manifest::MANIFEST_FORMAT,
             actor: actor.clone(),
@@ -197,7 +230,7 @@ impl Store {
             chunk_count,
             labels: opts.labels,
             last_used_ms: now,
-            keep_local_until_ms: now.saturating_add(keep_local.as_millis() as u64),
+            keep_local_until_ms: now.saturating_add(super::config::millis(keep_local)),
             manifest_digest: digest,
             local: LocalState::Committing { staging: staging_id.to_string() },
             remote: RemoteState::Absent,
@@ -252,4 +285,62 @@ impl Store {
         Ok(self.info_with_pins(&rec, 0))
     }
 
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use super::super::{lock, ActorName, CommitOptions, Error, Remote, Store, StoreConfig};
+
+    async fn store(commit_wait: Duration) -> (tempfile::TempDir, Arc<Store>) {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut cfg = StoreConfig::new(tmp.path().join("store"));
+        cfg.background = false;
+        cfg.commit_wait = commit_wait;
+        let remote = Remote::from_store(Arc::new(object_store::memory::InMemory::new()), "", "memory://").unwrap();
+        (tmp, Store::open_with_remote(cfg, remote).await.unwrap())
+    }
+
+    fn dump(dir: &std::path::Path, n: u8) {
+        std::fs::write(dir.join("pages-1.img"), vec![n; 10_000]).unwrap();
+    }
+
+    /// Issue 14, finding 15: "the actor's newest snapshot" while its newest
+    /// generation is being committed is that generation, not the previous.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn latest_waits_for_the_commit_in_progress_of_the_newest_generation() {
+        let (_t, store) = store(Duration::from_secs(60)).await;
+        let a = ActorName::new("ns/x").unwrap();
+        let s1 = store.begin(&a).await.unwrap();
+        dump(&s1.path, 1);
+        let g1 = store.commit(&s1.id, CommitOptions::default()).await.unwrap();
+        let s2 = store.begin(&a).await.unwrap();
+        dump(&s2.path, 2);
+        // Its commit is in progress (as while a large dump is hashed).
+        lock(&store.stagings).get_mut(&s2.id).unwrap().1 = true;
+        let (st, a2) = (store.clone(), a.clone());
+        let latest = tokio::spawn(async move { st.latest(&a2).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!latest.is_finished(), "latest answered while the newest generation was being committed");
+        lock(&store.stagings).get_mut(&s2.id).unwrap().1 = false;
+        let g2 = store.commit(&s2.id, CommitOptions::default()).await.unwrap();
+        assert_eq!(g2.id.generation, g1.id.generation + 1);
+        assert_eq!(latest.await.unwrap().unwrap().unwrap().id, g2.id);
+    }
+
+    /// … and a commit that does not end within `commit_wait` is a clear error.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn latest_says_so_when_the_commit_in_progress_does_not_end() {
+        let (_t, store) = store(Duration::from_millis(300)).await;
+        let a = ActorName::new("ns/y").unwrap();
+        let s = store.begin(&a).await.unwrap();
+        lock(&store.stagings).get_mut(&s.id).unwrap().1 = true;
+        let err = store.latest(&a).await.unwrap_err();
+        assert!(matches!(err, Error::CommitInProgress { .. }), "{err}");
+        assert!(err.to_string().contains("ns/y") && err.to_string().contains(&s.id) && err.to_string().contains("try again"), "{err}");
+        // Another actor's commit is not waited for.
+        assert!(store.latest(&ActorName::new("ns/z").unwrap()).await.unwrap().is_none());
+    }
 }

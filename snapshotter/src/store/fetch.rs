@@ -191,7 +191,7 @@ impl Store {
         pin: &str,
     ) -> Result<()> {
         let id = id.clone();
-        std::fs::create_dir(staging).map_err(|e| Error::io("create fetch staging", staging, e))?;
+        local::create_private_dir(staging).map_err(|e| Error::io("create fetch staging", staging, e))?;
         let (root, m2) = (staging.to_path_buf(), m.clone());
         let paths = blocking(move || local::materialize_skeleton(&root, &m2)).await?;
         // digest → (size, [(file, offset)])

@@ -59,7 +59,7 @@ pub use db::{LocalState, RemoteState};
 pub use error::{Error, Result};
 pub use id::{ActorName, SnapshotId};
 pub use manifest::{Entry, EntryKind, Manifest};
-pub use remote::{ChunkName, Remote};
+pub use remote::{ChunkName, ConditionalWrites, Honoured, Remote};
 pub use retention::{GcPolicy, GcReport};
 pub use stats::StoreStatus;
 pub use sweep::{Namespace, UnreadableManifest, INTENT_TTL, SWEEP_DELETE_WINDOW};
@@ -164,10 +164,9 @@ pub struct Store {
     committed: Mutex<HashMap<String, SnapshotId>>,
     /// Notified when a commit ends.
     commit_done: Notify,
-    /// One actor-lease operation at a time on this node.
-    lease_lock: tokio::sync::Mutex<()>,
-    /// Serializes lease writes on object tiers without conditional updates.
-    lease_fallback: tokio::sync::Mutex<()>,
+    /// The actor leases this node holds (in memory and in the database) and
+    /// the per-actor locks of lease operations.
+    leases: actor_lease::LeaseTable,
     lease_worker: Mutex<Option<tokio::task::JoinHandle<()>>>,
     stats: stats::Stats,
     wake: Arc<Notify>,
@@ -220,11 +219,21 @@ impl Store {
         cfg.validate()?;
         let root = cfg.root.clone();
         let paths = Paths { snapshots: root.join("snapshots"), staging: root.join("staging"), trash: root.join("trash") };
+        // Root's alone (0700), tightened when they exist with other modes:
+        // snapshots are process memory.
         for d in [&root, &paths.snapshots, &paths.staging, &paths.trash] {
-            local::create_dir_all_durable(d)?;
+            local::private_root(d)?;
         }
         let db_path = root.join("store.redb");
-        let db = blocking(move || db::open(&db_path)).await?;
+        let db = {
+            let p = db_path.clone();
+            blocking(move || db::open(&p)).await?
+        };
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&db_path, std::fs::Permissions::from_mode(local::FILE_MODE)).map_err(|e| Error::io("chmod 0600", &db_path, e))?;
+        }
+        let leases = actor_lease::LeaseTable::load(&db)?;
         let (shutdown, _) = watch::channel(false);
         let store = Arc::new(Store {
             cfg,
@@ -239,8 +248,7 @@ impl Store {
             pins: Mutex::new(HashMap::new()),
             committed: Mutex::new(HashMap::new()),
             commit_done: Notify::new(),
-            lease_lock: tokio::sync::Mutex::new(()),
-            lease_fallback: tokio::sync::Mutex::new(()),
+            leases,
             lease_worker: Mutex::new(None),
             stats: stats::Stats::default(),
             wake: Arc::new(Notify::new()),
@@ -265,10 +273,11 @@ impl Store {
         let ring = &store.cfg.keyring;
         match ring.active() {
             Some(k) => info!(active = k.id(), keys = %ring.describe(), accept_unencrypted = ring.accept_unencrypted, "object tier encrypted: uploads are sealed under the active key"),
-            None if store.remote.url.starts_with("file:") || store.remote.url.starts_with("memory:") => {
-                info!(remote = %store.remote.url, "object tier not encrypted (a local directory; [store.encryption] seals it)")
-            }
-            None => warn!(remote = %store.remote.url, "object tier NOT encrypted: snapshots (process memory) are stored there in cleartext, unauthenticated; configure [store.encryption]"),
+            None if store.remote.url.starts_with("memory:") => info!(remote = %store.remote.url, "object tier not encrypted (in memory)"),
+            None => warn!(
+                remote = %store.remote.url,
+                "object tier NOT encrypted: snapshots hold process memory (tokens, keys, user data) and are stored there in cleartext, unauthenticated (anyone who can write it can plant a snapshot); configure [store.encryption]"
+            ),
         }
         Ok(store)
     }

@@ -122,7 +122,7 @@ impl Store {
     pub async fn remove(&self, id: &SnapshotId) -> Result<()> {
         let rec = match db::record(&self.db, id)? {
             Some(r) => r,
-            None => self.import(id).await?,
+            None => self.import_opened(id, false).await?,
         };
         let key = id.db_key();
         let pins = db::lease_count(&self.db, &key)?;

@@ -37,6 +37,10 @@ pub struct StoreStatus {
     /// Uploads that waited for a chunk sweep of another node to finish.
     pub sweep_waits: u64,
     pub fetched_bytes: u64,
+    /// Entries of the object tier ignored because they do not authenticate
+    /// under the ring (keys configured): junk, plaintext or garbled
+    /// manifests, a lease naming an unverifiable generation.
+    pub untrusted_entries: u64,
     /// Most recent errors of background work, newest last.
     pub last_errors: Vec<(SystemTime, String)>,
 }
@@ -52,6 +56,7 @@ pub(super) struct Counters {
     pub chunks_missing: u64,
     pub sweep_waits: u64,
     pub fetched_bytes: u64,
+    pub untrusted_entries: u64,
     pub disk_pressure: bool,
     last_errors: VecDeque<(SystemTime, String)>,
 }
@@ -86,6 +91,7 @@ impl Stats {
         st.chunks_missing = s.chunks_missing;
         st.sweep_waits = s.sweep_waits;
         st.fetched_bytes = s.fetched_bytes;
+        st.untrusted_entries = s.untrusted_entries;
         st.last_errors = s.last_errors.iter().cloned().collect();
     }
 }

@@ -66,7 +66,7 @@ impl Store {
             let tx = Tx::begin(&self.db)?;
             if let Some(mut r) = tx.get(id)? {
                 r.upload_attempts = r.upload_attempts.saturating_add(1);
-                r.next_attempt_ms = now_ms() + self.cfg.retry.delay(r.upload_attempts).as_millis() as u64;
+                r.next_attempt_ms = now_ms().saturating_add(super::config::millis(self.cfg.retry.delay(r.upload_attempts)));
                 r.last_error = Some(e.to_string());
                 tx.put(&r)?;
             }
@@ -257,8 +257,19 @@ impl Store {
             Some(k) => crypto::seal_manifest(k, id, bytes)?,
         };
         let ring = &self.cfg.keyring;
-        self.fence(&id.actor).await?;
-        self.remote.put_manifest(id, object, |existing| crypto::open_manifest(ring, id, existing).is_ok_and(|o| o.plain == bytes)).await?;
+        // The lease is renewed (conditionally) right before, and the write
+        // must end while it stays this node's (`fence`).
+        let valid_until = self.fence(&id.actor).await?;
+        let put = self.remote.put_manifest(id, object, |existing| crypto::open_manifest(ring, id, existing).is_ok_and(|o| o.plain == bytes));
+        match valid_until {
+            None => put.await?,
+            Some(deadline) => tokio::time::timeout_at(deadline, put).await.map_err(|_| Error::LeaseLost {
+                actor: id.actor.clone(),
+                detail: format!(
+                    "the manifest write of {id} did not end while this node's lease was valid: abandoned (if it still lands, it is this node's, under the epoch that was valid when it was sent; the upload is retried)"
+                ),
+            })??,
+        };
         let back = self.remote.get_manifest(id).await?;
         let opened = back.as_deref().map(|b| crypto::open_manifest(ring, id, b)).transpose()?;
         let Some(opened) = opened.filter(|o| o.plain == bytes) else {

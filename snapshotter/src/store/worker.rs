@@ -56,6 +56,19 @@ impl Store {
     }
 
 
+    /// Run the lease worker (actor lease renewals, checkout pins) on `rt`
+    /// from now on: the daemon keeps it off the data path, on the runtime
+    /// that answers `Confirm`, so busy uploads and commits cannot delay a
+    /// renewal into a lapse.
+    pub fn run_leases_on(self: &Arc<Self>, rt: &tokio::runtime::Handle) {
+        let weak = Arc::downgrade(self);
+        let rx = self.shutdown.subscribe();
+        let handle = rt.spawn(lease_worker(weak, self.cfg.lease_ttl / 3, rx));
+        if let Some(old) = lock(&self.lease_worker).replace(handle) {
+            old.abort();
+        }
+    }
+
     /// Stop background work (waits for the pass in progress to end).
     pub async fn shutdown(&self) {
         let _ = self.shutdown.send(true);
