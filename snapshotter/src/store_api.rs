@@ -213,6 +213,9 @@ impl api::Store for StoreService {
     }
 
     async fn commit(&self, _: &TtrpcContext, req: api::CommitRequest) -> ttrpc::Result<api::SnapshotInfo> {
+        if let Some(s) = req.keep_local_seconds.filter(|s| *s > store::config::MAX_DURATION.as_secs()) {
+            return Err(invalid(format!("keep_local_seconds {s} is longer than 3650 days")));
+        }
         let opts = CommitOptions {
             labels: req.labels.into_iter().collect(),
             keep_local: req.keep_local_seconds.map(Duration::from_secs),

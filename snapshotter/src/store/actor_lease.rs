@@ -456,11 +456,11 @@ impl Store {
         let id = SnapshotId::new(actor.clone(), named);
         match self.record_or_import(&id).await {
             Ok(_) => Ok(named),
-            Err(e) if e.is_remote_unavailable() => Err(e),
-            Err(e) => {
+            Err(e) if self.ignores_untrusted(&e) => {
                 self.untrusted(&format!("the lease object of actor {actor} names durable generation {named}"), &e);
                 Ok(0)
             }
+            Err(e) => Err(e),
         }
     }
 

@@ -64,8 +64,7 @@ impl Store {
     /// `commit_wait`): the snapshot it makes is the newest. With keys
     /// configured, an entry of the object tier that does not authenticate
     /// (a `_gen/<n>/` without a manifest, a plaintext or garbled manifest,
-    /// one under a key this node does not have) is ignored, reported and
-    /// counted, and the next older one is tried: anyone who can write the
+    /// one that fails authentication) is ignored, reported and counted, and the next older one is tried: anyone who can write the
     /// bucket could have planted it.
     pub async fn latest(&self, actor: &ActorName) -> Result<Option<SnapshotInfo>> {
         self.wait_for_commits(actor).await?;
@@ -94,9 +93,14 @@ impl Store {
     /// Is `e` (reading an entry of the object tier) one to ignore and report
     /// rather than fail on: keys are configured (the object tier is
     /// authenticated) and the entry did not authenticate. An unreachable
-    /// object tier is never that.
+    /// object tier is never that, and neither is a manifest sealed under a
+    /// key this node does not have: it may be another node's, legitimately
+    /// (a key missing here), and passing over it could restore the actor's
+    /// past; that stays an `UnknownKey` error naming the key.
     pub(super) fn ignores_untrusted(&self, e: &Error) -> bool {
-        !self.cfg.keyring.is_empty() && !e.is_remote_unavailable() && !matches!(e, Error::Db { .. } | Error::Io { .. } | Error::Internal(_))
+        !self.cfg.keyring.is_empty()
+            && !e.is_remote_unavailable()
+            && !matches!(e, Error::UnknownKey { .. } | Error::Db { .. } | Error::Io { .. } | Error::Internal(_))
     }
 
     /// An entry of the object tier that does not authenticate under the
