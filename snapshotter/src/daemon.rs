@@ -102,6 +102,27 @@ pub fn bind_socket(path: &Path) -> Result<UnixListener> {
     Ok(l)
 }
 
+/// The store API's runtime, shut down without blocking when dropped (a
+/// runtime dropped inside async code would panic).
+struct ApiRuntime(Option<tokio::runtime::Runtime>);
+
+impl ApiRuntime {
+    fn handle(&self) -> tokio::runtime::Handle {
+        match &self.0 {
+            Some(rt) => rt.handle().clone(),
+            None => tokio::runtime::Handle::current(),
+        }
+    }
+}
+
+impl Drop for ApiRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
 /// One served socket.
 struct Served {
     name: &'static str,
@@ -175,18 +196,21 @@ pub async fn run(cfg: Config) -> Result<()> {
     // behind the data path (commits, fetches, uploads, whose database and
     // disk work can hold this runtime's threads). Store operations still
     // run here, on the data runtime.
-    let api_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .thread_name("torpor-store-api")
-        .enable_all()
-        .build()
-        .map_err(|e| Error::Daemon(format!("the store API's runtime: {e}")))?;
+    let api_rt = ApiRuntime(Some(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("torpor-store-api")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Daemon(format!("the store API's runtime: {e}")))?,
+    ));
     let store_listener = bind_socket(&cfg.store.address)?
         .into_std()
         .map_err(|e| Error::io("store API socket", &cfg.store.address, e))?;
     let service = crate::store_api::StoreService::with_data_runtime(store.clone(), cfg.store.gc_keep, tokio::runtime::Handle::current());
     let address = cfg.store.address.clone();
     let mut store_server = api_rt
+        .handle()
         .spawn(async move {
             let listener = tokio::net::UnixListener::from_std(store_listener).map_err(|e| format!("{e}"))?;
             let mut server = torpor_api::ttrpc::asynchronous::Server::new()
@@ -198,7 +222,7 @@ pub async fn run(cfg: Config) -> Result<()> {
         .await
         .map_err(|e| Error::Daemon(format!("serving the store API: {e}")))?
         .map_err(|e| Error::Daemon(format!("serving the store API on {}: {e}", address.display())))?;
-    store.run_leases_on(api_rt.handle());
+    store.run_leases_on(&api_rt.handle());
     info!(service = "store", socket = %cfg.store.address.display(), "serving");
     {
         let store = store.clone();
@@ -287,7 +311,7 @@ pub async fn run(cfg: Config) -> Result<()> {
         warn!(error = %e, "store API shutdown");
     }
     store.shutdown().await;
-    api_rt.shutdown_background();
+    drop(api_rt);
     match std::fs::remove_file(&cfg.store.address) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
