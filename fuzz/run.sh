@@ -9,5 +9,5 @@ secs="${FUZZ_SECONDS:-60}"
 command -v cargo-fuzz >/dev/null || { echo "fuzz/run.sh: cargo-fuzz not installed (cargo install cargo-fuzz)" >&2; exit 1; }
 for t in manifest manifest_fields envelope config; do
 	echo "==> fuzz $t for ${secs}s"
-	cargo +nightly fuzz run "$t" "corpus/$t" -- -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10
+	cargo +nightly fuzz run -O "$t" "corpus/$t" -- -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10
 done
