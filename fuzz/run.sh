@@ -2,7 +2,7 @@
 # Runs every fuzz target for a bounded time (FUZZ_SECONDS each, default 60)
 # with cargo-fuzz on the nightly toolchain; crashers land in
 # fuzz/artifacts/<target>/ (commit them: the fuzz_corpus test replays them).
-# New corpus entries stay local (.gitignore) unless added by hand.
+# Then minimize the corpora before committing them: cargo +nightly fuzz cmin -O <target>.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 secs="${FUZZ_SECONDS:-60}"
