@@ -47,14 +47,11 @@ unit-test:
 integration-test:
 	test/rig/run-tests.sh
 
-## fuzz: each cargo-fuzz target for FUZZ_SECONDS (stable toolchain, RUSTC_BOOTSTRAP=1);
+## fuzz: each cargo-fuzz target for FUZZ_SECONDS (fuzz/run.sh; FUZZ_TARGETS to pick);
 ## new corpus entries land in fuzz/corpus/<target>, crashers in fuzz/artifacts/<target>
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= fuzz_rootfs_apply fuzz_annotations
 fuzz:
-	cd fuzz && for t in $(FUZZ_TARGETS); do \
-	  RUSTC_BOOTSTRAP=1 nice -n 10 $(CARGO) fuzz run $$t corpus/$$t -- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 || exit 1; \
-	done
+	FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz/run.sh
 
 ## bench: torpor against containerd-shim-runc-v2, writes bench/results.json and BENCHMARKS.md
 bench: build

@@ -59,6 +59,7 @@ struct FileStore {
     gc_keep: Option<usize>,
     node_id: Option<String>,
     lease_ttl: Option<String>,
+    surrender_timeout: Option<String>,
     encryption: Option<FileEncryption>,
 }
 
@@ -70,9 +71,13 @@ struct FileEncryption {
     accept_unencrypted: Option<bool>,
 }
 
-/// Environment variable holding a master key (64 hex characters), added to
-/// the keyring under [`ENV_KEY_ID`].
+/// Refused: a key in the environment stays readable in /proc/<pid>/environ
+/// for the daemon's whole life (removing the variable does not erase it).
 pub const ENV_KEY: &str = "TORPOR_STORE_KEY";
+/// Environment variable naming an open descriptor that holds a master key
+/// (32 raw bytes or 64 hex characters), added to the keyring under
+/// [`ENV_KEY_ID`]; the descriptor is read once and closed.
+pub const ENV_KEY_FD: &str = "TORPOR_STORE_KEY_FD";
 pub const ENV_KEY_ID: &str = "TORPOR_STORE_KEY_ID";
 
 /// Command-line overrides (each `None` when the flag was not given).
@@ -133,6 +138,9 @@ pub struct StoreConfig {
     pub node_id: Option<String>,
     /// Actor lease lifetime without renewal (`None`: 30s).
     pub lease_ttl: Option<Duration>,
+    /// How long a surrender waits for the actor's newest snapshot to be
+    /// durable before letting the lease go anyway (`None`: 10m).
+    pub surrender_timeout: Option<Duration>,
     /// `[store.encryption]` as written (key files by id).
     pub encryption: EncryptionConfig,
     /// The keys, loaded by [`Config::load`] from `encryption` and the
@@ -161,18 +169,25 @@ impl EncryptionConfig {
             let material = crypto::load_key_file(path).map_err(|e| format!("store.encryption.keys.{id}: {e}"))?;
             keys.push(crypto::Key::new(id, &material).map_err(|e| format!("store.encryption.keys.{id}: {e}"))?);
         }
-        let env_key = lookup(ENV_KEY).filter(|v| !v.is_empty()).map(zeroize::Zeroizing::new);
+        if lookup(ENV_KEY).is_some_and(|v| !v.is_empty()) {
+            return Err(format!(
+                "${ENV_KEY} is no longer read: a key in the environment stays readable in /proc/<pid>/environ for the daemon's life. \
+                 Put it in a key file (store.encryption.keys, mode 0600) or pass it on a descriptor named by ${ENV_KEY_FD} (with ${ENV_KEY_ID}), and unset ${ENV_KEY}"
+            ));
+        }
+        let env_fd = lookup(ENV_KEY_FD).filter(|v| !v.is_empty());
         let env_id = lookup(ENV_KEY_ID).filter(|v| !v.is_empty());
-        match (env_key, env_id) {
-            (Some(hex), Some(id)) => {
+        match (env_fd, env_id) {
+            (Some(fd), Some(id)) => {
                 if self.keys.iter().any(|(k, _)| *k == id) {
                     return Err(format!("key id {id:?} is given both by ${ENV_KEY_ID} and in store.encryption.keys"));
                 }
-                let material = crypto::parse_key_hex(&hex).map_err(|e| format!("${ENV_KEY} (key {id:?}): {e}"))?;
+                let fd: i32 = fd.trim().parse().map_err(|_| format!("${ENV_KEY_FD} = {fd:?} is not a descriptor number"))?;
+                let material = crypto::load_key_fd(fd).map_err(|e| format!("${ENV_KEY_FD} (key {id:?}): {e}"))?;
                 keys.push(crypto::Key::new(&id, &material).map_err(|e| format!("${ENV_KEY_ID}: {e}"))?);
             }
-            (Some(_), None) => return Err(format!("${ENV_KEY} is set but ${ENV_KEY_ID} is not: name the key")),
-            (None, Some(id)) => return Err(format!("${ENV_KEY_ID} = {id:?} is set but ${ENV_KEY} (its 64 hex characters) is not")),
+            (Some(_), None) => return Err(format!("${ENV_KEY_FD} is set but ${ENV_KEY_ID} is not: name the key")),
+            (None, Some(id)) => return Err(format!("${ENV_KEY_ID} = {id:?} is set but ${ENV_KEY_FD} (the descriptor holding the key) is not")),
             (None, None) => {}
         }
         crate::store::Keyring::new(keys, self.active.as_deref(), self.accept_unencrypted).map_err(|e| format!("store.encryption: {e}"))
@@ -222,6 +237,9 @@ impl Config {
         if let Some(d) = s.lease_ttl {
             c.lease_ttl = d;
         }
+        if let Some(d) = s.surrender_timeout {
+            c.surrender_timeout = d;
+        }
         c.keyring = s.keyring.clone();
         c
     }
@@ -255,6 +273,7 @@ impl Default for Config {
                 gc_keep: DEFAULT_GC_KEEP,
                 node_id: None,
                 lease_ttl: None,
+                surrender_timeout: None,
                 encryption: EncryptionConfig::default(),
                 keyring: crate::store::Keyring::default(),
             },
@@ -262,23 +281,34 @@ impl Default for Config {
     }
 }
 
-/// Parses `500ms`, `30s`, `5m`, `1h`.
+/// The longest duration any key takes: 3650 days (87600h). Longer ones
+/// are refused, not clamped: every deadline and expiry computed from a
+/// configured duration then fits (in `Instant` and in unix milliseconds).
+pub const MAX_DURATION: Duration = Duration::from_secs(3650 * 24 * 3600);
+
+/// Parses `500ms`, `30s`, `5m`, `1h` (at most [`MAX_DURATION`]).
 pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     let s = s.trim();
     let split = s
         .find(|c: char| !c.is_ascii_digit())
         .ok_or_else(|| format!("{s:?} has no unit (ms, s, m, h)"))?;
     let (n, unit) = s.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("{s:?} is not <number><unit> (e.g. 30s)"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        "h" => Ok(Duration::from_secs(n * 3600)),
-        _ => Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
+    if n.is_empty() {
+        return Err(format!("{s:?} is not <number><unit> (e.g. 30s)"));
     }
+    let too_long = || format!("{s:?} is too long (at most 87600h, 3650 days)");
+    let n: u64 = n.parse().map_err(|_| too_long())?;
+    let d = match unit {
+        "ms" => Duration::from_millis(n),
+        "s" => Duration::from_secs(n),
+        "m" => Duration::from_secs(n.checked_mul(60).ok_or_else(too_long)?),
+        "h" => Duration::from_secs(n.checked_mul(3600).ok_or_else(too_long)?),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (ms, s, m, h)")),
+    };
+    if d > MAX_DURATION {
+        return Err(too_long());
+    }
+    Ok(d)
 }
 
 /// Parses a byte size: `1073741824`, `512MiB`, `20GiB`, `1TiB`, `500MB`, `2GB`.
@@ -423,6 +453,7 @@ impl Config {
                 gc_keep: f.store.gc_keep.unwrap_or(d.store.gc_keep),
                 node_id: f.store.node_id,
                 lease_ttl: dur(f.store.lease_ttl, "store.lease_ttl")?,
+                surrender_timeout: dur(f.store.surrender_timeout, "store.surrender_timeout")?,
                 encryption: match f.store.encryption {
                     None => EncryptionConfig::default(),
                     Some(e) => EncryptionConfig {
@@ -508,6 +539,11 @@ impl Config {
                 )));
             }
         }
+        // The scheme and the client options, checked before anything is
+        // created or bound (nothing is contacted or created here).
+        let sc = self.store_config();
+        crate::store::Remote::check(&sc.remote_url, &sc.remote_options)
+            .map_err(|e| Error::Config(format!("store.remote_url: {e}")))?;
         Ok(())
     }
 }
@@ -569,10 +605,18 @@ mod tests {
         assert_eq!(ring.active().unwrap().id(), "k2");
         assert!(ring.get("k1").is_some() && ring.accept_unencrypted);
 
-        // The environment's key joins the ring.
+        // A key on a descriptor ($TORPOR_STORE_KEY_FD) joins the ring; the
+        // descriptor is read once and closed (each call gets a new pipe).
         let hex = "cd".repeat(32);
+        let key_fd = |content: &[u8]| -> String {
+            use std::io::Write;
+            use std::os::fd::IntoRawFd;
+            let (r, w) = nix::unistd::pipe().unwrap();
+            std::fs::File::from(w).write_all(content).unwrap();
+            r.into_raw_fd().to_string()
+        };
         let env = |k: &str| match k {
-            ENV_KEY => Some(hex.clone()),
+            ENV_KEY_FD => Some(key_fd(format!("{hex}\n").as_bytes())),
             ENV_KEY_ID => Some("k3".to_string()),
             _ => None,
         };
@@ -598,17 +642,45 @@ mod tests {
         assert!(unknown.load(no_env).unwrap_err().contains("\"k9\""));
         let dup = EncryptionConfig { keys: vec![("k3".into(), k1.clone())], ..Default::default() };
         assert!(dup.load(env).unwrap_err().contains("both"));
-        let only_key = |k: &str| (k == ENV_KEY).then(|| hex.clone());
-        assert!(EncryptionConfig::default().load(only_key).unwrap_err().contains(ENV_KEY_ID));
+        let only_fd = |k: &str| (k == ENV_KEY_FD).then(|| "7".to_string());
+        assert!(EncryptionConfig::default().load(only_fd).unwrap_err().contains(ENV_KEY_ID));
         let only_id = |k: &str| (k == ENV_KEY_ID).then(|| "k3".to_string());
-        assert!(EncryptionConfig::default().load(only_id).unwrap_err().contains(ENV_KEY));
+        assert!(EncryptionConfig::default().load(only_id).unwrap_err().contains(ENV_KEY_FD));
         let bad_hex = |k: &str| match k {
-            ENV_KEY => Some("xyz".to_string()),
+            ENV_KEY_FD => Some(key_fd(b"xyz")),
             ENV_KEY_ID => Some("k3".to_string()),
             _ => None,
         };
         let err = EncryptionConfig::default().load(bad_hex).unwrap_err();
-        assert!(err.contains(ENV_KEY) && err.contains("k3"), "{err}");
+        assert!(err.contains(ENV_KEY_FD) && err.contains("k3"), "{err}");
+        // Raw bytes on the descriptor are a key too.
+        let raw = |k: &str| match k {
+            ENV_KEY_FD => Some(key_fd(&[9u8; 32])),
+            ENV_KEY_ID => Some("k4".to_string()),
+            _ => None,
+        };
+        assert_eq!(EncryptionConfig::default().load(raw).unwrap().active().unwrap().id(), "k4");
+        // Not a descriptor number, stdin, or a closed descriptor: refused.
+        for (fd, want) in [("x", "not a descriptor number"), ("0", "stdin"), ("1000000", "key descriptor 1000000")] {
+            let e = EncryptionConfig::default()
+                .load(|k: &str| match k {
+                    ENV_KEY_FD => Some(fd.to_string()),
+                    ENV_KEY_ID => Some("k3".to_string()),
+                    _ => None,
+                })
+                .unwrap_err();
+            assert!(e.contains(want), "{fd}: {e}");
+        }
+        // The key in the environment itself is refused (it stays readable in
+        // /proc/<pid>/environ), saying what to do instead; the key is not echoed.
+        let plain_env = |k: &str| match k {
+            ENV_KEY => Some(hex.clone()),
+            ENV_KEY_ID => Some("k3".to_string()),
+            _ => None,
+        };
+        let err = EncryptionConfig::default().load(plain_env).unwrap_err();
+        assert!(err.contains("no longer read") && err.contains("/proc") && err.contains(ENV_KEY_FD) && err.contains("store.encryption.keys"), "{err}");
+        assert!(!err.contains(&hex), "{err}");
 
         // Checked at parse: ids, absolute paths, unknown keys.
         for (text, want) in [
@@ -677,6 +749,15 @@ remote_url = "s3://bucket/prefix"
             ),
             ("[store]\nlocal_budget = \"lots\"", "store.local_budget"),
             ("[store]\nremote_url = \"bucket\"", "store.remote_url"),
+            ("[store]\nremote_url = \"ftp://host/dir\"", "unsupported scheme"),
+            ("[store]\nremote_url = \"s3://b/p\"\nremote_options = { endpont = \"x\" }", "endpont"),
+            ("[store]\nremote_url = \"file:///x\"\nremote_options = { region = \"x\" }", "takes no options"),
+            ("[store]\ngc_interval = \"5124095576030431h\"", "store.gc_interval"),
+            ("[store]\nlease_ttl = \"18446744073709551615ms\"", "store.lease_ttl"),
+            ("[store]\nlease_ttl = \"2d\"", "store.lease_ttl"),
+            ("[store]\nkeep_local = \"307445734561825861m\"", "store.keep_local"),
+            ("[store]\nsurrender_timeout = \"0s\"", "surrender_timeout"),
+            ("shutdown_timeout = \"18446744073709551615s\"", "shutdown_timeout"),
             (
                 "[store]\naddress = \"/run/torpor/snapshotter.sock\"",
                 "same socket",
@@ -724,6 +805,12 @@ remote_url = "s3://bucket/prefix"
         assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert!(parse_duration("10").is_err());
+        assert!(parse_duration("h").is_err());
+        assert_eq!(parse_duration("87600h").unwrap(), MAX_DURATION);
+        for huge in ["87601h", "5124095576030431h", "307445734561825861m", "18446744073709551615s", "99999999999999999999ms"] {
+            let e = parse_duration(huge).unwrap_err();
+            assert!(e.contains("too long"), "{huge}: {e}");
+        }
         assert_eq!(parse_size("1024").unwrap(), 1024);
         assert_eq!(parse_size("2MiB").unwrap(), 2 << 20);
         assert_eq!(parse_size("3GB").unwrap(), 3_000_000_000);

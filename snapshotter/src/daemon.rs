@@ -25,8 +25,20 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::overlay::{Options, Overlay, OverlaySnapshotter};
 
-/// Makes `dir` (the socket directory) exist with mode 0700: created if
-/// missing, tightened if group or others may read it.
+/// Sets the process's umask to 077: files the daemon creates are 0600 and
+/// directories 0700 unless created with explicit modes (the store sets its
+/// own anyway; this covers what object_store's file:// tier and CRIU-side
+/// helpers create).
+pub fn private_umask() {
+    nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
+}
+
+/// Makes sure `dir` (a socket's directory) exists: created 0700 when
+/// missing. An existing one is never chmod-ed (its modes are the
+/// operator's: /run/torpor may be shared, a 1777 directory is someone
+/// else's); the socket itself is 0600 ([`bind_socket`]). Refused: a
+/// directory that group or others may write to without the sticky bit
+/// (they could replace the socket with their own).
 pub fn private_dir(dir: &Path) -> Result<()> {
     match std::fs::metadata(dir) {
         Ok(md) => {
@@ -36,10 +48,12 @@ pub fn private_dir(dir: &Path) -> Result<()> {
                     dir.display()
                 )));
             }
-            if md.permissions().mode() & 0o077 != 0 {
-                info!(path = %dir.display(), mode = format!("{:o}", md.permissions().mode() & 0o7777), "restricting socket directory to root (0700)");
-                std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-                    .map_err(|e| Error::io("chmod 0700", dir, e))?;
+            let mode = md.permissions().mode() & 0o7777;
+            if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+                return Err(Error::Daemon(format!(
+                    "socket directory {} is mode {mode:04o}: group or others may write to it without the sticky bit, so they could replace the socket; make it 0755 or 0700 (the daemon does not change an existing directory's modes)",
+                    dir.display()
+                )));
             }
             Ok(())
         }
@@ -86,6 +100,27 @@ pub fn bind_socket(path: &Path) -> Result<UnixListener> {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| Error::io("chmod 0600", path, e))?;
     Ok(l)
+}
+
+/// The store API's runtime, shut down without blocking when dropped (a
+/// runtime dropped inside async code would panic).
+struct ApiRuntime(Option<tokio::runtime::Runtime>);
+
+impl ApiRuntime {
+    fn handle(&self) -> tokio::runtime::Handle {
+        match &self.0 {
+            Some(rt) => rt.handle().clone(),
+            None => tokio::runtime::Handle::current(),
+        }
+    }
+}
+
+impl Drop for ApiRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// One served socket.
@@ -156,20 +191,53 @@ pub async fn run(cfg: Config) -> Result<()> {
     let store = crate::store::Store::open(store_cfg)
         .await
         .map_err(|e| Error::Daemon(format!("opening the snapshot store: {e}")))?;
-    let store_listener = bind_socket(&cfg.store.address)?;
-    let mut store_server = torpor_api::ttrpc::asynchronous::Server::new()
-        .add_listener(store_listener.into())
-        .register_service(crate::store_api::StoreService::new(store.clone(), cfg.store.gc_keep).into_service());
-    store_server
-        .start()
+    // The store API is served on a runtime of its own, with the lease
+    // renewals: Confirm (the shims' lease fence) and renewals never wait
+    // behind the data path (commits, fetches, uploads, whose database and
+    // disk work can hold this runtime's threads). Store operations still
+    // run here, on the data runtime.
+    let api_rt = ApiRuntime(Some(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("torpor-store-api")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Daemon(format!("the store API's runtime: {e}")))?,
+    ));
+    let store_listener = bind_socket(&cfg.store.address)?
+        .into_std()
+        .map_err(|e| Error::io("store API socket", &cfg.store.address, e))?;
+    let service = crate::store_api::StoreService::with_data_runtime(store.clone(), cfg.store.gc_keep, tokio::runtime::Handle::current());
+    let address = cfg.store.address.clone();
+    let mut store_server = api_rt
+        .handle()
+        .spawn(async move {
+            let listener = tokio::net::UnixListener::from_std(store_listener).map_err(|e| format!("{e}"))?;
+            let mut server = torpor_api::ttrpc::asynchronous::Server::new()
+                .add_listener(listener.into())
+                .register_service(service.into_service());
+            server.start().await.map_err(|e| format!("{e}"))?;
+            Ok::<_, String>(server)
+        })
         .await
-        .map_err(|e| Error::Daemon(format!("serving the store API on {}: {e}", cfg.store.address.display())))?;
+        .map_err(|e| Error::Daemon(format!("serving the store API: {e}")))?
+        .map_err(|e| Error::Daemon(format!("serving the store API on {}: {e}", address.display())))?;
+    store.run_leases_on(&api_rt.handle());
     info!(service = "store", socket = %cfg.store.address.display(), "serving");
+    {
+        let store = store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.check_conditional_writes().await {
+                warn!(error = %e, "could not check that the object tier honours conditional writes (it is unreachable): checked again at the next start");
+            }
+        });
+    }
     let gc_task = cfg.store.gc_interval.map(|every| {
         let store = store.clone();
         let keep = cfg.store.gc_keep;
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            let start = tokio::time::Instant::now().checked_add(every).unwrap_or_else(tokio::time::Instant::now);
+            let mut tick = tokio::time::interval_at(start, every);
             loop {
                 tick.tick().await;
                 let policy = crate::store::GcPolicy { keep_newest: keep, ..Default::default() };
@@ -208,7 +276,9 @@ pub async fn run(cfg: Config) -> Result<()> {
 
     // Stop accepting, drain in-flight calls (bounded by shutdown_timeout).
     let _ = stop_tx.send(true);
-    let deadline = tokio::time::Instant::now() + cfg.shutdown_timeout;
+    let deadline = tokio::time::Instant::now()
+        .checked_add(cfg.shutdown_timeout)
+        .unwrap_or_else(|| tokio::time::Instant::now() + crate::config::DEFAULT_SHUTDOWN_TIMEOUT);
     for s in served {
         if s.task.is_finished() {
             // already reported above (or finished cleanly)
@@ -241,6 +311,7 @@ pub async fn run(cfg: Config) -> Result<()> {
         warn!(error = %e, "store API shutdown");
     }
     store.shutdown().await;
+    drop(api_rt);
     match std::fs::remove_file(&cfg.store.address) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -279,8 +350,8 @@ mod tests {
         let sock = dir.join("s.sock");
 
         let l = bind_socket(&sock).unwrap();
-        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode(&dir), 0o700, "directory tightened");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&dir), 0o755, "an existing directory is left as it is");
         assert_eq!(mode(&sock), 0o600);
 
         // a live socket is not taken over
@@ -303,5 +374,22 @@ mod tests {
         let deep = tmp.path().join("a/b/c.sock");
         let _l2 = bind_socket(&deep).unwrap();
         assert_eq!(mode(deep.parent().unwrap()), 0o700);
+
+        // a shared sticky directory (1777) is used and not chmod-ed
+        let shared = tmp.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let _l3 = bind_socket(&shared.join("s.sock")).unwrap();
+        assert_eq!(mode(&shared), 0o1777);
+        assert_eq!(mode(&shared.join("s.sock")), 0o600);
+
+        // one others may write to without the sticky bit is refused, untouched
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = bind_socket(&open.join("s.sock")).unwrap_err();
+        assert!(e.to_string().contains("sticky"), "{e}");
+        assert_eq!(mode(&open), 0o777);
+        assert!(!open.join("s.sock").exists());
     }
 }

@@ -9,3 +9,4 @@ pub mod error;
 pub mod overlay;
 pub mod store;
 pub mod store_api;
+pub mod fuzzing;

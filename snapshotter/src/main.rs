@@ -46,6 +46,10 @@ fn init_logging(filter: &str) {
 }
 
 fn main() -> ExitCode {
+    // Everything the daemon creates (stagings CRIU dumps into, snapshot
+    // copies, the file:// object tier, sockets) is root's alone: snapshots
+    // hold process memory.
+    torpor_snapshotter::daemon::private_umask();
     let args = Args::parse();
     let overrides = Overrides {
         root: args.root,
@@ -59,8 +63,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // The key is in the keyring now: children (mount helpers…) need not inherit it.
-    std::env::remove_var(config::ENV_KEY);
     init_logging(&cfg.log_level);
     tracing::info!(
         version = env!("CARGO_PKG_VERSION"),

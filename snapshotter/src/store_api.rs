@@ -18,18 +18,47 @@ use tracing::{info, warn};
 
 use crate::store::{self, ActorName, CommitOptions, GcPolicy, SnapshotId, Store};
 
+/// A transfer in flight: its kind, its snapshot, its progress.
+type Transfer = (String, SnapshotId, tokio::sync::watch::Receiver<(u64, u64)>);
+
 /// The service: the store plus the transfers in flight (for `Status`).
+///
+/// Store operations run on the *data* runtime (commits, fetches, uploads,
+/// queries); the service itself may be served on another one (the daemon
+/// serves it on a runtime of its own), where `Confirm` is answered from
+/// memory: a data runtime busy or wedged by heavy I/O never delays it.
 pub struct StoreService {
     store: Arc<Store>,
     /// Snapshots kept per actor by `Gc` without an explicit `keep`.
     gc_keep: usize,
-    transfers: Mutex<HashMap<u64, (String, SnapshotId, tokio::sync::watch::Receiver<(u64, u64)>)>>,
+    transfers: Mutex<HashMap<u64, Transfer>>,
     next: std::sync::atomic::AtomicU64,
+    data: tokio::runtime::Handle,
 }
 
 impl StoreService {
+    /// Store operations on the current runtime.
     pub fn new(store: Arc<Store>, gc_keep: usize) -> Self {
-        Self { store, gc_keep, transfers: Mutex::new(HashMap::new()), next: 0.into() }
+        Self::with_data_runtime(store, gc_keep, tokio::runtime::Handle::current())
+    }
+
+    /// Store operations on runtime `data`.
+    pub fn with_data_runtime(store: Arc<Store>, gc_keep: usize, data: tokio::runtime::Handle) -> Self {
+        Self { store, gc_keep, transfers: Mutex::new(HashMap::new()), next: 0.into(), data }
+    }
+
+    /// `Confirm`: answered at once from memory while the lease is valid for
+    /// long enough (no database, object tier, data runtime or other lease
+    /// operation in the way); otherwise renewed first, on the runtime
+    /// serving this call (not the data runtime).
+    pub async fn confirm_lease(&self, actor: ActorName, owner: String) -> store::Result<(u64, u64)> {
+        if let Some(answer) = self.store.confirm_now(&actor, &owner) {
+            return answer;
+        }
+        let store = self.store.clone();
+        tokio::spawn(async move { store.confirm(&actor, &owner).await })
+            .await
+            .map_err(|e| store::Error::Internal(format!("store task: {e}")))?
     }
 
     /// The ttrpc service map to register on a server.
@@ -67,7 +96,8 @@ impl StoreService {
         F: FnOnce(Arc<Store>) -> Fut,
         Fut: std::future::Future<Output = store::Result<T>> + Send + 'static,
     {
-        tokio::spawn(f(self.store.clone()))
+        self.data
+            .spawn(f(self.store.clone()))
             .await
             .map_err(|e| store::Error::Internal(format!("store task: {e}")))?
     }
@@ -98,7 +128,7 @@ fn status(op: &str, e: store::Error) -> ttrpc::Error {
         E::Corrupt { .. } => Code::DATA_LOSS,
         E::FetchFailed { source, .. } if matches!(**source, E::Corrupt { .. }) => Code::DATA_LOSS,
         e if e.is_remote_unavailable() => Code::UNAVAILABLE,
-        E::ShuttingDown => Code::UNAVAILABLE,
+        E::ShuttingDown | E::CommitInProgress { .. } => Code::UNAVAILABLE,
         _ => Code::INTERNAL,
     };
     if code == Code::INTERNAL || code == Code::DATA_LOSS {
@@ -174,7 +204,8 @@ fn state_name(i: &store::SnapshotInfo) -> String {
 #[async_trait]
 impl api::Store for StoreService {
     async fn begin(&self, _: &TtrpcContext, req: api::BeginRequest) -> ttrpc::Result<api::BeginResponse> {
-        let st = self.store.begin(&actor(&req.actor)?).await.map_err(|e| status("begin", e))?;
+        let a = actor(&req.actor)?;
+        let st = self.detached(|s| async move { s.begin(&a).await }).await.map_err(|e| status("begin", e))?;
         let mut r = api::BeginResponse::new();
         r.staging_id = st.id;
         r.path = st.path.to_string_lossy().into_owned();
@@ -182,6 +213,9 @@ impl api::Store for StoreService {
     }
 
     async fn commit(&self, _: &TtrpcContext, req: api::CommitRequest) -> ttrpc::Result<api::SnapshotInfo> {
+        if let Some(s) = req.keep_local_seconds.filter(|s| *s > store::config::MAX_DURATION.as_secs()) {
+            return Err(invalid(format!("keep_local_seconds {s} is longer than 3650 days")));
+        }
         let opts = CommitOptions {
             labels: req.labels.into_iter().collect(),
             keep_local: req.keep_local_seconds.map(Duration::from_secs),
@@ -197,7 +231,8 @@ impl api::Store for StoreService {
     }
 
     async fn latest(&self, _: &TtrpcContext, req: api::LatestRequest) -> ttrpc::Result<api::LatestResponse> {
-        let info = self.store.latest(&actor(&req.actor)?).await.map_err(|e| status("latest", e))?;
+        let a = actor(&req.actor)?;
+        let info = self.detached(|s| async move { s.latest(&a).await }).await.map_err(|e| status("latest", e))?;
         let mut r = api::LatestResponse::new();
         r.info = info.as_ref().map(to_api_info).into();
         Ok(r)
@@ -244,7 +279,7 @@ impl api::Store for StoreService {
 
     async fn confirm(&self, _: &TtrpcContext, req: api::ConfirmRequest) -> ttrpc::Result<api::ConfirmResponse> {
         let a = actor(&req.actor)?;
-        let (epoch, until) = self.detached(|s| async move { s.confirm(&a, &req.owner).await }).await.map_err(|e| status("confirm", e))?;
+        let (epoch, until) = self.confirm_lease(a, req.owner).await.map_err(|e| status("confirm", e))?;
         let mut r = api::ConfirmResponse::new();
         r.epoch = epoch;
         r.valid_until_unix_ms = until;
@@ -265,9 +300,10 @@ impl api::Store for StoreService {
     async fn list(&self, _: &TtrpcContext, req: api::ListRequest) -> ttrpc::Result<api::ListResponse> {
         let filter = if req.actor.is_empty() { None } else { Some(actor(&req.actor)?) };
         if req.refresh {
-            self.store.refresh(filter.as_ref()).await.map_err(|e| status("list (refresh from the object tier)", e))?;
+            let f = filter.clone();
+            self.detached(|s| async move { s.refresh(f.as_ref()).await }).await.map_err(|e| status("list (refresh from the object tier)", e))?;
         }
-        let list = self.store.list(filter.as_ref()).await.map_err(|e| status("list", e))?;
+        let list = self.detached(|s| async move { s.list(filter.as_ref()).await }).await.map_err(|e| status("list", e))?;
         let mut r = api::ListResponse::new();
         r.snapshots = list.iter().map(to_api_info).collect();
         Ok(r)
@@ -275,7 +311,8 @@ impl api::Store for StoreService {
 
     async fn inspect(&self, _: &TtrpcContext, req: api::SnapshotId) -> ttrpc::Result<api::InspectResponse> {
         let id = snapshot_id(Some(&req))?;
-        let (info, manifest) = self.store.inspect(&id).await.map_err(|e| status("inspect", e))?;
+        let id2 = id.clone();
+        let (info, manifest) = self.detached(|s| async move { s.inspect(&id2).await }).await.map_err(|e| status("inspect", e))?;
         let mut r = api::InspectResponse::new();
         r.info = protobuf::MessageField::some(to_api_info(&info));
         r.chunk_objects = self.store.chunk_objects(&info, &manifest).into_iter().collect();
@@ -364,5 +401,49 @@ impl api::Store for StoreService {
             })
             .collect();
         Ok(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 14, finding 6: Confirm is answered off the data path. The data
+    /// runtime here is wedged (its only worker blocked, as by a commit's
+    /// fsync or a busy disk under uploads); the service, served on another
+    /// runtime, still answers Confirm from the lease it holds.
+    #[test]
+    fn confirm_is_answered_while_the_data_runtime_is_wedged() {
+        let data = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let api_rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let actor = ActorName::new("ns/busy").unwrap();
+        let store = data.block_on(async {
+            let mut cfg = store::StoreConfig::new(tmp.path().join("store"));
+            cfg.background = false;
+            let remote = store::Remote::from_store(Arc::new(object_store::memory::InMemory::new()), "", "memory://").unwrap();
+            let s = Store::open_with_remote(cfg, remote).await.unwrap();
+            s.acquire(&actor, "shim-1").await.unwrap();
+            s
+        });
+        let svc = StoreService::with_data_runtime(store, 2, data.handle().clone());
+        let (release, wedged) = std::sync::mpsc::channel::<()>();
+        let (started_tx, started) = std::sync::mpsc::channel::<()>();
+        data.spawn(async move {
+            started_tx.send(()).unwrap();
+            let _ = wedged.recv(); // blocks the data runtime's only worker
+        });
+        started.recv().unwrap();
+        let answer = api_rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(30), svc.confirm_lease(actor.clone(), "shim-1".into())).await
+        });
+        release.send(()).unwrap();
+        let (epoch, until) = answer.expect("Confirm waited for the wedged data runtime").unwrap();
+        assert_eq!(epoch, 1);
+        assert!(until > unix_ms(SystemTime::now()) as u64);
+        // Another shim's confirmation is refused from memory too.
+        let other = api_rt.block_on(svc.confirm_lease(actor, "shim-2".into()));
+        assert!(matches!(other, Err(store::Error::LeaseLost { .. })));
+        data.block_on(svc.store.shutdown());
     }
 }

@@ -133,6 +133,24 @@ fn starts_serves_and_stops_cleanly_on_sigterm() {
     g.0 = None;
 }
 
+#[test]
+fn a_bad_object_tier_url_is_refused_before_anything_is_created_or_bound() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (name, url, extra, want) in [
+        ("ftp.toml", "ftp://host/dir", "", "unsupported scheme"),
+        ("opt.toml", "s3://bucket/p", "remote_options = { endpont = \"http://x\" }\n", "endpont"),
+        ("gc.toml", "file:///tmp/x", "gc_interval = \"5124095576030431h\"\n", "store.gc_interval"),
+    ] {
+        let cfg = private_config(tmp.path(), name, url, extra);
+        let out = Command::new(BIN).args(["--config", cfg.to_str().unwrap()]).env_remove("TORPOR_STORE_KEY").output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{name}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(want) && !err.contains("panicked"), "{name}: {err}");
+        assert!(!tmp.path().join("root").exists(), "{name}: no state created");
+        assert!(!tmp.path().join("run").exists(), "{name}: no socket bound");
+    }
+}
+
 /// A config of a daemon living entirely under `dir`, plus `extra` TOML.
 fn private_config(dir: &Path, name: &str, remote_url: &str, extra: &str) -> std::path::PathBuf {
     let cfg = dir.join(name);
@@ -154,7 +172,7 @@ fn run_briefly(dir: &Path, cfg: &Path, env: &[(&str, &str)]) -> String {
     let log = dir.join("log");
     let mut cmd = Command::new(BIN);
     cmd.args(["--config", cfg.to_str().unwrap()]).stdin(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
-    cmd.env_remove("TORPOR_STORE_KEY").env_remove("TORPOR_STORE_KEY_ID");
+    cmd.env_remove("TORPOR_STORE_KEY").env_remove("TORPOR_STORE_KEY_ID").env_remove("TORPOR_STORE_KEY_FD");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -186,29 +204,54 @@ fn encryption_keys_are_checked_at_start_and_logged() {
     assert!(err.contains("store.encryption.keys.k1") && err.contains(key.to_str().unwrap()) && err.contains("0644"), "{err}");
     assert!(!tmp.path().join("root").exists(), "nothing created on a key error");
 
-    // A key in the environment without its id.
+    // A key in the environment is refused (it would stay readable in
+    // /proc/<pid>/environ), saying where to put it instead; nothing touched.
     let plain_cfg = private_config(tmp.path(), "plain.toml", &objects, "");
     let out = Command::new(BIN)
         .args(["--config", plain_cfg.to_str().unwrap()])
         .env("TORPOR_STORE_KEY", "ab".repeat(32))
+        .env("TORPOR_STORE_KEY_ID", "env-k")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("TORPOR_STORE_KEY is no longer read") && err.contains("TORPOR_STORE_KEY_FD"), "{err}");
+    assert!(!err.contains(&"ab".repeat(32)), "{err}");
+    assert!(!tmp.path().join("root").exists(), "nothing created on a key error");
+    // A key descriptor without its id.
+    let out = Command::new(BIN)
+        .args(["--config", plain_cfg.to_str().unwrap()])
+        .env("TORPOR_STORE_KEY_FD", "3")
         .env_remove("TORPOR_STORE_KEY_ID")
+        .env_remove("TORPOR_STORE_KEY")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("TORPOR_STORE_KEY_ID"), "{}", String::from_utf8_lossy(&out.stderr));
 
-    // Good keys (a file and the environment's): the ring and its check values are logged.
+    // Good keys (a file, and one on a descriptor the daemon inherits): the
+    // ring and its check values are logged, never the key.
     std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
     let enc = format!("[store.encryption]\nactive = \"k1\"\nkeys = {{ k1 = {:?} }}\n", key.display().to_string());
     let cfg = private_config(tmp.path(), "sealed.toml", &objects, &enc);
     let hex = "cd".repeat(32);
-    let log = run_briefly(tmp.path(), &cfg, &[("TORPOR_STORE_KEY", &hex), ("TORPOR_STORE_KEY_ID", "env-k")]);
-    assert!(log.contains("object tier encrypted") && log.contains("k1 (check ") && log.contains("env-k (check "), "{log}");
+    let (read_end, write_end) = nix::unistd::pipe().unwrap();
+    {
+        use std::io::Write;
+        std::fs::File::from(write_end).write_all(hex.as_bytes()).unwrap();
+    }
+    let fd = {
+        use std::os::fd::AsRawFd;
+        read_end.as_raw_fd().to_string()
+    };
+    let log = run_briefly(tmp.path(), &cfg, &[("TORPOR_STORE_KEY_FD", &fd), ("TORPOR_STORE_KEY_ID", "fd-k")]);
+    drop(read_end);
+    assert!(log.contains("object tier encrypted") && log.contains("k1 (check ") && log.contains("fd-k (check "), "{log}");
     assert!(!log.contains(&hex), "the key is never logged: {log}");
 
-    // No key: plaintext, said at info for a local directory, at warn for S3.
+    // No key: plaintext, a warning for every object tier (a local directory too).
     let log = run_briefly(tmp.path(), &plain_cfg, &[]);
-    assert!(log.contains("INFO") && log.contains("object tier not encrypted"), "{log}");
+    assert!(log.contains("WARN") && log.contains("NOT encrypted") && log.contains("process memory"), "{log}");
     let s3_cfg = private_config(
         tmp.path(),
         "s3.toml",

@@ -54,7 +54,7 @@ async fn kill_when_hung(mut child: Killed, marker: &Path) {
 fn expected_tree() -> (tempfile::TempDir, Tree) {
     let t = tempfile::tempdir().unwrap();
     write_tree(t.path(), SEED, PAGES);
-    let tree = read_tree(t.path());
+    let tree = stored(&read_tree(t.path()));
     (t, tree)
 }
 

@@ -84,7 +84,7 @@ async fn sealed_round_trip_hides_names_and_content() {
     let store = Store::open(sealed_config(&e.root, &e.objects, ring(&[("k1", 1)], "k1"))).await.unwrap();
     let st = store.begin(&actor("default/web-0")).await.unwrap();
     write_tree(&st.path, 1, 3 * 1024 * 1024 + 17);
-    let original = read_tree(&st.path);
+    let original = stored(&read_tree(&st.path));
     let info = store.commit(&st.id, CommitOptions::default()).await.unwrap();
     assert_eq!(info.key_id, None, "not uploaded yet");
     let local_manifest = std::fs::read(info.path.join("manifest.json")).unwrap();
@@ -224,7 +224,13 @@ async fn tampered_chunks_and_manifests_are_refused_naming_the_snapshot() {
     assert!(matches!(err, Error::Corrupt { .. }) && msg.contains("t/x@1") && msg.contains("manifest"), "{msg}");
     let b = env();
     let store_b = Store::open(sealed_config(&b.root, &e.objects, k())).await.unwrap();
-    let err = store_b.latest(&actor("t/x")).await.unwrap_err();
+    // To `latest` it is an entry that does not authenticate: ignored (not
+    // trusted), reported and counted; asked for by name, it is refused.
+    assert!(store_b.latest(&actor("t/x")).await.unwrap().is_none());
+    let st = store_b.status();
+    assert_eq!(st.untrusted_entries, 1);
+    assert!(st.last_errors.iter().any(|(_, m)| m.contains("t/x@1") && m.contains("authentication")), "{:?}", st.last_errors);
+    let err = store_b.checkout(&s.id, None).await.unwrap_err();
     let msg = err.to_string();
     assert!(matches!(err, Error::Corrupt { .. }) && msg.contains("t/x@1") && msg.contains("authentication"), "{msg}");
 
@@ -233,7 +239,11 @@ async fn tampered_chunks_and_manifests_are_refused_naming_the_snapshot() {
     let m2 = manifest_path(&e.objects, "t/x", 2);
     std::fs::create_dir_all(m2.parent().unwrap()).unwrap();
     std::fs::write(&m2, &sealed).unwrap();
-    let msg = store_b.latest(&actor("t/x")).await.unwrap_err().to_string();
+    // `latest` passes over it to generation 1; by name it is refused.
+    assert_eq!(store_b.latest(&actor("t/x")).await.unwrap().unwrap().id, s.id);
+    assert!(store_b.status().last_errors.iter().any(|(_, m)| m.contains("t/x@2") && m.contains("t/x@1")));
+    let moved = torpor_snapshotter::store::SnapshotId::new(actor("t/x"), 2);
+    let msg = store_b.inspect(&moved).await.unwrap_err().to_string();
     assert!(msg.contains("t/x@2") && msg.contains("t/x@1"), "{msg}");
     std::fs::remove_dir_all(m2.parent().unwrap()).unwrap();
 
@@ -246,8 +256,9 @@ async fn tampered_chunks_and_manifests_are_refused_naming_the_snapshot() {
     std::fs::write(&mpath, &plain_bytes).unwrap();
     let c = env();
     let store_c = Store::open(sealed_config(&c.root, &e.objects, k())).await.unwrap();
-    let latest = store_c.latest(&actor("t/x")).await.unwrap().unwrap();
-    let msg = store_c.checkout(&latest.id, None).await.unwrap_err().to_string();
+    assert!(store_c.latest(&actor("t/x")).await.unwrap().is_none(), "a plaintext manifest is not trusted by a keyring");
+    assert_eq!(store_c.status().untrusted_entries, 1);
+    let msg = store_c.checkout(&s.id, None).await.unwrap_err().to_string();
     assert!(msg.contains("t/x@1") && msg.contains("not encrypted"), "{msg}");
     // The node that uploaded it sealed refuses it too.
     let msg = store.checkout(&s.id, None).await.unwrap_err().to_string();
@@ -499,4 +510,73 @@ async fn throughput_with_and_without_encryption() {
         store.release(&co.lease).await.unwrap();
         store.shutdown().await;
     }
+}
+
+/// Issue 14, finding 7: a bucket writer without the key plants entries to
+/// block an actor: `_gen/<n>/` junk without a manifest, a plaintext
+/// manifest, a garbled one, one near u64::MAX, a lease naming a durable
+/// generation near u64::MAX. With keys configured none of it is trusted:
+/// each is ignored, reported and counted, and the actor is created,
+/// committed and uploaded as if it were not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entries_planted_without_the_key_are_ignored_and_reported() {
+    let e = env();
+    let k = || ring(&[("k1", 1)], "k1");
+    let a = actor("p/victim");
+    let store = Store::open(sealed_config(&e.root, &e.objects, k())).await.unwrap();
+    let g1 = commit_tree(&store, "p/victim", 5, 300_000).await;
+    store.upload(&g1.id, None).await.unwrap();
+    let (_, m) = store.inspect(&g1.id).await.unwrap();
+    store.shutdown().await;
+
+    // The plants.
+    let junk = e.objects.join("actors/p/victim/_gen/00000000000000000009");
+    std::fs::create_dir_all(&junk).unwrap();
+    std::fs::write(junk.join("junk"), b"x").unwrap();
+    let mut plain = m.clone();
+    plain.generation = 7;
+    let (plain_bytes, _) = plain.to_bytes().unwrap();
+    let p7 = manifest_path(&e.objects, "p/victim", 7);
+    std::fs::create_dir_all(p7.parent().unwrap()).unwrap();
+    std::fs::write(&p7, &plain_bytes).unwrap();
+    let p8 = manifest_path(&e.objects, "p/victim", 8);
+    std::fs::create_dir_all(p8.parent().unwrap()).unwrap();
+    std::fs::write(&p8, b"{\"sealed\":1,\"garbage\":true}").unwrap();
+    let mut top = m.clone();
+    top.generation = u64::MAX;
+    let pmax = manifest_path(&e.objects, "p/victim", u64::MAX);
+    std::fs::create_dir_all(pmax.parent().unwrap()).unwrap();
+    std::fs::write(&pmax, top.to_bytes().unwrap().0).unwrap();
+    let lease = e.objects.join("actors/p/victim/lease.json");
+    std::fs::write(
+        &lease,
+        serde_json::to_vec(&serde_json::json!({
+            "format": 1, "actor": "p/victim", "node": "attacker", "owner": "x", "epoch": 3,
+            "acquired_unix_ms": 0, "expires_unix_ms": 0, "released": true, "durable_generation": u64::MAX - 1
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+
+    // Another node with the key creates the actor: the lease is taken
+    // (its planted durable generation ignored), latest is generation 1.
+    let b = env();
+    let mut cfg = sealed_config(&b.root, &e.objects, k());
+    cfg.node_id = "node-b".into();
+    let other = Store::open(cfg).await.unwrap();
+    let grant = other.acquire(&a, "shim-b").await.unwrap();
+    assert_eq!(grant.epoch, 4);
+    assert_eq!(grant.durable_generation, 0, "the lease's planted generation is not trusted");
+    let latest = other.latest(&a).await.unwrap().unwrap();
+    assert_eq!(latest.id, g1.id);
+    let st = other.status();
+    assert!(st.untrusted_entries >= 5, "the lease's generation, then u64::MAX, 9, 8, 7: {}", st.untrusted_entries);
+    for want in ["durable generation 18446744073709551614", "p/victim@18446744073709551615", "p/victim@9", "p/victim@8", "p/victim@7"] {
+        assert!(st.last_errors.iter().any(|(_, m)| m.contains(want)), "{want}: {:?}", st.last_errors);
+    }
+    // Its next commit is generation 2 (no wrap), and it uploads.
+    let g2 = commit_tree(&other, "p/victim", 6, 300_000).await;
+    assert_eq!(g2.id.generation, 2);
+    assert!(other.upload(&g2.id, None).await.unwrap().durable);
+    assert_eq!(other.latest(&a).await.unwrap().unwrap().id, g2.id);
 }

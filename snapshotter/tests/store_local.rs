@@ -35,7 +35,7 @@ async fn commit_checkout_upload_evict_fetch_round_trip() {
     let st = store.begin(&actor("default/web-0")).await.unwrap();
     assert!(st.path.starts_with(e.root.join("staging")));
     write_tree(&st.path, 1, 3 * 1024 * 1024 + 17);
-    let original = read_tree(&st.path);
+    let original = stored(&read_tree(&st.path));
     let labels = [("torpor.dev/reason".to_string(), "idle".to_string())].into();
     let info = store.commit(&st.id, CommitOptions { labels, keep_local: None }).await.unwrap();
     assert_eq!(info.id.to_string(), "default/web-0@1");
@@ -88,7 +88,7 @@ async fn commit_checkout_upload_evict_fetch_round_trip() {
     let co = store.checkout(&info.id, Some(tx)).await.unwrap();
     assert!(co.fetched);
     assert_eq!(*rx.borrow(), (info.logical_bytes, info.logical_bytes));
-    assert_eq!(read_tree(&co.path), original, "fetched tree is identical, modes included");
+    assert_eq!(read_tree(&co.path), original, "fetched tree is identical, with the store's modes");
     assert!(files_under(&e.root.join("staging")).is_empty());
     store.release(&co.lease).await.unwrap();
 
@@ -106,7 +106,7 @@ async fn a_staging_view_outlives_the_commit_and_is_released() {
     let store = Store::open(config(&e.root, &e.objects)).await.unwrap();
     let st = store.begin(&actor("default/web-0")).await.unwrap();
     write_tree(&st.path, 3, 2 * 1024 * 1024);
-    let original = read_tree(&st.path);
+    let original = stored(&read_tree(&st.path));
     // A reader pins the dump before the commit.
     let (view, lease) = store.view_staging(&st.id).await.unwrap();
     assert_eq!(read_tree(&view), original);
@@ -718,4 +718,151 @@ async fn a_fetch_in_progress_keeps_its_chunks_through_a_sweep_on_another_node() 
     node_c.release(&co.lease).await.unwrap();
     assert!(files_under(&pins_dir).is_empty());
     owner.remove(&s2.id).await.unwrap();
+}
+
+fn manifest_at(objects: &std::path::Path, actor: &str, generation: u64) -> std::path::PathBuf {
+    objects.join(format!("actors/{actor}/_gen/{generation:020}/manifest.json"))
+}
+
+/// Issue 14, finding 7 (no keys: nothing in the object tier can be
+/// authenticated): a generation or a lease epoch at u64::MAX is a clear
+/// error, never a wrap or a panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generation_and_epoch_at_u64_max_are_clear_errors() {
+    let e = env();
+    let store = Store::open(config(&e.root, &e.objects)).await.unwrap();
+    let x = actor("ns/max");
+    let g1 = commit_tree(&store, "ns/max", 1, 100_000).await;
+    store.upload(&g1.id, None).await.unwrap();
+    let (_, mut m) = store.inspect(&g1.id).await.unwrap();
+    m.generation = u64::MAX;
+    let p = manifest_at(&e.objects, "ns/max", u64::MAX);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, m.to_bytes().unwrap().0).unwrap();
+    assert_eq!(store.latest(&x).await.unwrap().unwrap().id.generation, u64::MAX);
+    let st = store.begin(&x).await.unwrap();
+    write_tree(&st.path, 2, 1000);
+    let err = store.commit(&st.id, CommitOptions::default()).await.unwrap_err();
+    assert!(err.to_string().contains("ns/max") && err.to_string().contains("the largest there is"), "{err}");
+    store.abort(&st.id).await.unwrap();
+
+    let lease = e.objects.join("actors/ns/max/lease.json");
+    let doc = serde_json::json!({
+        "format": 1, "actor": "ns/max", "node": "other", "owner": "x", "epoch": u64::MAX,
+        "acquired_unix_ms": 0, "expires_unix_ms": 0, "released": true, "durable_generation": 1
+    });
+    std::fs::write(&lease, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let err = store.acquire(&x, "s1").await.unwrap_err();
+    assert!(err.to_string().contains("epoch 18446744073709551615"), "{err}");
+}
+
+/// Issue 14, finding 6: a holder that stalls right before its commit point
+/// (the manifest write) cannot publish after another node took the actor
+/// over. The fence renews the lease conditionally just before the write,
+/// and the write must end while that renewal holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_holder_cannot_publish_after_a_takeover() {
+    let e = env();
+    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let fa = Faulty::new(mem.clone());
+    let mut ca = config(&e.root, &e.objects);
+    ca.node_id = "node-a".into();
+    ca.lease_ttl = Duration::from_secs(2);
+    let a = Store::open_with_remote(ca, fa.remote("memory://shared")).await.unwrap();
+    let mut cb = config(&e.root.with_file_name("store-b"), &e.objects);
+    cb.node_id = "node-b".into();
+    cb.lease_ttl = Duration::from_secs(2);
+    let b = Store::open_with_remote(cb, torpor_snapshotter::store::Remote::from_store(mem.clone(), "", "memory://shared").unwrap()).await.unwrap();
+    let x = actor("ns/x");
+    assert_eq!(a.acquire(&x, "s1").await.unwrap().epoch, 1);
+    let s = commit_tree(&a, "ns/x", 1, 200_000).await;
+    // Node A stalls: no more renewals, and its manifest write hangs.
+    a.shutdown().await;
+    fa.stall_manifest_put_ms.store(8000, Ordering::SeqCst);
+    let (a2, id) = (a.clone(), s.id.clone());
+    let up = tokio::spawn(async move { a2.upload(&id, None).await });
+    // Node B takes the actor over once A's lease lapses.
+    let start = std::time::Instant::now();
+    let grant = loop {
+        match b.acquire(&x, "s2").await {
+            Ok(g) => break g,
+            Err(Error::LeaseHeld { .. }) => {
+                assert!(start.elapsed() < Duration::from_secs(60), "node B never got the lease");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(grant.epoch, 2);
+    let err = up.await.unwrap().unwrap_err();
+    assert!(err.to_string().contains("did not end while this node's lease was valid"), "{err}");
+    let path = object_store::path::Path::from(format!("actors/ns/x/_gen/{:020}/manifest.json", s.id.generation));
+    assert!(matches!(object_store::ObjectStoreExt::head(&mem, &path).await, Err(object_store::Error::NotFound { .. })), "node A published after the takeover");
+    // And a later attempt is refused outright: the lease is node B's.
+    fa.stall_manifest_put_ms.store(0, Ordering::SeqCst);
+    let err = a.upload(&s.id, None).await.unwrap_err();
+    assert!(err.to_string().contains("node-b"), "{err}");
+    assert!(matches!(object_store::ObjectStoreExt::head(&mem, &path).await, Err(object_store::Error::NotFound { .. })));
+}
+
+/// Issue 14, finding 6: the object tier's conditional writes are checked
+/// (the daemon does it at start); what is missing is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditional_writes_of_the_object_tier_are_checked() {
+    use torpor_snapshotter::store::{ConditionalWrites, Honoured, Remote};
+    let e = env();
+    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let m = Store::open_with_remote(config(&e.root, &e.objects), Remote::from_store(mem.clone(), "", "memory://").unwrap()).await.unwrap();
+    assert_eq!(m.check_conditional_writes().await.unwrap(), ConditionalWrites { create: Honoured::Yes, update: Honoured::Yes });
+    use futures::StreamExt;
+    assert_eq!(mem.list(None).count().await, 0, "the probe object is deleted");
+
+    let f = Store::open(config(&e.root.with_file_name("store-f"), &e.objects)).await.unwrap();
+    assert_eq!(f.check_conditional_writes().await.unwrap(), ConditionalWrites { create: Honoured::Yes, update: Honoured::NotImplemented });
+
+    let faulty = Faulty::new(Arc::new(object_store::memory::InMemory::new()));
+    faulty.ignore_conditions.store(true, Ordering::SeqCst);
+    let i = Store::open_with_remote(config(&e.root.with_file_name("store-i"), &e.objects), faulty.remote("memory://ignoring")).await.unwrap();
+    assert_eq!(i.check_conditional_writes().await.unwrap(), ConditionalWrites { create: Honoured::Ignored, update: Honoured::Ignored });
+    let errs = i.status().last_errors;
+    assert!(errs.iter().any(|(_, m)| m.contains("create-if-absent")) && errs.iter().any(|(_, m)| m.contains("If-Match")), "{errs:?}");
+
+    faulty.fail.store(true, Ordering::SeqCst);
+    assert!(i.check_conditional_writes().await.unwrap_err().is_remote_unavailable());
+}
+
+/// Issue 14, finding 6: a surrender whose snapshot never uploads does not
+/// renew the lease forever: past `surrender_timeout` it lets go, reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_surrender_whose_snapshot_never_uploads_lets_go_after_its_timeout() {
+    let e = env();
+    let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+    let fa = Faulty::new(mem.clone());
+    fa.fail_chunk_puts.store(true, Ordering::SeqCst);
+    let mut ca = config(&e.root, &e.objects);
+    ca.node_id = "node-a".into();
+    ca.surrender_timeout = Duration::from_millis(500);
+    let a = Store::open_with_remote(ca, fa.remote("memory://shared")).await.unwrap();
+    let x = actor("ns/stuck");
+    a.acquire(&x, "s1").await.unwrap();
+    let s = commit_tree(&a, "ns/stuck", 1, 200_000).await;
+    a.surrender(&x, "s1").await.unwrap();
+    assert!(a.actor_leases().unwrap()[0].surrendering, "held while its snapshot uploads");
+    let start = std::time::Instant::now();
+    while !a.actor_leases().unwrap().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(60), "the surrender never let go");
+        a.run_background_pass().await.unwrap();
+        a.lease_pass().await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let info = a.list(Some(&x)).await.unwrap();
+    assert!(info[0].upload_attempts > 0 && !info[0].durable, "it was tried, and failed");
+    let errs = a.status().last_errors;
+    assert!(errs.iter().any(|(_, m)| m.contains("surrender of actor ns/stuck") && m.contains(&s.id.to_string()) && m.contains("not durable")), "{errs:?}");
+    // Another node may take the actor now.
+    let mut cb = config(&e.root.with_file_name("store-b"), &e.objects);
+    cb.node_id = "node-b".into();
+    let b = Store::open_with_remote(cb, torpor_snapshotter::store::Remote::from_store(mem, "", "memory://shared").unwrap()).await.unwrap();
+    let g = b.acquire(&x, "s2").await.unwrap();
+    assert!(g.previous.is_some_and(|p| p.released && p.node == "node-a"));
 }

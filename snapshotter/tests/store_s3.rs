@@ -35,7 +35,7 @@ async fn s3_upload_evict_then_checkout_fetches_from_s3() {
     const PAGES: usize = 32 * 1024 * 1024;
     let st = store.begin(&actor("default/web-0")).await.unwrap();
     write_tree(&st.path, 11, PAGES);
-    let original = read_tree(&st.path);
+    let original = stored(&read_tree(&st.path));
     let info = store.commit(&st.id, CommitOptions::default()).await.unwrap();
     let t = Instant::now();
     store.upload(&info.id, None).await.unwrap();
@@ -82,7 +82,7 @@ async fn s3_down_during_upload_commit_succeeds_upload_retries_until_back() {
     // 1. The server is killed in the middle of an on-demand upload.
     let st = store.begin(&actor("ns/mid")).await.unwrap();
     write_tree(&st.path, 21, 24 * 1024 * 1024);
-    let mid_tree = read_tree(&st.path);
+    let mid_tree = stored(&read_tree(&st.path));
     let mid = store.commit(&st.id, CommitOptions::default()).await.unwrap();
     let (tx, mut rx) = tokio::sync::watch::channel((0u64, 0u64));
     let s2 = store.clone();
@@ -107,7 +107,7 @@ async fn s3_down_during_upload_commit_succeeds_upload_retries_until_back() {
     // 2. With the server down, a suspend still commits locally.
     let st = store.begin(&actor("ns/down")).await.unwrap();
     write_tree(&st.path, 22, 2 * 1024 * 1024);
-    let down_tree = read_tree(&st.path);
+    let down_tree = stored(&read_tree(&st.path));
     let down = store.commit(&st.id, CommitOptions { keep_local: Some(Duration::ZERO), ..Default::default() }).await.unwrap();
     assert!(down.local && !down.durable);
     // The background uploader retries with backoff; the local copies stay.
@@ -157,7 +157,7 @@ async fn s3_sealed_round_trip_tamper_and_unknown_key() {
     let store = Store::open(cfg).await.unwrap();
     let st = store.begin(&actor("default/web-0")).await.unwrap();
     write_tree(&st.path, 31, 4 * 1024 * 1024);
-    let original = read_tree(&st.path);
+    let original = stored(&read_tree(&st.path));
     let pages = std::fs::read(st.path.join("ctr-a/pages-1.img")).unwrap();
     let info = store.commit(&st.id, CommitOptions::default()).await.unwrap();
     assert_eq!(store.upload(&info.id, None).await.unwrap().key_id.as_deref(), Some("k1"));
@@ -349,7 +349,7 @@ async fn s3_chunks_swept_by_another_node_are_sent_again() {
     // Node 1: generation 1 uploaded, then removed: its chunks are unreferenced.
     let st = one.begin(&x).await.unwrap();
     write_tree(&st.path, 41, 3 * 1024 * 1024);
-    let tree = read_tree(&st.path);
+    let tree = stored(&read_tree(&st.path));
     let g1 = one.commit(&st.id, CommitOptions::default()).await.unwrap();
     one.upload(&g1.id, None).await.unwrap();
     one.remove(&g1.id).await.unwrap();

@@ -20,17 +20,26 @@
 //! Within one node the node-local claim of the shims arbitrates (two shims of
 //! one actor on one node are refused there); the lease names the node and,
 //! for messages, the shim that took it.
+//!
+//! Why `impl Store` here: a lease's `durable_generation` is computed from
+//! the records of the metadata database, a surrender queues the upload of
+//! the actor's newest snapshot, and the upload's manifest write is fenced
+//! by the lease.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use redb::Database;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
-use super::db::{self, RemoteState, Tx};
+use super::config::millis;
+use super::db::{self, LocalState, RemoteState, Tx};
 use super::error::{Error, Result};
-use super::id::ActorName;
-use super::remote::ObjectVersion;
-use super::{now_ms, Store};
+use super::id::{ActorName, SnapshotId};
+use super::remote::{ConditionalWrites, Honoured, ObjectVersion};
+use super::{lock, now_ms, Store};
 
 pub const LEASE_FORMAT: u32 = 1;
 
@@ -62,6 +71,10 @@ pub struct Held {
     pub version: Option<String>,
     /// Let go once the actor's newest snapshot is durable.
     pub surrendering: bool,
+    /// When the surrender began (unix ms): it waits at most
+    /// `surrender_timeout` for that snapshot.
+    #[serde(default)]
+    pub surrender_since_ms: Option<u64>,
 }
 
 impl Held {
@@ -102,6 +115,43 @@ fn encode(doc: &LeaseDoc) -> Result<Vec<u8>> {
     serde_json::to_vec_pretty(doc).map_err(|e| Error::Internal(format!("encode lease: {e}")))
 }
 
+/// The leases this node holds, in memory (the metadata database keeps them
+/// across restarts), and one lock per actor. `Confirm` is answered from
+/// here without waiting for the database, the object tier or another
+/// lease operation; a slow operation on one actor's lease (an acquire
+/// retrying against the object tier) delays no other actor's.
+#[derive(Default)]
+pub(crate) struct LeaseTable {
+    held: Mutex<HashMap<ActorName, Held>>,
+    locks: Mutex<HashMap<ActorName, Arc<tokio::sync::Mutex<()>>>>,
+    /// Serializes lease writes on object tiers without conditional updates.
+    fallback: tokio::sync::Mutex<()>,
+}
+
+impl LeaseTable {
+    /// The leases the database says this node holds.
+    pub(crate) fn load(db: &Database) -> Result<LeaseTable> {
+        let t = LeaseTable::default();
+        *lock(&t.held) = db::actor_leases(db)?.into_iter().map(|h| (h.doc.actor.clone(), h)).collect();
+        Ok(t)
+    }
+
+    fn get(&self, actor: &ActorName) -> Option<Held> {
+        lock(&self.held).get(actor).cloned()
+    }
+
+    fn all(&self) -> Vec<Held> {
+        let mut v: Vec<Held> = lock(&self.held).values().cloned().collect();
+        v.sort_by(|a, b| a.doc.actor.cmp(&b.doc.actor));
+        v
+    }
+
+    /// The lock of one actor's lease operations on this node.
+    fn lock(&self, actor: &ActorName) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.locks).entry(actor.clone()).or_default().clone()
+    }
+}
+
 /// Conditional writes that keep losing (another node churning the same
 /// lease) give up after this many rounds.
 const ROUNDS: usize = 8;
@@ -118,22 +168,32 @@ impl Store {
     fn save_held(&self, held: &Held) -> Result<()> {
         let tx = Tx::begin(&self.db)?;
         tx.put_actor_lease(&held.doc.actor, held)?;
-        tx.commit()
+        tx.commit()?;
+        lock(&self.leases.held).insert(held.doc.actor.clone(), held.clone());
+        Ok(())
     }
 
     fn drop_held(&self, actor: &ActorName) -> Result<()> {
         let tx = Tx::begin(&self.db)?;
         tx.remove_actor_lease(actor)?;
-        tx.commit()
+        tx.commit()?;
+        lock(&self.leases.held).remove(actor);
+        Ok(())
     }
 
     fn held(&self, actor: &ActorName) -> Result<Option<Held>> {
-        Ok(db::actor_leases(&self.db)?.into_iter().find(|h| h.doc.actor == *actor))
+        Ok(self.leases.get(actor))
     }
 
     /// Actor leases this node holds.
     pub fn actor_leases(&self) -> Result<Vec<Held>> {
-        db::actor_leases(&self.db)
+        Ok(self.leases.all())
+    }
+
+    /// The lease validity a confirmation may promise: the expiry less a
+    /// third of the TTL (other nodes judge expiry by their own clocks).
+    fn valid_until(&self, h: &Held) -> u64 {
+        h.doc.expires_unix_ms.saturating_sub(millis(self.lease_ttl()) / 3)
     }
 
     /// The newest generation of `actor` durable in the object tier that this
@@ -150,7 +210,8 @@ impl Store {
     /// Takes the actor's lease for this node (for shim `owner`): refused
     /// with [`Error::LeaseHeld`] while another node holds it unexpired.
     pub async fn acquire(&self, actor: &ActorName, owner: &str) -> Result<Grant> {
-        let _one = self.lease_lock.lock().await;
+        let one = self.leases.lock(actor);
+        let _one = one.lock().await;
         let path = self.remote.lease_path(actor).to_string();
         for _ in 0..ROUNDS {
             let now = now_ms();
@@ -171,31 +232,39 @@ impl Store {
                 }
             }
             let ours = previous.as_ref().is_some_and(|p| p.node == self.node() && !p.released);
+            let epoch = match &previous {
+                None => 1,
+                Some(p) if ours => p.epoch,
+                Some(p) => p.epoch.checked_add(1).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "the lease object of actor {actor} ({path}) has epoch {}, the largest there is: it cannot change hands again (delete it to let a node take the actor)",
+                        p.epoch
+                    ))
+                })?,
+            };
+            let durable_generation = self.trusted_durable_generation(actor, previous.as_ref().map_or(0, |p| p.durable_generation)).await?;
             let doc = LeaseDoc {
                 format: LEASE_FORMAT,
                 actor: actor.clone(),
                 node: self.node().to_string(),
                 owner: owner.to_string(),
-                epoch: match &previous {
-                    None => 1,
-                    Some(p) if ours => p.epoch,
-                    Some(p) => p.epoch + 1,
-                },
+                epoch,
                 acquired_unix_ms: if ours { previous.as_ref().map_or(now, |p| p.acquired_unix_ms) } else { now },
-                expires_unix_ms: now + self.lease_ttl().as_millis() as u64,
+                expires_unix_ms: now.saturating_add(millis(self.lease_ttl())),
                 released: false,
-                durable_generation: previous.as_ref().map_or(0, |p| p.durable_generation).max(self.durable_generation(actor)?),
+                durable_generation: durable_generation.max(self.durable_generation(actor)?),
             };
-            match self.remote.put_lease(actor, encode(&doc)?, expect, &self.lease_fallback).await? {
+            match self.remote.put_lease(actor, encode(&doc)?, expect, &self.leases.fallback).await? {
                 Err(_) => continue,
                 Ok(v) => {
-                    let held = Held { doc: doc.clone(), e_tag: v.e_tag, version: v.version, surrendering: false };
+                    let held = Held { doc: doc.clone(), e_tag: v.e_tag, version: v.version, surrendering: false, surrender_since_ms: None };
                     {
                         let tx = Tx::begin(&self.db)?;
                         tx.put_actor_lease(actor, &held)?;
                         tx.see_generation(actor, doc.durable_generation)?;
                         tx.commit()?;
                     }
+                    lock(&self.leases.held).insert(actor.clone(), held);
                     let previous = previous.filter(|p| p.node != self.node());
                     match &previous {
                         Some(p) if !p.released => warn!(actor = %actor, from = %p.node, epoch = doc.epoch, expired = %unix_ms_text(p.expires_unix_ms), "actor lease taken over: its holder stopped renewing it"),
@@ -213,13 +282,17 @@ impl Store {
     /// first if needed), renewed until then. Unknown actor: nothing to do.
     pub async fn surrender(&self, actor: &ActorName, owner: &str) -> Result<()> {
         {
-            let _one = self.lease_lock.lock().await;
+            let one = self.leases.lock(actor);
+            let _one = one.lock().await;
             let Some(mut held) = self.held(actor)? else { return Ok(()) };
             if !owner.is_empty() && held.doc.owner != owner {
                 // Another shim of this node has taken the actor since.
                 return Ok(());
             }
-            held.surrendering = true;
+            if !held.surrendering {
+                held.surrendering = true;
+                held.surrender_since_ms = Some(now_ms());
+            }
             self.save_held(&held)?;
         }
         self.lease_pass_one(actor).await
@@ -235,17 +308,22 @@ impl Store {
                 return;
             }
         };
-        for h in held {
-            if let Err(e) = self.lease_pass_one(&h.doc.actor).await {
-                warn!(actor = %h.doc.actor, error = %e, "actor lease renewal failed");
-                self.note_error(format!("actor lease of {}: {e}", h.doc.actor));
-            }
-        }
+        // Each actor apart: one whose renewal is slow delays no other's.
+        use futures::StreamExt;
+        futures::stream::iter(held)
+            .for_each_concurrent(16, |h| async move {
+                if let Err(e) = self.lease_pass_one(&h.doc.actor).await {
+                    warn!(actor = %h.doc.actor, error = %e, "actor lease renewal failed");
+                    self.note_error(format!("actor lease of {}: {e}", h.doc.actor));
+                }
+            })
+            .await;
         self.renew_pins().await;
     }
 
     async fn lease_pass_one(&self, actor: &ActorName) -> Result<()> {
-        let _one = self.lease_lock.lock().await;
+        let one = self.leases.lock(actor);
+        let _one = one.lock().await;
         let Some(held) = self.held(actor)? else { return Ok(()) };
         let durable = self.durable_generation(actor)?.max(held.doc.durable_generation);
         let mut doc = held.doc.clone();
@@ -254,7 +332,25 @@ impl Store {
         let mut release = false;
         if held.surrendering {
             let newest = db::records(&self.db, Some(actor))?.into_iter().filter(|r| !r.removing).max_by_key(|r| r.generation);
+            let waited = now.saturating_sub(held.surrender_since_ms.unwrap_or(now));
             match newest {
+                Some(r) if r.remote != RemoteState::Durable && (r.local == LocalState::Absent || waited >= millis(self.cfg.surrender_timeout)) => {
+                    // Bounded: the actor must be able to move on (from its
+                    // newest durable snapshot) rather than never.
+                    let why = if r.local == LocalState::Absent {
+                        "it has no local copy left to upload".to_string()
+                    } else {
+                        format!("it is still not durable after {} s (surrender_timeout; last error: {})", waited / 1000, r.last_error.as_deref().unwrap_or("none"))
+                    };
+                    let msg = format!(
+                        "surrender of actor {actor}: its newest snapshot {} {why}; the lease is let go anyway: the next node restores generation {durable} (the newest durable), and {} stays on this node's local tier",
+                        r.id(),
+                        r.id()
+                    );
+                    warn!(actor = %actor, snapshot = %r.id(), durable_generation = durable, "{msg}");
+                    self.note_error(msg);
+                    release = true;
+                }
                 Some(r) if r.remote != RemoteState::Durable => {
                     if !r.upload_now {
                         let tx = Tx::begin(&self.db)?;
@@ -271,14 +367,14 @@ impl Store {
             }
         }
         doc.released = release;
-        doc.expires_unix_ms = if release { now } else { now + self.lease_ttl().as_millis() as u64 };
-        match self.remote.put_lease(actor, encode(&doc)?, Some(held.version()), &self.lease_fallback).await? {
+        doc.expires_unix_ms = if release { now } else { now.saturating_add(millis(self.lease_ttl())) };
+        match self.remote.put_lease(actor, encode(&doc)?, Some(held.version()), &self.leases.fallback).await? {
             Ok(v) => {
                 if release {
                     self.drop_held(actor)?;
                     info!(actor = %actor, durable_generation = durable, "actor lease released");
                 } else {
-                    self.save_held(&Held { doc, e_tag: v.e_tag, version: v.version, surrendering: held.surrendering })?;
+                    self.save_held(&Held { doc, e_tag: v.e_tag, version: v.version, ..held })?;
                 }
                 Ok(())
             }
@@ -290,7 +386,7 @@ impl Store {
                     Some((bytes, v)) => {
                         let now_doc = parse(actor, &path, &bytes)?;
                         if now_doc.node == self.node() && now_doc.epoch == held.doc.epoch {
-                            self.save_held(&Held { doc: now_doc, e_tag: v.e_tag, version: v.version, surrendering: held.surrendering })?;
+                            self.save_held(&Held { doc: now_doc, e_tag: v.e_tag, version: v.version, ..held })?;
                             return Ok(());
                         }
                         self.drop_held(actor)?;
@@ -313,28 +409,58 @@ impl Store {
     /// now. Returns the epoch and the time until which that holds (the
     /// expiry less the margin: other nodes judge expiry by their clocks).
     pub async fn confirm(&self, actor: &ActorName, owner: &str) -> Result<(u64, u64)> {
-        let margin = self.lease_ttl().as_millis() as u64 / 3;
-        let valid = |h: &Held| h.doc.expires_unix_ms.saturating_sub(margin);
-        let held = self.held(actor)?;
-        match &held {
-            None => return Err(self.not_held(actor).await),
-            Some(h) if h.surrendering => {
-                return Err(Error::LeaseLost { actor: actor.clone(), detail: "it is being surrendered (its pod was removed from this node)".into() })
-            }
-            Some(h) if !owner.is_empty() && h.doc.owner != owner => {
-                return Err(Error::LeaseLost { actor: actor.clone(), detail: format!("shim {} of this node holds it now", h.doc.owner) })
-            }
-            Some(h) if valid(h) > now_ms() => return Ok((h.doc.epoch, valid(h))),
-            Some(_) => {}
+        if let Some(answer) = self.confirm_now(actor, owner) {
+            return answer;
+        }
+        if self.held(actor)?.is_none() {
+            return Err(self.not_held(actor).await);
         }
         self.lease_pass_one(actor).await?;
         match self.held(actor)? {
-            Some(h) if valid(&h) > now_ms() => Ok((h.doc.epoch, valid(&h))),
+            Some(h) if self.valid_until(&h) > now_ms() => Ok((h.doc.epoch, self.valid_until(&h))),
             Some(h) => Err(Error::LeaseLost {
                 actor: actor.clone(),
                 detail: format!("renewed, but valid only until {}", unix_ms_text(h.doc.expires_unix_ms)),
             }),
             None => Err(self.not_held(actor).await),
+        }
+    }
+
+    /// [`Store::confirm`]'s answer when it needs nothing but memory (no
+    /// database, no object tier, no lock another lease operation holds):
+    /// the lease is valid for long enough, or it is being surrendered or
+    /// another shim's. `None`: it must be renewed (or looked up) first.
+    pub fn confirm_now(&self, actor: &ActorName, owner: &str) -> Option<Result<(u64, u64)>> {
+        let h = self.leases.get(actor)?;
+        if h.surrendering {
+            return Some(Err(Error::LeaseLost { actor: actor.clone(), detail: "it is being surrendered (its pod was removed from this node)".into() }));
+        }
+        if !owner.is_empty() && h.doc.owner != owner {
+            return Some(Err(Error::LeaseLost { actor: actor.clone(), detail: format!("shim {} of this node holds it now", h.doc.owner) }));
+        }
+        let valid = self.valid_until(&h);
+        (valid > now_ms()).then_some(Ok((h.doc.epoch, valid)))
+    }
+
+    /// The `durable_generation` a lease object names, if it can be trusted:
+    /// with keys configured (the object tier authenticated), only when this
+    /// node knows that generation of the actor or its manifest in the object
+    /// tier opens under the ring; otherwise (anyone who can write the bucket
+    /// could have planted it, e.g. near u64::MAX to block every commit) it
+    /// is ignored, reported and counted. Without keys nothing in the object
+    /// tier can be authenticated and it is taken as it is.
+    async fn trusted_durable_generation(&self, actor: &ActorName, named: u64) -> Result<u64> {
+        if named == 0 || self.cfg.keyring.is_empty() || named <= self.durable_generation(actor)? {
+            return Ok(named);
+        }
+        let id = SnapshotId::new(actor.clone(), named);
+        match self.record_or_import(&id).await {
+            Ok(_) => Ok(named),
+            Err(e) if self.ignores_untrusted(&e) => {
+                self.untrusted(&format!("the lease object of actor {actor} names durable generation {named}"), &e);
+                Ok(0)
+            }
+            Err(e) => Err(e),
         }
     }
 
@@ -355,25 +481,106 @@ impl Store {
         Error::LeaseLost { actor: actor.clone(), detail }
     }
 
-    /// Before an upload publishes a manifest of `actor`: refused when the
-    /// actor's lease belongs to another node (this node lost it, or never
-    /// had it). No lease object at all (a store used without leases) is fine.
-    pub(crate) async fn fence(&self, actor: &ActorName) -> Result<()> {
+    /// Right before an upload publishes a manifest of `actor` (the commit
+    /// point). A lease this node holds is renewed at the version held (a
+    /// conditional write: it fails if anyone changed the lease since) or
+    /// found unchanged in epoch and node, unexpired; the answer is the time
+    /// until which the lease then stays this node's, and the manifest write
+    /// must end by then ([`tokio::time::timeout_at`] in the upload): a
+    /// holder that stalls past it cannot publish after a takeover. Not held
+    /// here: refused when the lease object names another node, or this one
+    /// expired and not released (it may change hands at any moment). No
+    /// lease object at all (a store used without leases): `Ok(None)`.
+    pub(crate) async fn fence(&self, actor: &ActorName) -> Result<Option<tokio::time::Instant>> {
         let path = self.remote.lease_path(actor).to_string();
-        match self.remote.get_lease(actor).await? {
-            Some((bytes, _)) => {
-                let doc = parse(actor, &path, &bytes)?;
-                if doc.node == self.node() {
-                    Ok(())
-                } else {
-                    Err(Error::LeaseLost {
-                        actor: actor.clone(),
-                        detail: format!("the lease is node {}'s (epoch {}): this node's snapshots of it are not published", doc.node, doc.epoch),
-                    })
+        let lost = |detail: String| Error::LeaseLost { actor: actor.clone(), detail };
+        let deadline = |valid: u64| Some(tokio::time::Instant::now() + Duration::from_millis(valid.saturating_sub(now_ms())));
+        let one = self.leases.lock(actor);
+        let _one = one.lock().await;
+        let Some(held) = self.held(actor)? else {
+            return match self.remote.get_lease(actor).await? {
+                None => Ok(None),
+                Some((bytes, _)) => {
+                    let doc = parse(actor, &path, &bytes)?;
+                    if doc.node != self.node() {
+                        Err(lost(format!("the lease is node {}'s (epoch {}): this node's snapshots of it are not published", doc.node, doc.epoch)))
+                    } else if !doc.released && doc.expires_unix_ms <= now_ms() {
+                        Err(lost(format!("this node's lease (epoch {}) expired and is not held here any more: another node may take it at any moment", doc.epoch)))
+                    } else {
+                        Ok(None)
+                    }
                 }
+            };
+        };
+        let now = now_ms();
+        let mut doc = held.doc.clone();
+        doc.expires_unix_ms = now.saturating_add(millis(self.lease_ttl()));
+        match self.remote.put_lease(actor, encode(&doc)?, Some(held.version()), &self.leases.fallback).await? {
+            Ok(v) => {
+                let renewed = Held { doc, e_tag: v.e_tag, version: v.version, ..held };
+                let valid = self.valid_until(&renewed);
+                self.save_held(&renewed)?;
+                Ok(deadline(valid))
             }
-            None => Ok(()),
+            Err(_) => match self.remote.get_lease(actor).await? {
+                Some((bytes, v)) => {
+                    let now_doc = parse(actor, &path, &bytes)?;
+                    if now_doc.node == self.node() && now_doc.epoch == held.doc.epoch && !now_doc.released && now_doc.expires_unix_ms > now_ms() {
+                        // Our own write whose answer was lost.
+                        let renewed = Held { doc: now_doc, e_tag: v.e_tag, version: v.version, ..held };
+                        let valid = self.valid_until(&renewed);
+                        self.save_held(&renewed)?;
+                        return Ok(deadline(valid));
+                    }
+                    self.drop_held(actor)?;
+                    let detail = format!(
+                        "node {} holds it at epoch {} (this node held epoch {}): this node's snapshots of it are not published",
+                        now_doc.node, now_doc.epoch, held.doc.epoch
+                    );
+                    warn!(actor = %actor, detail, "actor lease LOST: this node's copy of the actor must not run on");
+                    Err(lost(detail))
+                }
+                None => {
+                    self.drop_held(actor)?;
+                    Err(lost(format!("{path} was deleted")))
+                }
+            },
         }
+    }
+
+    /// Check that the object tier honours conditional writes (the daemon
+    /// runs it at start): creates only if absent (the manifests' commit
+    /// point) and updates only at the version read (actor leases). What is
+    /// missing is a loud warning naming what it breaks, and kept in the
+    /// status's recent errors; an object tier that cannot be reached is
+    /// the error.
+    pub async fn check_conditional_writes(&self) -> Result<ConditionalWrites> {
+        let c = self.remote.probe_conditional_writes().await?;
+        let url = &self.remote.url;
+        if c.create != Honoured::Yes {
+            let msg = format!(
+                "object tier {url} does not honour create-if-absent (If-None-Match: {:?}): two nodes can both publish one generation of an actor, and a stale holder's manifest is not refused; do not share it between nodes",
+                c.create
+            );
+            warn!(remote = %url, "{msg}");
+            self.note_error(msg);
+        }
+        match c.update {
+            Honoured::Yes => {}
+            Honoured::NotImplemented => warn!(
+                remote = %url,
+                "object tier has no conditional updates (If-Match): actor leases fall back to a lock of this daemon, which guards this node only; do not share this object tier between nodes"
+            ),
+            Honoured::Ignored => {
+                let msg = format!("object tier {url} ignores If-Match on updates: actor leases do not keep two nodes from running one actor; do not share it between nodes");
+                warn!(remote = %url, "{msg}");
+                self.note_error(msg);
+            }
+        }
+        if c.create == Honoured::Yes && c.update == Honoured::Yes {
+            info!(remote = %url, "object tier honours conditional writes (manifests' commit point, actor leases)");
+        }
+        Ok(c)
     }
 
     /// The lower bound on the generation a restore of `actor` may use: the

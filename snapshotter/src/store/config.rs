@@ -124,7 +124,27 @@ pub struct StoreConfig {
     /// How long an actor lease lasts without renewal (renewed every third of
     /// it): after a node dies, its actors can move after this long.
     pub lease_ttl: Duration,
+    /// How long a surrender (the actor's pod left this node) waits for its
+    /// newest snapshot to become durable, renewing the lease meanwhile;
+    /// past it the lease is let go anyway (reported), so the actor can
+    /// move on from its newest durable snapshot instead of never.
+    pub surrender_timeout: Duration,
+    /// How long `latest` waits for a commit of the actor in progress (its
+    /// newest generation) before answering `CommitInProgress`.
+    pub commit_wait: Duration,
 }
+
+/// Unix milliseconds of a duration, saturating (a duration too long for
+/// u64 milliseconds is u64::MAX, never a truncation).
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The longest duration the store takes (3650 days): deadlines and
+/// expiries computed from it fit in `Instant` and in unix milliseconds.
+pub const MAX_DURATION: Duration = Duration::from_secs(3650 * 24 * 3600);
+/// The longest actor lease (a node that dies holds its actors this long).
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
 
 /// The node id when none is configured: `$TORPOR_NODE_ID`, else
 /// `/etc/machine-id`, else the host name.
@@ -159,6 +179,8 @@ impl StoreConfig {
             keyring: Keyring::default(),
             node_id: default_node_id(),
             lease_ttl: Duration::from_secs(30),
+            surrender_timeout: Duration::from_secs(600),
+            commit_wait: Duration::from_secs(20),
         }
     }
 
@@ -185,8 +207,22 @@ impl StoreConfig {
         if self.node_id.is_empty() || self.node_id.len() > 253 || self.node_id.chars().any(|c| c.is_whitespace() || c.is_control()) {
             return bad(format!("node_id {:?} must be 1..=253 characters without spaces or control characters", self.node_id));
         }
-        if self.lease_ttl < Duration::from_secs(1) {
-            return bad(format!("lease_ttl {:?} must be at least 1s", self.lease_ttl));
+        if self.lease_ttl < Duration::from_secs(1) || self.lease_ttl > MAX_LEASE_TTL {
+            return bad(format!("lease_ttl {:?} must be in 1s..=24h", self.lease_ttl));
+        }
+        if self.surrender_timeout.is_zero() || self.surrender_timeout > MAX_DURATION {
+            return bad(format!("surrender_timeout {:?} must be more than 0 and at most 3650 days", self.surrender_timeout));
+        }
+        for (name, d) in [
+            ("keep_local", self.default_keep_local),
+            ("retry max", self.retry.max),
+            ("scan_interval", self.scan_interval),
+            ("remote_retry_timeout", self.remote_retry_timeout),
+            ("commit_wait", self.commit_wait),
+        ] {
+            if d > MAX_DURATION {
+                return bad(format!("{name} {d:?} is longer than 3650 days"));
+            }
         }
         self.chunking.validate()
     }
@@ -217,5 +253,19 @@ mod tests {
         c.root = "/x".into();
         c.chunking.min = 3;
         assert!(c.validate().unwrap_err().to_string().contains("chunking"));
+
+        // Bounds: nothing that would overflow a deadline or an expiry.
+        let mut c = StoreConfig::new("/x");
+        c.lease_ttl = Duration::from_secs(u64::MAX);
+        assert!(c.validate().unwrap_err().to_string().contains("lease_ttl"));
+        let mut c = StoreConfig::new("/x");
+        c.default_keep_local = Duration::MAX;
+        assert!(c.validate().unwrap_err().to_string().contains("keep_local"));
+        let mut c = StoreConfig::new("/x");
+        c.surrender_timeout = Duration::ZERO;
+        assert!(c.validate().unwrap_err().to_string().contains("surrender_timeout"));
+        assert_eq!(millis(Duration::MAX), u64::MAX);
+        assert_eq!(millis(Duration::from_secs(u64::MAX)), u64::MAX, "saturates, never truncates");
+        assert_eq!(millis(Duration::from_millis(1500)), 1500);
     }
 }

@@ -285,15 +285,44 @@ pub fn load_key_file(path: &Path) -> std::result::Result<Zeroizing<[u8; KEY_LEN]
         return Err(format!("key file {} is owned by uid {}, not by this process (uid {euid}) or root", path.display(), meta.uid()));
     }
     let bytes = Zeroizing::new(std::fs::read(path).map_err(|e| format!("key file {}: {e}", path.display()))?);
+    parse_key_bytes(&bytes, &format!("key file {}", path.display()))
+}
+
+/// A master key as a key file or descriptor holds it: exactly 32 raw bytes,
+/// or 64 hex characters (optionally followed by a newline). `what` names
+/// the source in errors.
+pub fn parse_key_bytes(bytes: &[u8], what: &str) -> std::result::Result<Zeroizing<[u8; KEY_LEN]>, String> {
     if bytes.len() == KEY_LEN {
         let mut out = Zeroizing::new([0u8; KEY_LEN]);
-        out.copy_from_slice(&bytes);
+        out.copy_from_slice(bytes);
         return Ok(out);
     }
-    let text = std::str::from_utf8(&bytes).map_err(|_| {
-        format!("key file {}: expected {KEY_LEN} raw bytes or {} hex characters, found {} bytes", path.display(), 2 * KEY_LEN, bytes.len())
-    })?;
-    parse_key_hex(text).map_err(|e| format!("key file {}: {e} (or exactly {KEY_LEN} raw bytes)", path.display()))
+    let text = std::str::from_utf8(bytes)
+        .map_err(|_| format!("{what}: expected {KEY_LEN} raw bytes or {} hex characters, found {} bytes", 2 * KEY_LEN, bytes.len()))?;
+    parse_key_hex(text).map_err(|e| format!("{what}: {e} (or exactly {KEY_LEN} raw bytes)"))
+}
+
+/// Read a master key from open descriptor `fd` (a pipe or a file the
+/// service manager passed), then close it. At most 4 KiB are read; the key
+/// is what [`parse_key_bytes`] takes. Descriptors 0-2 are refused.
+pub fn load_key_fd(fd: i32) -> std::result::Result<Zeroizing<[u8; KEY_LEN]>, String> {
+    use std::io::Read;
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let what = format!("key descriptor {fd}");
+    if fd < 3 {
+        return Err(format!("{what}: 0, 1 and 2 are stdin/stdout/stderr, not a key"));
+    }
+    // SAFETY: fcntl(F_GETFD) only queries the descriptor table entry.
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } < 0 {
+        return Err(format!("{what}: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` is open (checked above) and is handed to this process
+    // for the key alone: it is owned (and closed) here, nothing else uses it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut f = std::fs::File::from(owned);
+    let mut bytes = Zeroizing::new(Vec::with_capacity(128));
+    (&mut f).take(4096).read_to_end(&mut bytes).map_err(|e| format!("{what}: {e}"))?;
+    parse_key_bytes(&bytes, &what)
 }
 
 // ----- sealed manifests -----

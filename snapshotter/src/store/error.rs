@@ -117,6 +117,11 @@ pub enum Error {
     #[error("the store is shutting down")]
     ShuttingDown,
 
+    /// The actor's newest generation is still being committed (its staging
+    /// is hashed and placed): its newest snapshot is not known yet.
+    #[error("a commit of actor {actor} is in progress (staging {staging}) and did not end within {waited_s} s: its newest snapshot is the one being committed; try again")]
+    CommitInProgress { actor: ActorName, staging: String, waited_s: u64 },
+
     #[error("internal error: {0}")]
     Internal(String),
 }

@@ -1,5 +1,10 @@
 //! Local-tier file operations: atomic writes, fsync, scanning a staging tree
 //! into manifest entries, verifying a tree against its manifest.
+//!
+//! Everything the store creates on the local tier is root's alone (a
+//! snapshot is process memory): directories 0700 ([`DIR_MODE`]), files 0600
+//! ([`FILE_MODE`]), whatever the process's umask. The manifest keeps the
+//! modes the writer gave its files; the copies on disk do not carry them.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -13,6 +18,56 @@ use super::config::ChunkingConfig;
 use super::error::{Error, Result};
 use super::manifest::{Entry, EntryKind, Manifest};
 
+/// The mode of every directory the store creates or commits.
+pub const DIR_MODE: u32 = 0o700;
+/// The mode of every file the store writes or commits.
+pub const FILE_MODE: u32 = 0o600;
+
+fn dir_builder() -> fs::DirBuilder {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut b = fs::DirBuilder::new();
+    b.mode(DIR_MODE);
+    b
+}
+
+/// Create one directory, mode 0700.
+pub fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    dir_builder().create(dir)
+}
+
+/// Make `dir` exist with mode 0700 (created with its missing parents, or
+/// tightened when it exists with other modes): the store's own roots.
+pub fn private_root(dir: &Path) -> Result<()> {
+    create_dir_all_durable(dir)?;
+    let mode = fs::metadata(dir).map_err(|e| Error::io("stat", dir, e))?.permissions().mode() & 0o7777;
+    if mode != DIR_MODE {
+        fs::set_permissions(dir, fs::Permissions::from_mode(DIR_MODE)).map_err(|e| Error::io("chmod 0700", dir, e))?;
+    }
+    Ok(())
+}
+
+/// Set every directory of the tree at `root` (itself included) to 0700 and
+/// every file to 0600 (a staging about to be committed: what the writer
+/// created has the writer's modes). Blocking.
+pub fn make_tree_private(root: &Path) -> Result<()> {
+    let meta = fs::symlink_metadata(root).map_err(|e| Error::io("stat", root, e))?;
+    let mode = if meta.is_dir() { DIR_MODE } else { FILE_MODE };
+    if meta.file_type().is_symlink() {
+        return Ok(());
+    }
+    if meta.permissions().mode() & 0o7777 != mode {
+        fs::set_permissions(root, fs::Permissions::from_mode(mode)).map_err(|e| Error::io("chmod", root, e))?;
+    }
+    if meta.is_dir() {
+        let rd = fs::read_dir(root).map_err(|e| Error::io("list", root, e))?;
+        for entry in rd {
+            let entry = entry.map_err(|e| Error::io("list", root, e))?;
+            make_tree_private(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
 /// fsync a directory (makes renames/creations in it durable).
 pub fn fsync_dir(dir: &Path) -> Result<()> {
     File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io("fsync directory", dir, e))
@@ -22,7 +77,12 @@ pub fn fsync_dir(dir: &Path) -> Result<()> {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path.parent().ok_or_else(|| Error::Internal(format!("{} has no parent", path.display())))?;
     let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
-    let mut f = File::create(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
+    let mut f = {
+        use std::os::unix::fs::OpenOptionsExt;
+        OpenOptions::new().write(true).create(true).truncate(true).mode(FILE_MODE).open(&tmp).map_err(|e| Error::io("create", &tmp, e))?
+    };
+    // An older tmp file left with other modes keeps them through O_CREAT.
+    f.set_permissions(fs::Permissions::from_mode(FILE_MODE)).map_err(|e| Error::io("chmod", &tmp, e))?;
     f.write_all(bytes).map_err(|e| Error::io("write", &tmp, e))?;
     f.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
     drop(f);
@@ -38,7 +98,7 @@ pub fn create_dir_all_durable(dir: &Path) -> Result<()> {
     if let Some(parent) = dir.parent() {
         create_dir_all_durable(parent)?;
     }
-    match fs::create_dir(dir) {
+    match create_private_dir(dir) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(Error::io("create directory", dir, e)),
@@ -66,7 +126,7 @@ pub fn remove_tree(path: &Path, trash: &Path) -> Result<()> {
 /// A copy of the tree at `src` made of hard links (directories recreated,
 /// files linked, symlinks copied) at `dst`, which must not exist.
 pub fn link_tree(src: &Path, dst: &Path) -> Result<()> {
-    fs::create_dir(dst).map_err(|e| Error::io("create", dst, e))?;
+    create_private_dir(dst).map_err(|e| Error::io("create", dst, e))?;
     let rd = fs::read_dir(src).map_err(|e| Error::io("list", src, e))?;
     for entry in rd {
         let entry = entry.map_err(|e| Error::io("list", src, e))?;
@@ -273,12 +333,15 @@ pub fn materialize_skeleton(root: &Path, m: &Manifest) -> Result<Vec<PathBuf>> {
     for e in &m.entries {
         let p = root.join(&e.path);
         match e.kind {
-            EntryKind::Dir => fs::create_dir_all(&p).map_err(|err| Error::io("create directory", &p, err))?,
+            EntryKind::Dir => dir_builder().recursive(true).create(&p).map_err(|err| Error::io("create directory", &p, err))?,
             EntryKind::File => {
                 if let Some(parent) = p.parent() {
-                    fs::create_dir_all(parent).map_err(|err| Error::io("create directory", parent, err))?;
+                    dir_builder().recursive(true).create(parent).map_err(|err| Error::io("create directory", parent, err))?;
                 }
-                let f = OpenOptions::new().write(true).create_new(true).open(&p).map_err(|err| Error::io("create", &p, err))?;
+                let f = {
+                    use std::os::unix::fs::OpenOptionsExt;
+                    OpenOptions::new().write(true).create_new(true).mode(FILE_MODE).open(&p).map_err(|err| Error::io("create", &p, err))?
+                };
                 f.set_len(e.size).map_err(|err| Error::io("set length", &p, err))?;
             }
         }
@@ -287,13 +350,16 @@ pub fn materialize_skeleton(root: &Path, m: &Manifest) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Set modes, fsync every file and directory of a materialized tree.
+/// Set the store's modes (0700 directories, 0600 files: not the manifest's,
+/// see the module docs), fsync every file and directory of a materialized tree.
 pub fn finish_tree(root: &Path, m: &Manifest) -> Result<()> {
     for e in m.entries.iter().rev() {
         let p = root.join(&e.path);
         let f = File::open(&p).map_err(|err| Error::io("open", &p, err))?;
-        f.set_permissions(fs::Permissions::from_mode(e.mode)).map_err(|err| Error::io("chmod", &p, err))?;
+        let mode = if e.kind == EntryKind::Dir { DIR_MODE } else { FILE_MODE };
+        f.set_permissions(fs::Permissions::from_mode(mode)).map_err(|err| Error::io("chmod", &p, err))?;
         f.sync_all().map_err(|err| Error::io("fsync", &p, err))?;
     }
+    fs::set_permissions(root, fs::Permissions::from_mode(DIR_MODE)).map_err(|err| Error::io("chmod", root, err))?;
     fsync_dir(root)
 }

@@ -15,6 +15,10 @@
 //! over) and deletes it at release. A pin not rewritten for `INTENT_TTL`
 //! belonged to a node that died or lost the object tier: it is ignored
 //! (and deleted by the next sweep).
+//!
+//! Why `impl Store` here: pins are written by fetch, renewed by the lease
+//! worker, and read by retention (remove, gc); they share the chunk-list
+//! object format with upload intents (`store::sweep`).
 
 use std::time::Instant;
 

@@ -100,6 +100,26 @@ impl std::fmt::Display for ChunkName {
     }
 }
 
+/// Whether the object store honours one kind of conditional write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Honoured {
+    Yes,
+    /// Refused as not implemented (object_store's `LocalFileSystem` for
+    /// updates): the store falls back to a lock that guards one node.
+    NotImplemented,
+    /// Accepted, but the condition was not enforced.
+    Ignored,
+}
+
+/// What [`Remote::probe_conditional_writes`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConditionalWrites {
+    /// `If-None-Match: *` (create only if absent): the manifests' commit point.
+    pub create: Honoured,
+    /// `If-Match: <etag>` (replace only at a version): actor leases.
+    pub update: Honoured,
+}
+
 /// How a manifest PUT ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ManifestPut {
@@ -109,6 +129,50 @@ pub enum ManifestPut {
 }
 
 impl Remote {
+    /// What [`Remote::open`] checks without creating or contacting
+    /// anything: the URL parses, names a supported scheme (`file://`,
+    /// `memory://`, `s3://`, `gs://`, `az://`…), and every client option is
+    /// one that scheme's client knows.
+    pub fn check(url: &str, options: &[(String, String)]) -> Result<()> {
+        use object_store::ObjectStoreScheme;
+        let bad = |m: String| Error::InvalidConfig(format!("remote_url {url:?}: {m}"));
+        let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
+        let (scheme, path) = ObjectStoreScheme::parse(&parsed)
+            .map_err(|e| bad(format!("unsupported scheme {:?} ({e}): use file://, s3://, gs://, az:// or memory://", parsed.scheme())))?;
+        Path::parse(path).map_err(|e| bad(e.to_string()))?;
+        let opt_err = |k: &str, e: object_store::Error| Error::InvalidConfig(format!("remote option {k:?} for {url:?}: {e}"));
+        let no_options = |what: &str| -> Result<()> {
+            match options.first() {
+                Some((k, _)) => Err(bad(format!("option {k:?} given, but {what} takes no options"))),
+                None => Ok(()),
+            }
+        };
+        match scheme {
+            ObjectStoreScheme::Local => {
+                no_options("a local directory")?;
+                parsed.to_file_path().map_err(|()| bad("not a local directory path".into()))?;
+            }
+            ObjectStoreScheme::Memory => no_options("memory://")?,
+            ObjectStoreScheme::AmazonS3 => {
+                for (k, _) in options {
+                    k.to_ascii_lowercase().parse::<object_store::aws::AmazonS3ConfigKey>().map_err(|e| opt_err(k, e))?;
+                }
+            }
+            ObjectStoreScheme::GoogleCloudStorage => {
+                for (k, _) in options {
+                    k.to_ascii_lowercase().parse::<object_store::gcp::GoogleConfigKey>().map_err(|e| opt_err(k, e))?;
+                }
+            }
+            ObjectStoreScheme::MicrosoftAzure => {
+                for (k, _) in options {
+                    k.to_ascii_lowercase().parse::<object_store::azure::AzureConfigKey>().map_err(|e| opt_err(k, e))?;
+                }
+            }
+            _ => return Err(bad("unsupported scheme (use file://, s3://, gs://, az:// or memory://)".into())),
+        }
+        Ok(())
+    }
+
     /// Open the object store a URL names (see `StoreConfig::remote_url`):
     /// `file:///dir` (created if missing), `memory://`, `s3://`, `gs://`,
     /// `az://`/`abfs://`… with client `options` as object_store names them (an
@@ -119,6 +183,7 @@ impl Remote {
     /// store retries failed uploads on top with its own backoff.
     pub fn open(url: &str, options: &[(String, String)], max_retries: usize, retry_timeout: std::time::Duration) -> Result<Remote> {
         use object_store::ObjectStoreScheme;
+        Self::check(url, options)?;
         let bad = |m: String| Error::InvalidConfig(format!("remote_url {url:?}: {m}"));
         let parsed = Url::parse(url).map_err(|e| bad(e.to_string()))?;
         let (scheme, path) = ObjectStoreScheme::parse(&parsed).map_err(|e| bad(e.to_string()))?;
@@ -137,6 +202,13 @@ impl Remote {
                 // A directory: keys live under it.
                 let dir = parsed.to_file_path().map_err(|()| bad("not a local directory path".into()))?;
                 std::fs::create_dir_all(&dir).map_err(|e| Error::io("create object directory", &dir, e))?;
+                // Root's alone: the objects are snapshots (process memory).
+                // What object_store creates below gets the umask's modes
+                // (the daemon's is 077); this directory closes them off.
+                {
+                    use std::os::unix::fs::PermissionsExt;
+                    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(|e| Error::io("chmod 0700", &dir, e))?;
+                }
                 let fs = object_store::local::LocalFileSystem::new_with_prefix(&dir).map_err(|e| bad(e.to_string()))?;
                 return Ok(Remote { store: Arc::new(fs), prefix: Path::default(), url: url.to_string() });
             }
@@ -266,6 +338,35 @@ impl Remote {
             }
             Err(e) => Err(Error::remote("put lease", &path, e)),
         }
+    }
+
+    /// Try both kinds of conditional write on a probe object
+    /// (`<prefix>/probes/<32 hex>.json`, deleted after): a second create of
+    /// it must fail, and so must an update at a version it never had.
+    pub async fn probe_conditional_writes(&self) -> Result<ConditionalWrites> {
+        let path = self.join(&["probes", &format!("{:032x}.json", fastrand::u128(..))]);
+        let put = |mode: PutMode| {
+            let path = path.clone();
+            async move { self.store.put_opts(&path, PutPayload::from_static(b"{}"), PutOptions { mode, ..Default::default() }).await }
+        };
+        let judge = |r: object_store::Result<object_store::PutResult>| -> Result<Honoured> {
+            match r {
+                Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => Ok(Honoured::Yes),
+                Err(object_store::Error::NotImplemented { .. }) => Ok(Honoured::NotImplemented),
+                Ok(_) => Ok(Honoured::Ignored),
+                Err(e) => Err(Error::remote("probe conditional writes", &path, e)),
+            }
+        };
+        put(PutMode::Overwrite).await.map_err(|e| Error::remote("probe conditional writes", &path, e))?;
+        let res = async {
+            let create = judge(put(PutMode::Create).await)?;
+            let never = ObjectVersion { e_tag: Some("\"torpor-probe-no-such-version\"".into()), version: None };
+            let update = judge(put(PutMode::Update(never)).await)?;
+            Ok(ConditionalWrites { create, update })
+        }
+        .await;
+        let _ = self.delete_object("delete conditional-write probe", &path).await;
+        res
     }
 
     /// `<prefix>/intents/<id>.json`: an upload's intent (see `store::guard`).

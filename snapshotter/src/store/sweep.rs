@@ -34,6 +34,10 @@
 //! before the upload checks its chunks and PUTs the missing ones. Only the
 //! object store's clock is compared with itself (last-modified times); the
 //! nodes' clocks are not compared with each other.
+//!
+//! Why `impl Store` here: the sweep takes the sweep lock exclusive against
+//! this node's uploads and forgets swept chunks in the metadata database's
+//! chunk index, which uploads read.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -50,7 +54,7 @@ use super::error::{Error, Result};
 use super::id::{ActorName, SnapshotId};
 use super::manifest::Manifest;
 use super::remote::ChunkName;
-use super::{lock, now_ms, random_id, GcReport, Store};
+use super::{now_ms, random_id, GcReport, Store};
 
 /// An upload intent whose object is older than this (by its last-modified
 /// time, against a sweep's announcement) is ignored by sweeps (its upload
@@ -333,7 +337,7 @@ impl Store {
             };
             if !waited {
                 info!(snapshot = %id, sweeping_node = %node, at_most_ms = end - it.server_now(), "a chunk sweep (another node) is deleting: the upload waits until it is done");
-                lock(&self.stats).sweep_waits += 1;
+                self.stats.update(|s| s.sweep_waits += 1);
                 waited = true;
             }
             self.renew_intent_if_due(it).await?;
@@ -371,11 +375,11 @@ impl Store {
         .into_iter()
         .collect::<Result<_>>()?;
         let missing: HashSet<String> = missing.into_iter().flatten().collect();
-        {
-            let mut s = lock(&self.stats);
+        let gone = missing.len() as u64;
+        self.stats.update(|s| {
             s.chunks_checked += checked;
-            s.chunks_missing += missing.len() as u64;
-        }
+            s.chunks_missing += gone;
+        });
         if !missing.is_empty() {
             warn!(missing = missing.len(), checked, "chunks this node had uploaded are gone from the object tier (swept by another node): sending them again");
             let tx = Tx::begin(&self.db)?;

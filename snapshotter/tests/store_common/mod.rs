@@ -89,6 +89,12 @@ pub fn read_tree(dir: &Path) -> Tree {
     out
 }
 
+/// `t` as the store keeps it on disk: every directory 0700, every file 0600
+/// (snapshots are process memory; the manifest keeps the writer's modes).
+pub fn stored(t: &Tree) -> Tree {
+    t.iter().map(|(k, (_, c))| (k.clone(), (if c.is_none() { 0o700 } else { 0o600 }, c.clone()))).collect()
+}
+
 /// Poll `f` every 50 ms until it is true; panic with `what` after `limit`
 /// (a guard against hanging forever, not a speed assertion).
 pub async fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
@@ -133,6 +139,14 @@ pub struct Faulty {
     pub chunk_put_bytes: AtomicU64,
     /// Written when a request hangs (for a parent process watching a child).
     pub marker: Option<PathBuf>,
+    /// Manifest PUTs wait this long (ms) before reaching the store (a
+    /// holder that stalls right before its commit point); 0 = not at all.
+    pub stall_manifest_put_ms: AtomicU64,
+    /// PUTs ignore their condition (an object store without If-None-Match
+    /// / If-Match): every PUT overwrites.
+    pub ignore_conditions: AtomicBool,
+    /// Fail chunk PUTs only (uploads fail, everything else works).
+    pub fail_chunk_puts: AtomicBool,
 }
 
 impl Faulty {
@@ -147,6 +161,9 @@ impl Faulty {
             hung: AtomicBool::new(false),
             chunk_put_bytes: AtomicU64::new(0),
             marker: None,
+            stall_manifest_put_ms: AtomicU64::new(0),
+            ignore_conditions: AtomicBool::new(false),
+            fail_chunk_puts: AtomicBool::new(false),
         })
     }
 
@@ -206,11 +223,21 @@ fn is_chunk(p: &OPath) -> bool {
 
 #[async_trait]
 impl ObjectStore for Faulty {
-    async fn put_opts(&self, location: &OPath, payload: PutPayload, opts: PutOptions) -> object_store::Result<PutResult> {
+    async fn put_opts(&self, location: &OPath, payload: PutPayload, mut opts: PutOptions) -> object_store::Result<PutResult> {
         self.check()?;
         if is_chunk(location) {
+            if self.fail_chunk_puts.load(Ordering::SeqCst) {
+                return Err(object_store::Error::Generic { store: "faulty", source: "injected: chunk PUT refused".into() });
+            }
             self.maybe_hang(&self.puts, &self.hang_put_at).await;
             self.chunk_put_bytes.fetch_add(payload.content_length() as u64, Ordering::SeqCst);
+        }
+        let stall = self.stall_manifest_put_ms.load(Ordering::SeqCst);
+        if stall > 0 && location.filename() == Some("manifest.json") {
+            tokio::time::sleep(Duration::from_millis(stall)).await;
+        }
+        if self.ignore_conditions.load(Ordering::SeqCst) {
+            opts.mode = object_store::PutMode::Overwrite;
         }
         self.inner.put_opts(location, payload, opts).await
     }

@@ -1,0 +1,124 @@
+//! Counters of the store's work since open and the most recent errors of
+//! background work: what `Store::status` reports.
+//!
+//! Why `impl Store` here (for `status` only): the status also counts the
+//! records and leases of the metadata database.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::SystemTime;
+
+use super::db::{self, LocalState, RemoteState};
+use super::{lock, Store};
+
+#[derive(Clone, Debug, Default)]
+pub struct StoreStatus {
+    pub local_budget_bytes: u64,
+    pub local_bytes: u64,
+    pub snapshots: usize,
+    pub local_snapshots: usize,
+    /// Snapshots with a local copy that are not durable yet.
+    pub pending_uploads: usize,
+    pub pinned_snapshots: usize,
+    /// Over budget with nothing evictable: uploads run regardless of keep-local.
+    pub disk_pressure: bool,
+    /// Chunk object bytes PUT since open (after compression).
+    pub uploaded_bytes: u64,
+    /// Uncompressed bytes of the chunks PUT since open.
+    pub uploaded_raw_bytes: u64,
+    pub uploaded_chunks: u64,
+    /// Chunks an upload skipped because they were known durable.
+    pub deduplicated_chunks: u64,
+    /// Chunks known durable that an upload checked with a HEAD before
+    /// reusing them (no manifest of this node vouched for them any more).
+    pub chunks_checked: u64,
+    /// Of those, the ones found gone (swept by another node) and sent again.
+    pub chunks_missing: u64,
+    /// Uploads that waited for a chunk sweep of another node to finish.
+    pub sweep_waits: u64,
+    pub fetched_bytes: u64,
+    /// Entries of the object tier ignored because they do not authenticate
+    /// under the ring (keys configured): junk, plaintext or garbled
+    /// manifests, a lease naming an unverifiable generation.
+    pub untrusted_entries: u64,
+    /// Most recent errors of background work, newest last.
+    pub last_errors: Vec<(SystemTime, String)>,
+}
+
+/// The counters (one lock; every update is a few additions).
+#[derive(Default)]
+pub(super) struct Counters {
+    pub uploaded_bytes: u64,
+    pub uploaded_raw_bytes: u64,
+    pub uploaded_chunks: u64,
+    pub deduplicated_chunks: u64,
+    pub chunks_checked: u64,
+    pub chunks_missing: u64,
+    pub sweep_waits: u64,
+    pub fetched_bytes: u64,
+    pub untrusted_entries: u64,
+    pub disk_pressure: bool,
+    last_errors: VecDeque<(SystemTime, String)>,
+}
+
+/// The store's counters and recent errors.
+#[derive(Default)]
+pub(super) struct Stats(Mutex<Counters>);
+
+impl Stats {
+    /// Change the counters.
+    pub fn update<T>(&self, f: impl FnOnce(&mut Counters) -> T) -> T {
+        f(&mut lock(&self.0))
+    }
+
+    /// Keep an error of background work for `status` (the newest 32).
+    pub fn note_error(&self, msg: String) {
+        let mut s = lock(&self.0);
+        s.last_errors.push_back((SystemTime::now(), msg));
+        while s.last_errors.len() > 32 {
+            s.last_errors.pop_front();
+        }
+    }
+
+    pub(super) fn fill(&self, st: &mut StoreStatus) {
+        let s = lock(&self.0);
+        st.disk_pressure = s.disk_pressure;
+        st.uploaded_bytes = s.uploaded_bytes;
+        st.uploaded_raw_bytes = s.uploaded_raw_bytes;
+        st.uploaded_chunks = s.uploaded_chunks;
+        st.deduplicated_chunks = s.deduplicated_chunks;
+        st.chunks_checked = s.chunks_checked;
+        st.chunks_missing = s.chunks_missing;
+        st.sweep_waits = s.sweep_waits;
+        st.fetched_bytes = s.fetched_bytes;
+        st.untrusted_entries = s.untrusted_entries;
+        st.last_errors = s.last_errors.iter().cloned().collect();
+    }
+}
+
+impl Store {
+    pub fn status(&self) -> StoreStatus {
+        let mut st = StoreStatus { local_budget_bytes: self.cfg.local_budget_bytes, ..Default::default() };
+        match (db::records(&self.db, None), db::leases(&self.db)) {
+            (Ok(recs), Ok(leases)) => {
+                let pinned: HashSet<String> = leases.into_iter().map(|(_, l)| l.key).collect();
+                for r in recs.iter().filter(|r| !r.removing) {
+                    st.snapshots += 1;
+                    st.local_bytes += r.local_bytes();
+                    if r.local == LocalState::Present {
+                        st.local_snapshots += 1;
+                        if r.remote != RemoteState::Durable {
+                            st.pending_uploads += 1;
+                        }
+                    }
+                    if pinned.contains(&r.id().db_key()) {
+                        st.pinned_snapshots += 1;
+                    }
+                }
+            }
+            (Err(e), _) | (_, Err(e)) => self.note_error(format!("status: {e}")),
+        }
+        self.stats.fill(&mut st);
+        st
+    }
+}
