@@ -12,12 +12,15 @@ use std::fmt::Write as _;
 use tracing::field::{Field, Visit};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::Layer;
 
 /// Installs the bridge as the global tracing subscriber (once, at start).
+/// Only the tracing dispatcher: the `log` logger stays free for
+/// containerd-shim to install (`try_init` would take it for a log→tracing
+/// bridge when tracing-subscriber's `tracing-log` feature is on, which
+/// another crate of the workspace turns on).
 pub fn init() {
-    let _ = tracing_subscriber::registry().with(LogBridge).try_init();
+    let _ = tracing::subscriber::set_global_default(tracing_subscriber::registry().with(LogBridge));
 }
 
 /// A tracing layer that forwards events to the `log` logger.
@@ -114,7 +117,9 @@ mod tests {
 
     #[test]
     fn events_reach_the_log_logger_with_their_fields_as_key_values() {
-        let _ = log::set_logger(&Capture);
+        // The log logger stays free for containerd-shim's (here: the test's).
+        init();
+        assert!(log::set_logger(&Capture).is_ok(), "installing the bridge took the log logger");
         log::set_max_level(log::LevelFilter::Info);
         let subscriber = tracing_subscriber::registry().with(LogBridge);
         tracing::subscriber::with_default(subscriber, || {
