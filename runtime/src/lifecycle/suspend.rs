@@ -146,13 +146,16 @@ impl Actor {
         };
         failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_DUMP);
         let _ = std::fs::remove_dir_all(dir.work_root());
+        // The ports are held before CRIU's network lock goes: a connection
+        // that arrives in between is never refused (the lock drops it, the
+        // client retransmits to the held listener).
+        if let (Some(netns), false) = (&netns, ports.is_empty()) {
+            self.hold_ports(netns.clone(), ports);
+        }
         if let Some(ns) = &netns {
             if let Err(e) = netns::unlock_criu_network(ns).await {
                 warn!(actor = rec.actor.as_str(), "{e}");
             }
-        }
-        if let (Some(netns), false) = (netns, ports.is_empty()) {
-            self.hold_ports(netns, ports);
         }
         self.start_commit(&dir, &rec);
         info!(actor = rec.actor.as_str(), ms = rec.last_suspend_ms, "actor suspended");
