@@ -187,6 +187,10 @@ impl Runtime {
             self.actor.suspend_on_stop(id).await;
         }
         if exec_id.is_empty() {
+            // A suspend (or resume) under way ends first: a stop that landed
+            // between a dump and its held ports would leave the ports held
+            // for a container that is gone (its restart could not bind them).
+            self.actor.settled().await;
             if let Some(stopped) = self.tasks.kill_suspended(id, signal) {
                 if stopped {
                     // Nothing to wake any more: release the held ports.

@@ -256,6 +256,12 @@ impl Actor {
         }
     }
 
+    /// Waits until no lifecycle operation is under way (a kill must not
+    /// land between a suspend's dump and its held ports).
+    pub async fn settled(&self) {
+        drop(self.gate.lock().await);
+    }
+
     /// Nothing to wake any more (the suspended container was stopped):
     /// the held ports go.
     pub fn release_held_ports(&self) {

@@ -10,42 +10,25 @@ use super::error::{Error, Result};
 /// Longest accepted actor name (a DNS subdomain's limit).
 pub const ACTOR_NAME_MAX: usize = 253;
 
-/// A validated actor name: '/'-separated segments, each starting with
-/// `[a-z0-9]` followed by `[a-z0-9._-]`, at most 253 characters, no empty
-/// segments and no `..`. Such a name is safe as a relative path (local tier)
-/// and an object key prefix (object tier); a segment can never start with `_`,
-/// which the layouts use for their own names (`_gen`).
+/// A validated actor name ([`torpor_api::ids::ActorId`]'s rules: one or two
+/// '/'-separated segments of `[a-z0-9._-]`, each starting and ending with a
+/// letter or digit, at most 253 characters, no `..`). Such a name is safe
+/// as a relative path (local tier) and an object key prefix (object tier);
+/// a segment can never start with `_`, which the layouts use for their own
+/// names (`_gen`).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct ActorName(String);
 
 impl ActorName {
+    /// Checked by [`torpor_api::ids::ActorId`], the one parser of actor ids
+    /// (the same rules in the annotations, the store and torporctl).
     pub fn new(value: impl Into<String>) -> Result<Self> {
         let value = value.into();
-        let bad = |reason: &str| Err(Error::InvalidActor { value: value.clone(), reason: reason.to_string() });
-        if value.is_empty() {
-            return bad("empty");
+        match torpor_api::ids::ActorId::parse(&value) {
+            Ok(id) => Ok(ActorName(id.into_string())),
+            Err(e) => Err(Error::InvalidActor { value, reason: e.problem.to_string() }),
         }
-        if value.len() > ACTOR_NAME_MAX {
-            return bad(&format!("longer than {ACTOR_NAME_MAX} characters"));
-        }
-        if value.contains("..") {
-            return bad("contains '..'");
-        }
-        for segment in value.split('/') {
-            let mut chars = segment.chars();
-            match chars.next() {
-                None => return bad("empty segment (leading, trailing or doubled '/')"),
-                Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit() => {}
-                Some(c) => {
-                    return bad(&format!("segment {segment:?} starts with {c:?}; each segment must start with [a-z0-9]"))
-                }
-            }
-            if let Some(c) = chars.find(|c| !(c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '.' | '_' | '-'))) {
-                return bad(&format!("character {c:?} not allowed (allowed: [a-z0-9._-] and '/' between segments)"));
-            }
-        }
-        Ok(ActorName(value))
     }
 
     pub fn as_str(&self) -> &str {
