@@ -24,6 +24,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use serde_json;
 
+pub mod cluster;
 mod node;
 pub use node::{DeadNode, Node, SnapshotsGuardAll};
 
