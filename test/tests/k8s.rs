@@ -149,6 +149,14 @@ fn wait_probes(node: &KubeNode, ns: &str, pod: &str, base: &BTreeMap<(String, St
     })
 }
 
+/// The probe counts once one probe of each kind has succeeded after now
+/// (each kind runs one probe at a time, so any probe in flight now is over).
+#[track_caller]
+fn settled_probes(node: &KubeNode, ns: &str, pod: &str) -> BTreeMap<(String, String), u64> {
+    let now = probe_counts(node, ns, pod);
+    wait_probes(node, ns, pod, &now, 1)
+}
+
 /// kubelet's error lines (klog `E....`) about a pod or container since `mark`.
 fn kubelet_errors(node: &KubeNode, mark: u64, needles: &[&str]) -> Vec<String> {
     node.kubelet_log_since(mark)
@@ -168,12 +176,17 @@ fn warnings(ns: &Namespace, object: &str) -> Vec<(String, String)> {
 }
 
 /// The probes the probe tests use: HTTP readiness on /healthz and TCP
-/// liveness, every second, one failure is enough to count.
+/// liveness, every second (kubelet's default failureThreshold, 3).
 fn probes() -> Value {
     json!({"container": {
-        "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1, "failureThreshold": 1, "timeoutSeconds": 5},
-        "livenessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1, "failureThreshold": 1, "timeoutSeconds": 5},
+        "readinessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 1, "failureThreshold": 3, "timeoutSeconds": 5},
+        "livenessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1, "failureThreshold": 3, "timeoutSeconds": 5},
     }})
+}
+
+/// Failed (or unknown) probes of both kinds in a count map.
+fn failures(m: &BTreeMap<(String, String), u64>) -> u64 {
+    ["Readiness", "Liveness"].iter().map(|t| count(m, t, "failed") + count(m, t, "unknown")).sum()
 }
 
 // ---------------------------------------------------------------- the tests
@@ -184,7 +197,9 @@ fn runtime_class_pods_and_statefulset_become_ready() {
     runtime_class();
     ns.apply(&pod("actor", "torpor", &["counter"], &no_annotations(), json!({})));
     ns.apply(&pod("plain", "runc", &["counter"], &no_annotations(), json!({})));
-    for (name, handler) in [("actor", "torpor"), ("plain", "runc")] {
+    // (no RuntimeClass: kubelet asks for the default handler, "", which is
+    // the nodes' runc)
+    for (name, handler) in [("actor", "torpor"), ("plain", "")] {
         let p = ns.wait_ready(name);
         let node = node_of(&p);
         assert_eq!(runtime_handler(node, &ns.name, name), handler, "{name}'s sandbox handler on {}", node.name);
@@ -237,6 +252,7 @@ fn kubelet_probes_pass_while_suspended() {
     let since = ready_since(&p);
     let cid = container_id(&p);
     let mark = node.kubelet_log_len();
+    // (a readiness probe may fail before the process listens: count from Ready on)
     let mut base = wait_probes(node, &ns.name, "actor", &BTreeMap::new(), 1);
 
     for cycle in 1..=3u64 {
@@ -244,8 +260,14 @@ fn kubelet_probes_pass_while_suspended() {
         node.suspend(&actor);
         // kubelet probes the suspended actor: HTTP readiness and TCP
         // liveness keep succeeding, and they do not wake it.
-        base = wait_probes(node, &ns.name, "actor", &base, 3);
+        // (from the first probes that started after the suspend: each probe
+        // kind runs one at a time, so one success of each means that a probe
+        // begun during the suspend has ended; the transition itself is
+        // probes_never_fail_across_suspend_and_resume's)
+        let suspended = settled_probes(node, &ns.name, "actor");
+        base = wait_probes(node, &ns.name, "actor", &suspended, 3);
         assert_eq!(node.actor_state(&actor), "SUSPENDED", "cycle {cycle}: probes did not wake the actor");
+        assert_eq!(failures(&base), failures(&suspended), "cycle {cycle}: no probe failed while suspended: {base:?}");
         let now = ns.pod("actor");
         assert!(pod_is_ready(&now), "cycle {cycle}: Ready while suspended: {}", now["status"]);
         assert_eq!(restarts(&now), 0, "cycle {cycle}: no restart while suspended");
@@ -253,19 +275,52 @@ fn kubelet_probes_pass_while_suspended() {
     }
     assert_eq!(counter(&addr, "get"), "3", "the last request woke the actor with its count");
     assert_eq!(node.actor_state(&actor), "RUNNING");
-    base = wait_probes(node, &ns.name, "actor", &base, 2);
+    wait_probes(node, &ns.name, "actor", &base, 2);
 
     let p = ns.pod("actor");
     assert!(pod_is_ready(&p), "Ready at the end: {}", p["status"]);
     assert_eq!(ready_since(&p), since, "Ready never went away (its lastTransitionTime is the first one)");
     assert_eq!(restarts(&p), 0, "restartCount 0 across the cycles");
-    for t in ["Readiness", "Liveness"] {
-        assert_eq!(count(&base, t, "failed") + count(&base, t, "unknown"), 0, "no {t} probe failed: {base:?}");
-    }
-    let w = warnings(&ns, "actor");
-    assert!(w.is_empty(), "no warning events for the pod: {w:?}");
-    let errors = kubelet_errors(node, mark, &[&cid, "probes/actor", &format!("pod=\"{}/actor\"", ns.name)]);
+    let w: Vec<_> = warnings(&ns, "actor").into_iter().filter(|(r, _)| r != "Unhealthy").collect();
+    assert!(w.is_empty(), "no warning events for the pod (but probe failures, see the next test): {w:?}");
+    let errors = kubelet_errors(node, mark, &[&cid, &format!("pod=\"{}/actor\"", ns.name)]);
     assert!(errors.is_empty(), "kubelet logged errors about the pod while it was suspended:\n{}", errors.join("\n"));
+}
+
+/// Stricter than the issue asks: not one probe fails across suspends and
+/// resumes, i.e. the pod's port never refuses a connection, not even while
+/// the actor is being suspended (a real client would see that refusal).
+#[test]
+fn probes_never_fail_across_suspend_and_resume() {
+    let ns = Namespace::new("transitions");
+    runtime_class();
+    ns.apply(&pod("actor", "torpor", &["counter"], &no_annotations(), probes()));
+    let p = ns.wait_ready("actor");
+    let node = node_of(&p);
+    let actor = ns.actor("actor");
+    let addr = format!("{}:8080", pod_ip(&p));
+    let base = wait_probes(node, &ns.name, "actor", &BTreeMap::new(), 1);
+    let mut now = base.clone();
+    for cycle in 1..=5u64 {
+        assert_eq!(counter(&addr, "inc"), cycle.to_string());
+        now = wait_probes(node, &ns.name, "actor", &now, 1);
+        node.suspend(&actor);
+        now = wait_probes(node, &ns.name, "actor", &now, 2);
+    }
+    assert_eq!(counter(&addr, "get"), "5");
+    now = wait_probes(node, &ns.name, "actor", &now, 2);
+    let refused: Vec<_> = node
+        .kubelet_log_since(0)
+        .lines()
+        .filter(|l| l.contains("Probe failed") && l.contains(&format!("pod=\"{}/actor\"", ns.name)))
+        .map(str::to_string)
+        .collect();
+    assert_eq!(
+        failures(&now),
+        failures(&base),
+        "probes failed across 5 suspend/resume cycles (kubelet's log):\n{}",
+        refused.join("\n")
+    );
 }
 
 #[test]
@@ -507,35 +562,59 @@ fn kubelet_and_containerd_restarts_leave_suspended_actors_alone() {
     ns.apply(&pod("actor", "torpor", &["counter"], &no_annotations(), probes()));
     let p = ns.wait_ready("actor");
     let node = node_of(&p);
+    // a runc pod with the same probes on the same node: what kubelet does to
+    // any pod across its own restart
+    let pin = json!({"spec": {"nodeName": node.name}});
+    let mut extra = probes();
+    extra["spec"] = pin["spec"].clone();
+    ns.apply(&pod("plain", "runc", &["counter"], &no_annotations(), extra));
+    let plain = ns.wait_ready("plain");
     let actor = ns.actor("actor");
     let addr = format!("{}:8080", pod_ip(&p));
-    let since = ready_since(&p);
+    let (since, plain_since) = (ready_since(&p), ready_since(&plain));
     assert_eq!(counter(&addr, "inc"), "1");
 
-    // kubelet restart
+    // kubelet restart, the actor suspended
     node.suspend(&actor);
     node.restart_kubelet();
     let base = wait_probes(node, &ns.name, "actor", &BTreeMap::new(), 3);
-    let q = ns.pod("actor");
-    assert!(pod_is_ready(&q), "Ready after the kubelet restart: {}", q["status"]);
+    wait_probes(node, &ns.name, "plain", &BTreeMap::new(), 3);
+    assert_eq!(failures(&base), 0, "no probe of the suspended actor failed since kubelet came back: {base:?}");
+    let q = wait_until("actor Ready after the kubelet restart", LIVENESS, || {
+        let q = ns.pod("actor");
+        pod_is_ready(&q).then_some(q)
+    });
     assert_eq!(restarts(&q), 0, "nothing restarted");
     assert_eq!(node.actor_state(&actor), "SUSPENDED", "the kubelet restart did not wake it");
+    // A restarted kubelet starts every probed container as not ready until
+    // its first readiness probe passes: the torpor pod's Ready may only go
+    // away if the runc pod's did too.
+    let plain = ns.wait_ready("plain");
+    if ready_since(&q) != since {
+        assert_ne!(
+            ready_since(&plain),
+            plain_since,
+            "the torpor pod's Ready went away across the kubelet restart ({since} -> {}), the runc pod's did not",
+            ready_since(&q)
+        );
+    }
     assert_eq!(counter(&addr, "inc"), "2", "a request wakes it with its state");
 
-    // containerd restart
+    // containerd restart, the actor suspended
+    let since = ready_since(&ns.pod("actor"));
     node.suspend(&actor);
+    let before = settled_probes(node, &ns.name, "actor");
     node.restart_containerd();
-    // kubelet probes the actor again through the new containerd
-    let base = wait_probes(node, &ns.name, "actor", &base, 3);
+    // kubelet probes the actor again, and its runtime status comes from the new containerd
+    let after = wait_probes(node, &ns.name, "actor", &before, 3);
     let q = ns.pod("actor");
     assert!(pod_is_ready(&q), "Ready after the containerd restart: {}", q["status"]);
     assert_eq!(restarts(&q), 0, "nothing restarted");
-    assert_eq!(ready_since(&q), since, "Ready never went away");
+    assert_eq!(ready_since(&q), since, "Ready never went away across the containerd restart");
+    assert_eq!(failures(&after), failures(&before), "no probe failed across the containerd restart: {after:?}");
     assert_eq!(node.actor_state(&actor), "SUSPENDED", "the containerd restart did not wake it");
     assert_eq!(counter(&addr, "inc"), "3", "a request wakes it with its state");
-    for t in ["Readiness", "Liveness"] {
-        assert_eq!(count(&base, t, "failed"), 0, "no {t} probe failed: {base:?}");
-    }
+    assert_eq!(restarts(&ns.pod("actor")), 0);
 }
 
 #[test]
