@@ -43,7 +43,6 @@ ctl() { # torporctl on the pod's node
 }
 say "torporctl suspend demo/actor"
 time ctl suspend demo/actor
-ctl status demo/actor
 say "kubectl get pod: still Running and Ready"
 k -n demo get pod actor -o wide
 say "a request to $ip wakes it"
