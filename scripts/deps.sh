@@ -20,8 +20,14 @@
 #      CNI plugins, checkpointctl and versitygw (the S3 server of the object
 #      tier's tests), built from their Go modules with the
 #      machine's Go (CGO_ENABLED=0).
-#   4. The local test images (test/images/build.sh).
-#   5. A check of every tool and version; fails naming what is wrong.
+#   4. Kubernetes (kube-apiserver, kube-controller-manager, kube-scheduler,
+#      kubelet, kubectl) and etcd, built from their Go modules at one pinned
+#      release, for the cluster rig (test/cluster). The longest step by far
+#      when not cached (see build_kubernetes).
+#   5. The local test images (test/images/build.sh).
+#   6. A check of every tool and version; fails naming what is wrong.
+#
+#   scripts/deps.sh kubernetes   only step 4 (and its check)
 #
 # Built artifacts are cached outside the clone, keyed by version, in
 # ${TORPOR_DEPS_CACHE:-/var/cache/torpor/deps}/<tool>-<version>/ and copied
@@ -43,8 +49,9 @@ mode=install
 case "${1:-}" in
 "") ;;
 --check) mode=check ;;
+kubernetes) mode=kubernetes ;;
 -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-*) die "unknown argument '$1' (usage: deps.sh [--check])" ;;
+*) die "unknown argument '$1' (usage: deps.sh [--check | kubernetes])" ;;
 esac
 [[ $(id -u) == 0 ]] || die "must run as root (it installs packages and runs 'criu check')"
 
@@ -412,7 +419,137 @@ install_go_tools() {
 }
 
 # --------------------------------------------------------------------------
-# 5. checks
+# 4. Kubernetes and etcd
+# --------------------------------------------------------------------------
+KUBE_BINS="kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl"
+
+# kube_build_gomod: the go.mod of the module the Kubernetes binaries are built
+# from. It requires k8s.io/kubernetes and replaces every staging module (which
+# k8s.io/kubernetes' own go.mod points at ./staging/src/...) with its
+# published version of the same release.
+kube_build_gomod() {
+	local m
+	printf 'module torpor.invalid/kubernetes-build\n\ngo 1.26\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n' "$KUBERNETES_VERSION"
+	for m in api apiextensions-apiserver apimachinery apiserver cli-runtime client-go \
+		cloud-provider cluster-bootstrap code-generator component-base component-helpers \
+		controller-manager cri-api cri-client cri-streaming csi-translation-lib \
+		dynamic-resource-allocation endpointslice externaljwt kms kube-aggregator \
+		kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics \
+		mount-utils pod-security-admission sample-apiserver streaming; do
+		printf '\tk8s.io/%s => k8s.io/%s %s\n' "$m" "$m" "$KUBERNETES_STAGING_VERSION"
+	done
+	printf ')\n'
+}
+
+# go_build_in_module NAME LOGFILE GOMOD_TEXT VERSION LDFLAGS OUTDIR PKG...:
+# builds PKG (each a main package of one module, at VERSION) into OUTDIR from
+# a temporary module whose go.mod is GOMOD_TEXT; `go get PKG@VERSION` fills in
+# go.sum.
+go_build_in_module() {
+	local name=$1 logf=$2 gomod=$3 version=$4 ldflags=$5 out=$6
+	shift 6
+	local p at=()
+	for p in "$@"; do at+=("$p@$version"); done
+	[[ -n $go_bin ]] || find_go
+	local mod
+	mod=$(mktemp -d)
+	printf '%s\n' "$gomod" >"$mod/go.mod"
+	local -a goenv=(env CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-buildvcs=false)
+	# nice: a cold build takes many minutes of every core.
+	if ! (
+		cd "$mod" &&
+			timeout 900 "${goenv[@]}" "$go_bin" get "${at[@]}" &&
+			timeout 5400 nice -n 10 "${goenv[@]}" "$go_bin" build -trimpath -ldflags "$ldflags" -o "$out/" "$@"
+	) >>"$logf" 2>&1; then
+		rm -rf "$mod"
+		tail -n 30 "$logf" >&2
+		die "building $name failed (full log: $logf)"
+	fi
+	rm -rf "$mod"
+}
+
+# build_kubernetes: etcd and the Kubernetes binaries, each cached by version.
+# Measured cold (empty Go module and build caches) on this project's 2-core
+# machine: see the note in the commit that changes it and README's cluster
+# section; warm (cache entry present) it is a copy.
+build_kubernetes() {
+	local d=$TORPOR_DEPS_CACHE t0
+
+	local edir=$d/etcd-$ETCD_VERSION
+	if cache_complete "$edir" bin/etcd; then
+		log "etcd $ETCD_VERSION: cached"
+	else
+		log "building etcd $ETCD_VERSION with $("${go_bin:-go}" env GOVERSION)"
+		t0=$SECONDS
+		rm -rf "$edir.tmp"
+		mkdir -p "$edir.tmp/bin"
+		local elog=$d/etcd-$ETCD_VERSION.build.log
+		: >"$elog"
+		# The server module's main package is the etcd binary.
+		go_build_in_module "etcd $ETCD_VERSION" "$elog" \
+			"$(printf 'module torpor.invalid/etcd-build\n\ngo 1.26\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION")" \
+			"$ETCD_VERSION" "-s -w" "$edir.tmp/bin" "go.etcd.io/etcd/server/v3"
+		mv "$edir.tmp/bin/v3" "$edir.tmp/bin/etcd" 2>/dev/null || mv "$edir.tmp/bin/server" "$edir.tmp/bin/etcd"
+		[[ -x $edir.tmp/bin/etcd ]] || die "building etcd produced no binary (log: $elog)"
+		printf 'etcd %s\nbuilt with %s, CGO_ENABLED=0, in %ds\npackage: go.etcd.io/etcd/server/v3\n' \
+			"$ETCD_VERSION" "$("$go_bin" env GOVERSION)" "$((SECONDS - t0))" >"$edir.tmp/BUILDINFO"
+		finish_cache "$edir"
+		rm -f "$elog"
+	fi
+
+	local kdir=$d/kubernetes-$KUBERNETES_VERSION b expected=()
+	for b in $KUBE_BINS; do expected+=("bin/$b"); done
+	if cache_complete "$kdir" "${expected[@]}"; then
+		log "kubernetes $KUBERNETES_VERSION: cached"
+	else
+		[[ -n $go_bin ]] || find_go
+		log "building kubernetes $KUBERNETES_VERSION ($KUBE_BINS) with $("$go_bin" env GOVERSION); cold, this takes long"
+		t0=$SECONDS
+		rm -rf "$kdir.tmp"
+		mkdir -p "$kdir.tmp/bin"
+		local klog=$d/kubernetes-$KUBERNETES_VERSION.build.log
+		: >"$klog"
+		# The version variables Kubernetes' own build sets (hack/lib/version.sh):
+		# kubelet reports it on its Node, kubectl compares it with the server's.
+		local v=${KUBERNETES_VERSION#v} ldflags="-s -w" pkg
+		local major=${v%%.*} minor=${v#*.}
+		minor=${minor%%.*}
+		for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+			ldflags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+			ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+		done
+		local pkgs=()
+		for b in $KUBE_BINS; do pkgs+=("k8s.io/kubernetes/cmd/$b"); done
+		go_build_in_module "kubernetes $KUBERNETES_VERSION" "$klog" "$(kube_build_gomod)" \
+			"$KUBERNETES_VERSION" "$ldflags" "$kdir.tmp/bin" "${pkgs[@]}"
+		for b in $KUBE_BINS; do
+			[[ -x $kdir.tmp/bin/$b ]] || die "building kubernetes produced no '$b' (log: $klog)"
+		done
+		printf 'kubernetes %s (staging modules %s)\nbuilt with %s, CGO_ENABLED=0, in %ds\npackages: %s\n' \
+			"$KUBERNETES_VERSION" "$KUBERNETES_STAGING_VERSION" "$("$go_bin" env GOVERSION)" \
+			"$((SECONDS - t0))" "${pkgs[*]}" >"$kdir.tmp/BUILDINFO"
+		finish_cache "$kdir"
+		rm -f "$klog"
+	fi
+
+	install_bin "$edir/bin/etcd" /usr/local/bin/etcd
+	for b in $KUBE_BINS; do
+		install_bin "$kdir/bin/$b" "/usr/local/bin/$b"
+	done
+}
+
+# install_kubernetes: build_kubernetes under its own lock, so that
+# `deps.sh kubernetes` and a full run never build it twice at once.
+install_kubernetes() {
+	mkdir -p "$TORPOR_DEPS_CACHE"
+	exec 8>"$TORPOR_DEPS_CACHE/.lock-kubernetes"
+	flock 8
+	build_kubernetes
+	exec 8>&-
+}
+
+# --------------------------------------------------------------------------
+# 6. checks
 # --------------------------------------------------------------------------
 problems=()
 
@@ -442,8 +579,35 @@ check_tool() {
 	fi
 }
 
+# check_kubernetes: the cluster rig's binaries, by their installed path (a
+# kubectl elsewhere in PATH, e.g. /usr/bin, is not ours).
+check_kubernetes() {
+	local b out ver want
+	for b in etcd $KUBE_BINS; do
+		want=$KUBERNETES_VERSION
+		[[ $b == etcd ]] && want=$ETCD_VERSION
+		if [[ ! -x /usr/local/bin/$b ]]; then
+			report "$b" "-" MISSING
+			problems+=("/usr/local/bin/$b missing (scripts/deps.sh kubernetes)")
+			continue
+		fi
+		case $b in
+		kubectl) out=$(timeout 20 /usr/local/bin/kubectl version --client 2>&1) || true ;;
+		*) out=$(timeout 20 "/usr/local/bin/$b" --version 2>&1) || true ;;
+		esac
+		ver=$(grep -oE 'v?[0-9]+\.[0-9]+\.[0-9]+' <<<"$out" | head -n1) || true
+		if [[ v${ver#v} == "$want" ]]; then
+			report "$b" "$ver" ok "/usr/local/bin/$b"
+		else
+			report "$b" "${ver:-?}" WRONG "/usr/local/bin/$b"
+			problems+=("/usr/local/bin/$b reports '${ver:-no version}', want $want")
+		fi
+	done
+}
+
 check_all() {
 	log "checking dependencies"
+	check_kubernetes
 	check_tool criu "$CRIU_MIN_VERSION" criu --version
 	if command -v criu >/dev/null; then
 		local out
@@ -519,6 +683,16 @@ if [[ $mode == check ]]; then
 	check_all
 	exit
 fi
+if [[ $mode == kubernetes ]]; then
+	install_kubernetes
+	log "checking dependencies"
+	check_kubernetes
+	if ((${#problems[@]})); then
+		printf '  - %s\n' "${problems[@]}" >&2
+		exit 1
+	fi
+	exit 0
+fi
 
 mkdir -p "$TORPOR_DEPS_CACHE"
 # One deps.sh at a time on a machine (e.g. a developer and CI).
@@ -528,6 +702,7 @@ flock 9
 install_apt_packages
 install_criu
 install_go_tools
+install_kubernetes
 log "test images"
 "$repo/test/images/build.sh"
 check_all

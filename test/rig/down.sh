@@ -27,6 +27,13 @@ done
 log() { echo "rig/down[node $TORPOR_RIG_NODE]: $*" >&2; }
 [ "$(id -u)" = 0 ] || { log "must run as root"; exit 1; }
 
+# The Kubernetes test cluster on top of the rig (test/cluster), if it was
+# started: its kubelets and control plane go first.
+cluster_rc=0
+if [ "$TORPOR_RIG_NODE" = a ] && [ -e "$TORPOR_RIG_STATE/cluster" ]; then
+	TORPOR_CLUSTER_STATE="$TORPOR_RIG_STATE/cluster" "$TORPOR_RIG_DIR/../cluster/down.sh" || cluster_rc=1
+fi
+
 node_b_rc=0
 if [ "$TORPOR_RIG_NODE" = a ] && { [ -e "$TORPOR_RIG_B_ROOT" ] || [ -e "$TORPOR_RIG_B_STATE" ]; }; then
 	b_args=()
@@ -345,6 +352,10 @@ fi
 [ -e "$TORPOR_RIG_STATE" ] && left+=("$TORPOR_RIG_STATE")
 if [ "${#left[@]}" -gt 0 ]; then
 	log "LEFT BEHIND: ${left[*]}"
+	exit 1
+fi
+if [ "$cluster_rc" != 0 ]; then
+	log "the cluster (test/cluster/down.sh) left something behind (above)"
 	exit 1
 fi
 if [ "$node_b_rc" != 0 ]; then

@@ -16,7 +16,15 @@
 #                         running before this script (default: a rig this script
 #                         did not start is left running)
 #   TORPOR_SKIP_SHIM_BUILD=1  do not build the shim first (e.g. runc-only runs)
-# Exit code: cargo's.
+#   TORPOR_TEST_CLUSTER=0 without args: skip the end-to-end tests through kubectl
+#
+# Without cargo args, all tests but tests/k8s.rs run first; then the
+# Kubernetes test cluster (test/cluster/up.sh) comes up on the rig and
+# tests/k8s.rs runs against it, one test at a time, and the cluster goes down
+# again. (A kubelet kills the pods it does not know, so the crictl-driven
+# tests never run while the cluster is up.) `--test k8s` runs only those, with
+# the cluster.
+# Exit code: cargo's (the first failing phase's).
 set -uo pipefail
 
 RIG_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -44,9 +52,13 @@ if rig_containerd_pid >/dev/null; then
 	rig_was_running=1
 fi
 
+cluster_started=0
 teardown() {
 	local rc=$?
 	trap - EXIT INT TERM
+	if [ "$cluster_started" = 1 ] && [ "${TORPOR_RIG_KEEP:-0}" != 1 ]; then
+		"$RIG_DIR/../cluster/down.sh" || { echo "rig/run-tests: cluster/down.sh reported leftovers" >&2; [ "$rc" != 0 ] || rc=1; }
+	fi
 	if [ "${TORPOR_RIG_KEEP:-0}" = 1 ]; then
 		echo "rig/run-tests: TORPOR_RIG_KEEP=1, leaving the rig up (test/rig/down.sh to remove it)" >&2
 	elif [ "$rig_was_running" = 1 ] && [ "${TORPOR_RIG_DOWN:-0}" != 1 ]; then
@@ -74,5 +86,42 @@ fi
 
 "$RIG_DIR/up.sh" || exit $?
 
+# The end-to-end tests through kubectl (tests/k8s.rs) need the cluster.
+CLUSTER_TEST=k8s
+start_cluster() {
+	echo "rig/run-tests: starting the Kubernetes test cluster (test/cluster/up.sh)" >&2
+	cluster_started=1
+	"$RIG_DIR/../cluster/up.sh" || return $?
+	# shellcheck source=../cluster/env.sh
+	. "$RIG_DIR/../cluster/env.sh"
+}
+run_cluster_tests() { # cargo args...
+	start_cluster || return $?
+	echo "rig/run-tests: end-to-end tests through kubectl, 1 test thread" >&2
+	cargo test -p torpor-tests --release "$@" -- --test-threads=1 "${test_args[@]}"
+}
+
 echo "rig/run-tests: runtime under test: $TORPOR_TEST_RUNTIME, $THREADS test threads" >&2
+if [ "${#cargo_args[@]}" = 0 ]; then
+	# every test target but the cluster's, then the cluster's
+	targets=(--lib)
+	for f in "$TORPOR_REPO_ROOT"/test/tests/*.rs; do
+		t="$(basename "$f" .rs)"
+		[ "$t" = "$CLUSTER_TEST" ] || targets+=(--test "$t")
+	done
+	cargo test -p torpor-tests --release "${targets[@]}" -- --test-threads="$THREADS" "${test_args[@]}"
+	rc=$?
+	if [ "${TORPOR_TEST_CLUSTER:-1}" != 0 ]; then
+		run_cluster_tests --test "$CLUSTER_TEST"
+		rc2=$?
+		[ "$rc" != 0 ] || rc=$rc2
+	fi
+	exit "$rc"
+fi
+case " ${cargo_args[*]} " in
+*" --test $CLUSTER_TEST "* | *" --test=$CLUSTER_TEST "*)
+	run_cluster_tests "${cargo_args[@]}"
+	exit $?
+	;;
+esac
 cargo test -p torpor-tests --release "${cargo_args[@]}" -- --test-threads="$THREADS" "${test_args[@]}"

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 pub use serde_json;
 
 mod cleanup;
+pub mod cluster;
 mod counter;
 mod ctr;
 mod node;
