@@ -87,6 +87,21 @@ impl<S: Subscriber> Layer<S> for LogBridge {
     }
 }
 
+/// A `log` record's key-values as ` key=value` pairs (the cleanup's stderr
+/// logger writes them after the message).
+pub fn key_values(r: &log::Record) -> String {
+    struct Kv(String);
+    impl<'k> log::kv::VisitSource<'k> for Kv {
+        fn visit_pair(&mut self, k: log::kv::Key<'k>, v: log::kv::Value<'k>) -> Result<(), log::kv::Error> {
+            let _ = write!(self.0, " {k}={v}");
+            Ok(())
+        }
+    }
+    let mut kv = Kv(String::new());
+    let _ = r.key_values().visit(&mut kv);
+    kv.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -101,16 +116,7 @@ mod tests {
             true
         }
         fn log(&self, r: &log::Record) {
-            struct Kv(String);
-            impl<'k> log::kv::VisitSource<'k> for Kv {
-                fn visit_pair(&mut self, k: log::kv::Key<'k>, v: log::kv::Value<'k>) -> Result<(), log::kv::Error> {
-                    self.0.push_str(&format!(" {k}={v}"));
-                    Ok(())
-                }
-            }
-            let mut kv = Kv(String::new());
-            let _ = r.key_values().visit(&mut kv);
-            SEEN.lock().unwrap().push(format!("{} {}{}", r.level(), r.args(), kv.0));
+            SEEN.lock().unwrap().push(format!("{} {}{}", r.level(), r.args(), key_values(r)));
         }
         fn flush(&self) {}
     }

@@ -38,16 +38,7 @@ impl log::Log for StderrLog {
         if !self.enabled(r.metadata()) {
             return;
         }
-        struct Kv(String);
-        impl<'k> log::kv::VisitSource<'k> for Kv {
-            fn visit_pair(&mut self, k: log::kv::Key<'k>, v: log::kv::Value<'k>) -> Result<(), log::kv::Error> {
-                self.0.push_str(&format!(" {k}={v}"));
-                Ok(())
-            }
-        }
-        let mut kv = Kv(String::new());
-        let _ = r.key_values().visit(&mut kv);
-        eprintln!("torpor cleanup: {}: {}{}", r.level(), r.args(), kv.0);
+        eprintln!("torpor cleanup: {}: {}{}", r.level(), r.args(), crate::logging::key_values(r));
     }
 
     fn flush(&self) {}

@@ -71,3 +71,20 @@ impl Drop for Cleanup {
         }
     }
 }
+
+/// Arms failpoint `point` of shim `shim` (runtime/src/failpoint.rs: the
+/// rig's shim is a `failpoints` build reading `$TORPOR_FAILPOINTS_DIR`);
+/// disarmed when the guard drops.
+#[track_caller]
+pub fn arm_failpoint(shim: &str, point: &str) -> Cleanup {
+    let dir = std::env::var("TORPOR_FAILPOINTS_DIR")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .expect("TORPOR_FAILPOINTS_DIR is not set: run the tests through test/rig/run-tests.sh");
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {dir}: {e}"));
+    let p = std::path::Path::new(&dir).join(shim);
+    std::fs::write(&p, point).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+    Cleanup::new(format!("failpoint {point} of {shim}"), move || {
+        let _ = std::fs::remove_file(&p);
+    })
+}

@@ -38,7 +38,7 @@ mod counter;
 mod ctr;
 mod node;
 mod torporctl;
-pub use cleanup::Cleanup;
+pub use cleanup::{arm_failpoint, Cleanup};
 pub use counter::{Counter, CounterSpec, COUNTER_PORT};
 pub use ctr::{
     ctr, ctr_cgroup, ctr_ok, ctr_run, ctr_run_args, ctr_with, task_status, task_status_in, wait_task_status, CtrContainer,

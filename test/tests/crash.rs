@@ -23,21 +23,6 @@ use std::path::Path;
 use torpor_tests::serde_json::{self, Value};
 use torpor_tests::*;
 
-/// Arms crash point `point` of shim `shim`; disarmed when the guard drops.
-#[track_caller]
-fn arm(shim: &str, point: &str) -> Cleanup {
-    let dir = std::env::var("TORPOR_FAILPOINTS_DIR")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .expect("TORPOR_FAILPOINTS_DIR is not set: run the tests through test/rig/run-tests.sh");
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {dir}: {e}"));
-    let p = Path::new(&dir).join(shim);
-    std::fs::write(&p, point).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
-    Cleanup::new(format!("crash point {point} of {shim}"), move || {
-        let _ = std::fs::remove_file(&p);
-    })
-}
-
 /// Removes what a dead shim kept of an actor, if a test left it (a failed
 /// test: a passing one sees it consumed).
 fn kept_removed(shim: &str) -> Cleanup {
@@ -133,7 +118,7 @@ fn crash_with(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&s
         assert_eq!(a.status()["state"], "SUSPENDED");
     }
     let pid = shim_pid(a.shim()).unwrap_or_else(|| panic!("no shim process for {}", a.shim()));
-    let armed = arm(a.shim(), point);
+    let armed = arm_failpoint(a.shim(), point);
     let out = torporctl(&["--json", op, a.shim()]);
     assert!(!out.success(), "the shim was to die at {point}, but the {op} succeeded: {out}");
     drop(armed);

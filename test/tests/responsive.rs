@@ -10,27 +10,11 @@
 //! made, and must have answered, while the actor's record still says
 //! SUSPENDING and the `torporctl suspend` has not returned.
 
-use std::path::Path;
 use std::thread;
 
 use torpor_tests::*;
 
 const STALL: &str = "suspend-stall-during-dump";
-
-/// Arms failpoint `point` of shim `shim`; disarmed when the guard drops.
-#[track_caller]
-fn arm(shim: &str, point: &str) -> Cleanup {
-    let dir = std::env::var("TORPOR_FAILPOINTS_DIR")
-        .ok()
-        .filter(|s| !s.is_empty())
-        .expect("TORPOR_FAILPOINTS_DIR is not set: run the tests through test/rig/run-tests.sh");
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {dir}: {e}"));
-    let p = Path::new(&dir).join(shim);
-    std::fs::write(&p, point).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
-    Cleanup::new(format!("failpoint {point} of {shim}"), move || {
-        let _ = std::fs::remove_file(&p);
-    })
-}
 
 /// Pids of stopped (`T`) processes named `criu`.
 fn stopped_criu() -> Vec<u32> {
@@ -54,7 +38,7 @@ fn state_pids_and_stats_answer_while_the_actor_is_dumped() {
     assert_eq!(c.inc(), 1);
     let node = c.node();
     let shim = c.shim().to_string();
-    let stall = arm(&shim, STALL);
+    let stall = arm_failpoint(&shim, STALL);
 
     let suspend = {
         let shim = shim.clone();

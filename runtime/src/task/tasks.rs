@@ -418,29 +418,7 @@ impl Tasks {
             Ok::<_, Error>((io, runc::read_pid(&pid_file)?))
         }
         .await;
-        let mut result = Ok(0);
-        self.settle(id, |c| {
-            let back = match std::mem::replace(&mut c.state, ContainerState::Stopped) {
-                ContainerState::Restoring { back } => *back,
-                other => other,
-            };
-            match launched {
-                Ok((io, pid)) => {
-                    // The new stdio holds containerd's FIFOs before the
-                    // suspended one lets go of them (no EOF in between).
-                    c.init.io = io;
-                    c.init.pid = pid;
-                    c.state = ContainerState::Running;
-                    c.memory_cgroup = cgroup::memory_cgroup_of(pid);
-                    drop(back);
-                    result = Ok(pid);
-                }
-                Err(e) => {
-                    c.state = back;
-                    result = Err(e);
-                }
-            }
-        });
+        let result = self.settle_restoring(id, launched);
         if result.is_err() {
             // What a failed (or timed-out) restore left in runc's state and
             // in the container's cgroup goes, so the next attempt starts clean.
@@ -516,6 +494,17 @@ impl Tasks {
             Ok::<_, Error>((io, pid))
         }
         .await;
+        let result = self.settle_restoring(id, launched);
+        let pid = result?;
+        info!(container = id, pid, "container started cold (its checkpoint was given up)");
+        self.claim_early_exit(id, "", pid);
+        Ok(pid)
+    }
+
+    /// Settles container `id` out of `Restoring`: RUNNING with the new
+    /// init (its stdio holds containerd's FIFOs before the suspended one
+    /// lets go of them: no EOF in between), or back where it was.
+    fn settle_restoring(&self, id: &str, launched: Result<(ProcessIo, i32)>) -> Result<i32> {
         let mut result = Ok(0);
         self.settle(id, |c| {
             let back = match std::mem::replace(&mut c.state, ContainerState::Stopped) {
@@ -537,10 +526,7 @@ impl Tasks {
                 }
             }
         });
-        let pid = result?;
-        info!(container = id, pid, "container started cold (its checkpoint was given up)");
-        self.claim_early_exit(id, "", pid);
-        Ok(pid)
+        result
     }
 
     /// containerd's Checkpoint of a running or paused container into
