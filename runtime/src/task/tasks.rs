@@ -76,7 +76,6 @@ pub struct AppInfo {
     pub actor: ActorSpec,
     pub terminal: bool,
     pub rootfs_upper: Option<PathBuf>,
-    pub bundle: PathBuf,
 }
 
 #[derive(Default)]
@@ -846,7 +845,6 @@ impl Tasks {
                 actor: c.actor.clone(),
                 terminal: c.init.stdio.terminal,
                 rootfs_upper: c.rootfs_upper.clone(),
-                bundle: c.bundle.clone(),
             })
         })
     }
