@@ -34,7 +34,7 @@ NAME="demo-actor-$$"
 cat >"$WORK/pod.json" <<JSON
 {"metadata":{"name":"$NAME","namespace":"default","uid":"$NAME","attempt":0},
  "annotations":{"torpor.dev/actor":"default/$NAME"},
- "linux":{},"log_directory":"$WORK"}
+ "linux":{"cgroup_parent":"/$TORPOR_RIG_CGROUP/pod-$NAME"},"log_directory":"$WORK"}
 JSON
 cat >"$WORK/ctr.json" <<JSON
 {"metadata":{"name":"counter"},"image":{"image":"$TORPOR_ACTOR_IMAGE"},
