@@ -15,6 +15,7 @@ use nix::mount::{MntFlags, MsFlags};
 use serde_json::{json, Value};
 
 use crate::error::{Error, IoContext, Result};
+use crate::oci::spec::{read_spec_json, write_spec_json};
 
 /// The request directory's tmpfs options: room for a request, not for data.
 pub const REQUEST_TMPFS: &str = "size=4k,nr_inodes=8,mode=0755";
@@ -51,11 +52,7 @@ fn adapt_spec_in(root: &Path, bundle: &Path, group: &str) -> Result<()> {
         std::fs::write(&criu_conf, CRIU_CONFIG).io_context(|| format!("write {criu_conf:?}"))?;
     }
     let path = bundle.join("config.json");
-    let text = std::fs::read(&path).io_context(|| format!("read {path:?}"))?;
-    let mut spec: Value = serde_json::from_slice(&text).map_err(|source| Error::Json {
-        context: format!("parse {path:?}"),
-        source,
-    })?;
+    let mut spec = read_spec_json(bundle)?;
     let Some(mounts) = spec.get_mut("mounts").and_then(Value::as_array_mut) else {
         return Err(Error::InvalidArgument(format!("{path:?} has no mounts list")));
     };
@@ -73,7 +70,7 @@ fn adapt_spec_in(root: &Path, bundle: &Path, group: &str) -> Result<()> {
             ann.entry("org.criu.config").or_insert_with(|| json!(criu_conf));
         }
     }
-    write_spec(bundle, &path, &spec)
+    write_spec_json(bundle, &spec)
 }
 
 /// The request directory of `group` under `root`; a group that is not one
@@ -152,12 +149,7 @@ pub fn recovery_criu_config(bundle: &Path, restoring: bool) -> Result<()> {
         }
         return Ok(());
     }
-    let path = bundle.join("config.json");
-    let text = std::fs::read(&path).io_context(|| format!("read {path:?}"))?;
-    let mut spec: Value = serde_json::from_slice(&text).map_err(|source| Error::Json {
-        context: format!("parse {path:?}"),
-        source,
-    })?;
+    let mut spec = read_spec_json(bundle)?;
     let global = Path::new(REQUEST_ROOT).with_file_name("criu.conf");
     let ann = &mut spec["annotations"]["org.criu.config"];
     if ann.as_str() != Some(&*global.to_string_lossy()) {
@@ -165,18 +157,7 @@ pub fn recovery_criu_config(bundle: &Path, restoring: bool) -> Result<()> {
     }
     std::fs::write(&own, format!("{CRIU_CONFIG}{CRIU_RECOVERY}")).io_context(|| format!("write {own:?}"))?;
     *ann = json!(own);
-    write_spec(bundle, &path, &spec)
-}
-
-/// Replaces the bundle's config.json (`path`) with `spec` (tmp file + rename).
-fn write_spec(bundle: &Path, path: &Path, spec: &Value) -> Result<()> {
-    let tmp = bundle.join(".config.json.tmp");
-    let out = serde_json::to_vec(spec).map_err(|source| Error::Json {
-        context: "encode config.json".into(),
-        source,
-    })?;
-    std::fs::write(&tmp, out).io_context(|| format!("write {tmp:?}"))?;
-    std::fs::rename(&tmp, path).io_context(|| format!("rename {tmp:?}"))
+    write_spec_json(bundle, &spec)
 }
 
 #[cfg(test)]

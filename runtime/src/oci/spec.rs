@@ -89,10 +89,7 @@ pub const DEFAULT_UMASK: u32 = 0o022;
 /// spec has none, so every process of the container (init and execs) gets
 /// the umask it would under runc-v2. A spec that sets one is left alone.
 pub fn pin_umask(bundle: &Path) -> Result<()> {
-    let path = bundle.join("config.json");
-    let text = std::fs::read(&path).io_context(|| format!("read {path:?}"))?;
-    let mut spec: serde_json::Value =
-        serde_json::from_slice(&text).map_err(|source| Error::Json { context: format!("parse {path:?}"), source })?;
+    let mut spec = read_spec_json(bundle)?;
     let Some(user) = spec.get_mut("process").and_then(|p| p.get_mut("user")).and_then(|u| u.as_object_mut()) else {
         return Ok(()); // no process (a spec for checkpoint/restore only)
     };
@@ -100,8 +97,21 @@ pub fn pin_umask(bundle: &Path) -> Result<()> {
         return Ok(());
     }
     user.insert("umask".into(), serde_json::json!(DEFAULT_UMASK));
-    let tmp = bundle.join(".config.json.umask.tmp");
-    let out = serde_json::to_vec(&spec).map_err(|source| Error::Json { context: "encode config.json".into(), source })?;
+    write_spec_json(bundle, &spec)
+}
+
+/// The bundle's `config.json` as a JSON value, to be changed in place
+/// (fields oci-spec does not model are kept as they are).
+pub fn read_spec_json(bundle: &Path) -> Result<serde_json::Value> {
+    let path = bundle.join("config.json");
+    let text = std::fs::read(&path).io_context(|| format!("read {path:?}"))?;
+    serde_json::from_slice(&text).map_err(|source| Error::Json { context: format!("parse {path:?}"), source })
+}
+
+/// Replaces the bundle's `config.json` with `spec` (temporary file, rename).
+pub fn write_spec_json(bundle: &Path, spec: &serde_json::Value) -> Result<()> {
+    let (tmp, path) = (bundle.join(".config.json.tmp"), bundle.join("config.json"));
+    let out = serde_json::to_vec(spec).map_err(|source| Error::Json { context: "encode config.json".into(), source })?;
     std::fs::write(&tmp, out).io_context(|| format!("write {tmp:?}"))?;
     std::fs::rename(&tmp, &path).io_context(|| format!("rename {tmp:?}"))
 }
