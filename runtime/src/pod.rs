@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::actor::identity::Identity;
-use crate::actor::record::{Record, STATE_ROOT};
+use crate::actor::record::{state_root, Record};
 use crate::actor::store_client::SnapshotStore;
 use crate::error::{Error, Result};
 use crate::lifecycle::{adopt, Actor};
@@ -50,7 +50,7 @@ impl Runtime {
     /// per namespace).
     pub fn new(namespace: &str, events: mpsc::UnboundedSender<Event>) -> Self {
         let tasks = Tasks::new(namespace, events);
-        let state_root = std::env::var_os("TORPOR_STATE_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(STATE_ROOT));
+        let state_root = state_root();
         let (wake, wake_rx) = mpsc::unbounded_channel();
         let actor = Actor::new(tasks.clone(), SnapshotStore::new(), state_root, wake);
         trigger::activation::start(&actor, wake_rx);

@@ -18,6 +18,12 @@ use crate::actor::store_client::{SnapshotRef, Staging};
 /// Where torpor keeps node state (suspended images, actor records).
 pub const STATE_ROOT: &str = "/var/lib/torpor";
 
+/// The state root in use: `$TORPOR_STATE_ROOT` (the test rig's), else
+/// [`STATE_ROOT`].
+pub fn state_root() -> PathBuf {
+    std::env::var_os("TORPOR_STATE_ROOT").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(STATE_ROOT))
+}
+
 /// Lifecycle state of an actor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]

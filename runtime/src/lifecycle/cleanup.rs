@@ -33,7 +33,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::actor::store_client::SnapshotStore;
-use crate::actor::{Lifecycle, Record, Store};
+use crate::actor::{state_root, Lifecycle, Record, Store};
 use crate::error::Result;
 use crate::lifecycle::commit_labels;
 use crate::oci::bundle::remove_request_dir;
@@ -193,12 +193,6 @@ impl Drop for CleanupLock {
         // settled; one coming later locks a new file and finds the same.
         let _ = std::fs::remove_file(&self.path);
     }
-}
-
-fn state_root() -> PathBuf {
-    std::env::var_os("TORPOR_STATE_ROOT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| crate::actor::STATE_ROOT.into())
 }
 
 /// `runc delete --force`, then SIGKILL to whatever is still in the

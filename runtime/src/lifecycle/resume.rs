@@ -122,9 +122,13 @@ impl Actor {
             Some(a) => Some(a.begin_handover().await),
             None => None,
         };
+        // What `last_error` says once RUNNING: nothing, or that the actor
+        // was started cold after its restore failed.
+        let mut ran_cold = None;
         let mut result = self.restore_all(&dir, &rec, &co.path).await;
         if let Err(e) = &result {
             if self.cold_start_wanted(&rec) {
+                ran_cold = Some(format!("restore failed, started cold (torpor.dev/on-restore-failure: cold-start): {e}"));
                 result = self.cold_start_all(&rec, e).await;
             }
         }
@@ -138,10 +142,9 @@ impl Actor {
             failpoint::hit(&dir.key(), failpoint::RESUME_AFTER_RESTORE);
             // RUNNING is recorded before the held connections are let in:
             // once the actor serves, its checkpoint is no longer its state.
-            let cold = self.record().and_then(|r| r.last_error).filter(|e| e.starts_with("restore failed, started cold"));
             let saved = self.update(|r| {
                 r.state = Lifecycle::Running;
-                r.last_error = cold;
+                r.last_error = ran_cold;
                 r.last_resume_ms = Some(started.elapsed().as_millis() as u64);
                 r.committed_at_ms = None;
             });
@@ -185,7 +188,7 @@ impl Actor {
 
     /// The restore failed (`why`) and the actor asked for a cold start: its
     /// suspended containers start afresh from their images; the snapshot
-    /// stays in the store. RUNNING after, with the reason in `last_error`.
+    /// stays in the store (the caller records RUNNING, with the reason).
     async fn cold_start_all(&self, rec: &Record, why: &Error) -> Result<()> {
         warn!(actor = rec.actor.as_str(), "restore failed, starting the actor cold (torpor.dev/on-restore-failure: cold-start): {why}");
         for id in &rec.containers {
@@ -193,9 +196,6 @@ impl Actor {
                 self.tasks.cold_start(id).await.map_err(|e| e.context(&format!("cold start of {id} after a failed restore ({why})")))?;
             }
         }
-        self.update(|r| {
-            r.last_error = Some(format!("restore failed, started cold (torpor.dev/on-restore-failure: cold-start): {why}"));
-        })?;
         Ok(())
     }
 
