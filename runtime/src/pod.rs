@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::lifecycle::{adopt, Actor};
 use crate::oci::annotations::{self, ActorSpec};
 use crate::oci::bundle;
-use crate::oci::spec::{check_image, pin_umask, read_spec, ContainerSpec};
+use crate::oci::spec::{check_image, read_spec, ContainerSpec};
 use crate::system::runc::CheckpointOpts;
 use crate::system::runc_options::RuncOptions;
 use crate::system::stdio::StdioConfig;
@@ -78,7 +78,6 @@ impl Runtime {
     }
 
     async fn create_inner(&self, req: CreateRequest) -> Result<i32> {
-        pin_umask(&req.bundle)?;
         let spec = ContainerSpec::of(&read_spec(&req.bundle)?);
         let actor = ActorSpec::from_annotations(&spec.annotations)?;
         if actor.freeze_first.is_some() {

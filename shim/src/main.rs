@@ -27,7 +27,8 @@ async fn main() {
     // What torpor writes (actor records, CRIU's images and logs through
     // runc, work directories) is root's alone. Container processes get
     // their spec's umask (0022 unless it says otherwise: see
-    // torpor_runtime::oci::spec::pin_umask).
+    // torpor_runtime::oci::spec::pin_umask, applied with the rest of torpor's
+    // changes to an app container's bundle).
     nix::sys::stat::umask(nix::sys::stat::Mode::from_bits_truncate(0o077));
     logging::init();
     let config = containerd_shim::Config {

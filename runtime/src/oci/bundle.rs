@@ -15,7 +15,7 @@ use nix::mount::{MntFlags, MsFlags};
 use serde_json::{json, Value};
 
 use crate::error::{Error, IoContext, Result};
-use crate::oci::spec::{read_spec_json, write_spec_json};
+use crate::oci::spec::{pin_umask, read_spec_json, write_spec_json};
 
 /// The request directory's tmpfs options: room for a request, not for data.
 pub const REQUEST_TMPFS: &str = "size=4k,nr_inodes=8,mode=0755";
@@ -36,7 +36,8 @@ pub fn request_dir(group: &str) -> PathBuf {
 const CRIU_CONFIG: &str = "skip-in-flight\n";
 
 /// Adapts an app container's `config.json`: the request directory bind
-/// mount, and torpor's CRIU configuration.
+/// mount, torpor's CRIU configuration, and the container's umask
+/// ([`pin_umask`]).
 pub fn adapt_spec(bundle: &Path, group: &str) -> Result<()> {
     adapt_spec_in(Path::new(REQUEST_ROOT), bundle, group)
 }
@@ -70,6 +71,7 @@ fn adapt_spec_in(root: &Path, bundle: &Path, group: &str) -> Result<()> {
             ann.entry("org.criu.config").or_insert_with(|| json!(criu_conf));
         }
     }
+    pin_umask(&mut spec);
     write_spec_json(bundle, &spec)
 }
 

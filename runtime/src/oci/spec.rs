@@ -85,19 +85,14 @@ pub fn cgroup_of_bundle(bundle: &Path) -> Option<String> {
 /// shim's (077, so that torpor's files are root's alone).
 pub const DEFAULT_UMASK: u32 = 0o022;
 
-/// Writes [`DEFAULT_UMASK`] into the bundle's `process.user.umask` when the
-/// spec has none, so every process of the container (init and execs) gets
-/// the umask it would under runc-v2. A spec that sets one is left alone.
-pub fn pin_umask(bundle: &Path) -> Result<()> {
-    let mut spec = read_spec_json(bundle)?;
+/// Sets [`DEFAULT_UMASK`] as `spec`'s `process.user.umask` when it names
+/// none, so every process of the container (init and execs) gets the umask
+/// it would under runc-v2. A spec that sets one is left alone.
+pub fn pin_umask(spec: &mut serde_json::Value) {
     let Some(user) = spec.get_mut("process").and_then(|p| p.get_mut("user")).and_then(|u| u.as_object_mut()) else {
-        return Ok(()); // no process (a spec for checkpoint/restore only)
+        return; // no process (a spec for checkpoint/restore only)
     };
-    if user.contains_key("umask") {
-        return Ok(());
-    }
-    user.insert("umask".into(), serde_json::json!(DEFAULT_UMASK));
-    write_spec_json(bundle, &spec)
+    user.entry("umask").or_insert_with(|| serde_json::json!(DEFAULT_UMASK));
 }
 
 /// The bundle's `config.json` as a JSON value, to be changed in place
@@ -137,16 +132,20 @@ mod tests {
 
     #[test]
     fn a_missing_umask_is_pinned_and_a_given_one_kept() {
-        let b = tempfile::tempdir().unwrap();
-        let cfg = b.path().join("config.json");
-        std::fs::write(&cfg, r#"{"ociVersion":"1.2.0","process":{"user":{"uid":0,"gid":0},"args":["sh"]}}"#).unwrap();
-        pin_umask(b.path()).unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+        let mut v: serde_json::Value =
+            serde_json::from_str(r#"{"ociVersion":"1.2.0","process":{"user":{"uid":0,"gid":0},"args":["sh"]}}"#).unwrap();
+        pin_umask(&mut v);
         assert_eq!(v["process"]["user"]["umask"], 18);
         assert_eq!(v["process"]["args"][0], "sh");
-        std::fs::write(&cfg, r#"{"process":{"user":{"uid":0,"gid":0,"umask":63}}}"#).unwrap();
-        pin_umask(b.path()).unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&cfg).unwrap()).unwrap();
+        let mut v: serde_json::Value = serde_json::from_str(r#"{"process":{"user":{"uid":0,"gid":0,"umask":63}}}"#).unwrap();
+        pin_umask(&mut v);
         assert_eq!(v["process"]["user"]["umask"], 63);
+        // Through the bundle, as adapt_spec writes it.
+        let b = tempfile::tempdir().unwrap();
+        std::fs::write(b.path().join("config.json"), r#"{"process":{"user":{"uid":0,"gid":0}}}"#).unwrap();
+        let mut v = read_spec_json(b.path()).unwrap();
+        pin_umask(&mut v);
+        write_spec_json(b.path(), &v).unwrap();
+        assert_eq!(read_spec_json(b.path()).unwrap()["process"]["user"]["umask"], 18);
     }
 }
