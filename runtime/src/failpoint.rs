@@ -32,6 +32,21 @@ pub const RESUME_DURING_RESTORE: &str = "resume-during-restore";
 /// Every container restored and running, RUNNING not persisted yet.
 pub const RESUME_AFTER_RESTORE: &str = "resume-after-restore";
 
+/// The restore of one named container fails (armed as
+/// `restore-fails:<container name>`): a restore that fails part-way through
+/// a pod, before CRIU runs. Not a crash point: see [`fails`].
+pub const RESTORE_FAILS: &str = "restore-fails";
+
+/// The save of the actor record for one state fails as on a full disk
+/// (armed as `record-save-fails:<STATE>`, e.g. `SUSPENDED`). Not a crash
+/// point: see [`fails`].
+pub const RECORD_SAVE_FAILS: &str = "record-save-fails";
+
+/// The suspend's background commit waits while this point is armed: a
+/// dump that stays a staging (not a snapshot) as long as the test needs.
+/// Not a crash point: see [`armed`].
+pub const COMMIT_HELD: &str = "commit-held";
+
 /// The environment variable naming the directory of armed points.
 pub const DIR_ENV: &str = "TORPOR_FAILPOINTS_DIR";
 
@@ -70,6 +85,45 @@ pub fn hit(shim: &str, point: &str) {
     }
     tracing::warn!(point, shim, "failpoint: killing the shim");
     kill_self();
+}
+
+/// Whether the failure point `point` is armed for `name` in shim `shim`
+/// (the armed file holds `<point>:<name>`): the caller then fails the step
+/// as if it had failed for real.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn fails(_shim: &str, _point: &str, _name: &str) -> bool {
+    false
+}
+
+/// Whether the failure point `point` is armed for `name` in shim `shim`
+/// (the armed file holds `<point>:<name>`): the caller then fails the step
+/// as if it had failed for real.
+#[cfg(feature = "failpoints")]
+pub fn fails(shim: &str, point: &str, name: &str) -> bool {
+    let Some(dir) = std::env::var_os(DIR_ENV) else { return false };
+    let Ok(armed) = std::fs::read_to_string(std::path::Path::new(&dir).join(shim)) else { return false };
+    let hit = armed.trim().strip_prefix(point).and_then(|r| r.strip_prefix(':')) == Some(name);
+    if hit {
+        tracing::warn!(point, shim, name, "failpoint: this step fails");
+    }
+    hit
+}
+
+/// Whether the point `point` is armed in shim `shim` (the armed file holds
+/// exactly its name).
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn armed(_shim: &str, _point: &str) -> bool {
+    false
+}
+
+/// Whether the point `point` is armed in shim `shim` (the armed file holds
+/// exactly its name).
+#[cfg(feature = "failpoints")]
+pub fn armed(shim: &str, point: &str) -> bool {
+    let Some(dir) = std::env::var_os(DIR_ENV) else { return false };
+    std::fs::read_to_string(std::path::Path::new(&dir).join(shim)).is_ok_and(|a| a.trim() == point)
 }
 
 /// SIGSTOPs every CRIU process below the shim as soon as one runs, until

@@ -5,6 +5,7 @@
 //! - [`identity`]: who an app container is across pods and shims, and the
 //!   lookup of the snapshot kept for it;
 //! - [`claim`]: an actor runs at most once on the node (a flock per actor);
+//! - [`seal`]: what a suspend dumped, checked before a restore uses it;
 //! - [`store_client`]: the shim's one client of the node's snapshot store.
 //!
 //! Imports [`crate::system`], [`crate::oci`] and [`crate::error`] only.
@@ -12,6 +13,7 @@
 pub mod claim;
 pub mod identity;
 pub mod record;
+pub mod seal;
 pub mod store_client;
 
 pub use record::{now_ms, state_root, sync_dir, Lifecycle, Record, StagingRecord, Store, STATE_ROOT};

@@ -243,10 +243,17 @@ impl Store {
             context: "encode actor record".into(),
             source,
         })?;
-        let mut f = File::create(&tmp).io_context(|| format!("create {tmp:?}"))?;
-        f.write_all(&json).io_context(|| format!("write {tmp:?}"))?;
-        f.sync_all().io_context(|| format!("fsync {tmp:?}"))?;
-        fs::rename(&tmp, self.record_path()).io_context(|| format!("rename {tmp:?}"))?;
+        let written = (|| {
+            let mut f = File::create(&tmp).io_context(|| format!("create {tmp:?}"))?;
+            f.write_all(&json).io_context(|| format!("write {tmp:?}"))?;
+            f.sync_all().io_context(|| format!("fsync {tmp:?}"))?;
+            fs::rename(&tmp, self.record_path()).io_context(|| format!("rename {tmp:?}"))
+        })();
+        if written.is_err() {
+            // A full disk leaves no partial temporary behind.
+            let _ = fs::remove_file(&tmp);
+        }
+        written?;
         sync_dir(&self.dir)
     }
 

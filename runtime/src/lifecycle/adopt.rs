@@ -96,6 +96,17 @@ impl Actor {
                 return Err(e);
             }
         };
+        if let Err(e) = super::verify_seal(&co.path, &rec.actor, &format!("snapshot {snap}")).await {
+            let e = e.context(&format!("restore of {identity} from snapshot {snap}"));
+            self.store.release_logged(&co.lease).await;
+            self.update(|r| {
+                r.restore_checked = false;
+                r.restore_snapshot = None;
+                r.cloned_from = None;
+                r.last_error = Some(e.to_string());
+            })?;
+            return Err(e);
+        }
         let image = co.path.join(&identity.container);
         if !image.join("inventory.img").is_file() {
             self.store.release_logged(&co.lease).await;

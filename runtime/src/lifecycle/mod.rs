@@ -39,10 +39,11 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::actor::claim::Claim;
 use crate::actor::record::{self, Lifecycle, Record};
+use crate::actor::seal;
 use crate::actor::store_client::{self, SnapshotStore};
 use crate::error::{Error, Result};
 use crate::oci::annotations::ActorSpec;
@@ -277,6 +278,23 @@ pub(crate) fn no_actor() -> Error {
 /// The container's name in the actor (its image directory in a snapshot).
 pub(crate) fn name_of<'a>(rec: &'a Record, id: &'a str) -> &'a str {
     rec.names.get(id).map(String::as_str).unwrap_or(id)
+}
+
+/// Checks the images at `path` (a checkout or a view of a staging of
+/// `actor`, described by `from`) against the seal of their dump
+/// ([`crate::actor::seal`]) before anything is restored from them.
+pub(crate) async fn verify_seal(path: &std::path::Path, actor: &str, from: &str) -> Result<()> {
+    let p = path.to_path_buf();
+    let verified = tokio::task::spawn_blocking(move || seal::verify(&p))
+        .await
+        .map_err(|e| Error::Io { context: "verify the dump's seal".into(), source: std::io::Error::other(e) })??;
+    match verified {
+        seal::Verified::Sealed { files } => debug!(actor, from, files, "the images match their dump's seal"),
+        seal::Verified::Unsealed => {
+            warn!(actor, from, "the images have no seal (dumped by a torpor before seals): checked by the store's manifest only")
+        }
+    }
+    Ok(())
 }
 
 /// The labels a suspend's snapshot is committed with.

@@ -109,6 +109,17 @@ impl Actor {
                 return Err(e);
             }
         };
+        // Nothing is restored from images that are not the sealed dump.
+        if let Err(e) = super::verify_seal(&co.path, &rec.actor, &from).await {
+            let e = e.context(&format!("resume of actor {} from {from}", rec.actor));
+            warn!(actor = rec.actor.as_str(), "resume refused, the actor stays SUSPENDED: {e}");
+            self.store.release_logged(&co.lease).await;
+            self.update(|r| {
+                r.state = Lifecycle::Suspended;
+                r.last_error = Some(e.to_string());
+            })?;
+            return Err(e);
+        }
         if let Err(e) = self.update(|r| r.leases.push(co.lease.clone())) {
             self.store.release_logged(&co.lease).await;
             let _ = self.update(|r| {
@@ -238,8 +249,14 @@ impl Actor {
                 continue;
             }
             failpoint::hit(&dir.key(), failpoint::RESUME_DURING_RESTORE);
-            let image = images.join(name_of(rec, id));
-            if let Err(e) = self.restore_one(dir, rec.generation, id, &image).await {
+            let name = name_of(rec, id);
+            let image = images.join(name);
+            let restored_one = if failpoint::fails(&dir.key(), failpoint::RESTORE_FAILS, name) {
+                Err(Error::FailedPrecondition(format!("restore of container {name} failed (failpoint {})", failpoint::RESTORE_FAILS)))
+            } else {
+                self.restore_one(dir, rec.generation, id, &image).await
+            };
+            if let Err(e) = restored_one {
                 warn!(actor = rec.actor.as_str(), container = id.as_str(), "resume failed: {e}");
                 // Their lazy-pages daemons end with the processes.
                 for done in &restored {

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use crate::actor::record::{self, Lifecycle, Record, StagingRecord};
+use crate::actor::seal;
 use crate::actor::store_client::{SnapshotRef, Staging};
 use crate::error::{Error, IoContext, Result, StoreErrorKind};
 use crate::failpoint;
@@ -105,11 +106,18 @@ impl Actor {
             })?;
             return Err(e);
         }
-        // The images are on disk before the record says they are complete:
-        // a power loss never commits a torn dump.
+        // The dump is sealed (what a restore checks first), and on disk
+        // before the record says it is complete: a power loss never commits
+        // a torn dump.
         let synced = {
             let path = staging.path.clone();
-            tokio::task::spawn_blocking(move || sync_tree(&path))
+            tokio::task::spawn_blocking(move || {
+                if let Err(e) = seal::write(&path) {
+                    // Still the actor: restored unsealed (checked by the store's manifest).
+                    warn!("the dump's seal could not be written: {e}");
+                }
+                sync_tree(&path)
+            })
                 .await
                 .map_err(|e| Error::Io { context: "fsync the dump".into(), source: std::io::Error::other(e) })
                 .and_then(|r| r)
@@ -124,7 +132,7 @@ impl Actor {
         // be saved (a full disk) does not stop the rest: the network is
         // unlocked, the ports held and the commit started, and the commit
         // saves the record again.
-        let rec = match self.update(|r| {
+        let suspended = |r: &mut Record| {
             r.state = Lifecycle::Suspended;
             r.snapshot = None;
             r.last_error = None;
@@ -133,7 +141,18 @@ impl Actor {
             r.committed_at_ms = Some(record::now_ms());
             r.last_suspend_ms = Some(started.elapsed().as_millis() as u64);
             r.clone()
-        }) {
+        };
+        let saved = if failpoint::fails(&dir.key(), failpoint::RECORD_SAVE_FAILS, "SUSPENDED") {
+            // The test's full disk: the record changes in memory, the save fails.
+            self.update_if(|r| {
+                suspended(r);
+                None::<()>
+            })?;
+            Err(Error::Io { context: "save the actor record (failpoint)".into(), source: std::io::Error::from_raw_os_error(libc::ENOSPC) })
+        } else {
+            self.update(suspended)
+        };
+        let rec = match saved {
             Ok(rec) => rec,
             Err(e) => {
                 warn!(actor = rec.actor.as_str(), "the suspend's record could not be saved (the commit saves it again): {e}");
@@ -195,8 +214,13 @@ impl Actor {
         let keep_local = rec.keep_local_s.map(Duration::from_secs);
         let actor = rec.actor.clone();
         let me = self.clone();
+        let key = dir.key();
         tokio::spawn(async move {
             let mut delay = Duration::from_millis(500);
+            let held_until = Instant::now() + Duration::from_secs(600);
+            while failpoint::armed(&key, failpoint::COMMIT_HELD) && Instant::now() < held_until {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             loop {
                 let _ = tx.send(CommitState::Running);
                 let t = Instant::now();
