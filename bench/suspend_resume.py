@@ -150,9 +150,11 @@ class TorporSuspendResume(TorporActor):
         rec = reply[0]["actor"]
         if str(rec.get("state")).lower() != "suspended":
             raise RunError(f"after torporctl suspend the actor is {rec.get('state')!r}")
+        shim_suspend = shim_phases(self.status().get("last_suspend_phases"))
         out = {
             "suspend": ms(t0, t_gone),
             "suspend_phases": {"shim (last_suspend_ms)": float(rec.get("last_suspend_ms") or 0),
+                               **shim_suspend,
                                "torporctl return": ms(t0, t_ret),
                                "after return until the process is gone": ms(t_ret, t_gone)},
             "suspend_gone_polls": polls,
@@ -176,14 +178,17 @@ class TorporSuspendResume(TorporActor):
         st = self.status()
         if str(st.get("state")).lower() != "running":
             raise RunError(f"after the request the actor is {st.get('state')!r}: {st.get('last_error')}")
+        shim_ms = float(st.get("last_resume_ms") or 0)
         return {
             **out,
             "lazy": lazy,
             "prefetch_after_answer": ms(t_first, t_settled) if lazy else None,
             "resume": ms(t1, t_first),
-            "resume_phases": {"shim restore incl. handover (last_resume_ms)": float(st.get("last_resume_ms") or 0),
+            "resume_cpu_ms": float(st.get("last_resume_cpu_us") or 0) / 1000,
+            "resume_phases": {"shim restore incl. handover (last_resume_ms)": shim_ms,
+                              **shim_phases(st.get("last_resume_phases")),
                               "rest: wake, proxy, reply (end-to-end - last_resume_ms)":
-                                  ms(t1, t_first) - float(st.get("last_resume_ms") or 0)},
+                                  ms(t1, t_first) - shim_ms},
         }
 
 
@@ -293,11 +298,29 @@ def cleanup_leftovers() -> None:
 
 # ------------------------------------------------------------------ measure
 
-def phases_p50(runs, field):
+def shim_phases(phases) -> dict:
+    """The shim's own phases (`last_*_phases` of its record) as
+    {"shim: <name>": ms}."""
+    return {f"shim: {p['name']}": float(p.get("us") or 0) / 1000 for p in phases or []}
+
+
+def phase_keys(runs, field):
+    """Every phase name seen in any run, in first-seen order (a phase a run
+    did not pass through counts 0 ms there)."""
+    keys = []
+    for r in runs:
+        keys.extend(k for k in r[field] if k not in keys)
+    return keys
+
+
+def phases_pct(runs, field, q):
     if not runs:
         return None
-    keys = runs[0][field].keys()
-    return {k: bench.rnd(bench.percentile([r[field][k] for r in runs], 50), 1) for k in keys}
+    return {k: bench.rnd(bench.percentile([r[field].get(k, 0.0) for r in runs], q), 1) for k in phase_keys(runs, field)}
+
+
+def phases_p50(runs, field):
+    return phases_pct(runs, field, 50)
 
 
 def measure(runs: int, sizes, budget_s: float) -> list:
@@ -387,12 +410,15 @@ def measure(runs: int, sizes, budget_s: float) -> list:
             extra[f"{key}_max"] = bench.rnd(max(v), 1) if ok else None
             extra[f"{key}_samples_ms"] = [bench.rnd(x, 1) for x in v] or None
             extra[f"{key}_phases_p50_ms"] = phases_p50(rs, f"{what}_phases") if ok else None
-            extra[f"{key}_phases_p99_ms"] = (
-                {k: bench.rnd(bench.percentile([r[f"{what}_phases"][k] for r in rs], 99), 1)
-                 for k in rs[0][f"{what}_phases"]} if ok else None)
+            extra[f"{key}_phases_p99_ms"] = phases_pct(rs, f"{what}_phases", 99) if ok else None
             if what == "suspend" and ok:
                 extra[f"{key}_runs_process_outlived_return"] = sum(1 for r in rs if r["suspend_gone_polls"])
             if what == "resume" and ok and key == TORPOR:
+                cpu = [r["resume_cpu_ms"] for r in rs if r.get("resume_cpu_ms")]
+                extra["torpor_resume_cpu_ms_p50"] = pct(cpu, 50)
+                extra["torpor_resume_cpu_ms_note"] = ("CPU time (user + system) per resume: the shim and the runc and CRIU "
+                                                      "processes it waited for (not the restored process; the lazy-pages "
+                                                      "daemon is counted when it exits)")
                 lz = [r["prefetch_after_answer"] for r in rs if r.get("lazy")]
                 extra["torpor_runs_lazy_pages_seen"] = len(lz)
                 extra["torpor_lazy_prefetch_after_answer_p50_ms"] = pct(lz, 50)

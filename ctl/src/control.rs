@@ -216,7 +216,15 @@ pub fn actor_json(a: &api::Actor) -> Value {
         "cloned_from": a.cloned_from,
         "fenced": a.fenced,
         "committing": a.committing,
+        "last_resume_phases": phases_json(&a.last_resume_phases),
+        "last_suspend_phases": phases_json(&a.last_suspend_phases),
+        "last_resume_cpu_us": a.last_resume_cpu_us,
     })
+}
+
+/// Phases as `[{"name": ..., "us": ...}]`, in order.
+fn phases_json(ps: &[api::Phase]) -> Value {
+    ps.iter().map(|p| json!({"name": p.name, "us": p.us})).collect()
 }
 
 #[cfg(test)]

@@ -386,6 +386,19 @@ pub fn actor_message(r: &Record) -> api::Actor {
     a.cloned_from = r.cloned_from.clone();
     a.fenced = r.fenced.clone();
     a.committing = r.committing();
+    let phases = |ps: &[torpor_runtime::actor::record::Phase]| {
+        ps.iter()
+            .map(|p| {
+                let mut m = api::Phase::new();
+                m.name = p.name.clone();
+                m.us = p.us;
+                m
+            })
+            .collect()
+    };
+    a.last_resume_phases = phases(&r.last_resume_phases);
+    a.last_suspend_phases = phases(&r.last_suspend_phases);
+    a.last_resume_cpu_us = r.last_resume_cpu_us;
     a
 }
 

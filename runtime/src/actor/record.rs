@@ -48,6 +48,14 @@ impl std::fmt::Display for Lifecycle {
     }
 }
 
+/// One phase of a lifecycle operation and how long it took.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Phase {
+    pub name: String,
+    /// Microseconds.
+    pub us: u64,
+}
+
 /// The persisted record of one actor.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {
@@ -63,6 +71,16 @@ pub struct Record {
     /// Milliseconds the last suspend and resume took.
     pub last_suspend_ms: Option<u64>,
     pub last_resume_ms: Option<u64>,
+    /// Where the last resume's time went, phase by phase, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_resume_phases: Vec<Phase>,
+    /// The CPU time (µs) the last resume cost the shim and the runc and
+    /// CRIU processes it waited for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_resume_cpu_us: Option<u64>,
+    /// Where the last suspend's time went, phase by phase, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub last_suspend_phases: Vec<Phase>,
     /// Container id -> container name (CRI `io.kubernetes.cri.container-name`,
     /// else the id): with `actor`, the identity a kept checkpoint is found by.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -155,6 +173,9 @@ impl Record {
             last_error: None,
             last_suspend_ms: None,
             last_resume_ms: None,
+            last_resume_phases: Vec::new(),
+            last_resume_cpu_us: None,
+            last_suspend_phases: Vec::new(),
             names: BTreeMap::new(),
             cgroups: BTreeMap::new(),
             committed_at_ms: None,

@@ -32,6 +32,7 @@ pub mod cleanup;
 pub mod freeze;
 pub mod resume;
 pub mod suspend;
+mod timing;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -14,6 +14,7 @@ use crate::actor::store_client::SnapshotRef;
 use crate::error::{Error, IoContext, Result, StoreErrorKind};
 use crate::failpoint;
 use crate::oci::annotations::OnRestoreFailure;
+use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{lock, name_of, Actor};
 use crate::system::reaper;
 use crate::system::runc::RestoreFrom;
@@ -50,6 +51,7 @@ impl Actor {
     /// was committed meanwhile (try again with the snapshot).
     async fn resume_once(&self, started: Instant) -> Result<Option<Record>> {
         let _gate = self.gate.lock().await;
+        let mut t = Timing::start();
         let dir = self.dir().ok_or_else(super::no_actor)?;
         let rec = self.record().ok_or_else(super::no_actor)?;
         if matches!(rec.state, Lifecycle::Frozen | Lifecycle::Suspended) {
@@ -60,6 +62,7 @@ impl Actor {
                 self.update(|r| r.last_error = Some(e.to_string()))?;
                 return Err(e);
             }
+            t.mark("confirm_lease");
         }
         match rec.state {
             Lifecycle::Frozen => return self.thaw(&rec, started).await.map(Some),
@@ -97,6 +100,7 @@ impl Actor {
             },
             _ => self.store.checkout(&snap).await,
         };
+        t.mark(if rec.snapshot.is_none() { "view_staging" } else { "checkout" });
         let co = match co {
             Ok(co) => co,
             Err(e) => {
@@ -120,6 +124,7 @@ impl Actor {
             })?;
             return Err(e);
         }
+        t.mark("verify_seal");
         if let Err(e) = self.update(|r| r.leases.push(co.lease.clone())) {
             self.store.release_logged(&co.lease).await;
             let _ = self.update(|r| {
@@ -133,14 +138,16 @@ impl Actor {
             Some(a) => Some(a.begin_handover().await),
             None => None,
         };
+        t.mark("handover_begin");
         // What `last_error` says once RUNNING: nothing, or that the actor
         // was started cold after its restore failed.
         let mut ran_cold = None;
-        let mut result = self.restore_all(&dir, &rec, &co.path).await;
+        let mut result = self.restore_all(&dir, &rec, &co.path, &mut t).await;
         if let Err(e) = &result {
             if self.cold_start_wanted(&rec) {
                 ran_cold = Some(format!("restore failed, started cold (torpor.dev/on-restore-failure: cold-start): {e}"));
                 result = self.cold_start_all(&rec, e).await;
+                t.mark("cold_start");
             }
         }
         if result.is_err() {
@@ -162,9 +169,11 @@ impl Actor {
             if let Err(e) = saved {
                 warn!(actor = rec.actor.as_str(), "resumed, but the record could not be saved: {e}");
             }
+            t.mark("record_running");
         }
         if let Some(h) = handover {
             h.finish().await;
+            t.mark("handover");
         }
         if let Err(e) = result {
             self.store.release_logged(&co.lease).await;
@@ -183,8 +192,14 @@ impl Actor {
             me.store.release_logged(&lease).await;
             me.forget_lease(&lease);
         }));
+        // Kept in memory (status shows it), saved with the next change.
+        let _ = self.update_if(|r| {
+            r.last_resume_phases = t.phases();
+            r.last_resume_cpu_us = t.cpu_us();
+            None::<()>
+        });
         let rec = self.record().ok_or_else(super::no_actor)?;
-        info!(actor = rec.actor.as_str(), from = from.as_str(), ms = rec.last_resume_ms, "actor resumed");
+        info!(actor = rec.actor.as_str(), from = from.as_str(), ms = rec.last_resume_ms, cpu_us = rec.last_resume_cpu_us, phases = ?rec.last_resume_phases, "actor resumed");
         Ok(Some(rec))
     }
 
@@ -242,7 +257,7 @@ impl Actor {
     /// those restored before it are suspended again (a pod is never half
     /// running under a SUSPENDED record) and the actor is SUSPENDED, with
     /// the reason.
-    async fn restore_all(&self, dir: &record::Store, rec: &Record, images: &Path) -> Result<()> {
+    async fn restore_all(&self, dir: &record::Store, rec: &Record, images: &Path, t: &mut Timing) -> Result<()> {
         let mut restored: Vec<&str> = Vec::new();
         for id in &rec.containers {
             if !self.tasks.is_suspended(id) {
@@ -254,7 +269,7 @@ impl Actor {
             let restored_one = if failpoint::fails(&dir.key(), failpoint::RESTORE_FAILS, name) {
                 Err(Error::FailedPrecondition(format!("restore of container {name} failed (failpoint {})", failpoint::RESTORE_FAILS)))
             } else {
-                self.restore_one(dir, rec.generation, id, &image).await
+                self.restore_one(dir, rec.generation, id, &image, t).await
             };
             if let Err(e) = restored_one {
                 warn!(actor = rec.actor.as_str(), container = id.as_str(), "resume failed: {e}");
@@ -282,14 +297,18 @@ impl Actor {
     /// lazy-pages` daemon, the rest prefetched in the background), falling
     /// back to a full restore when that cannot be used. CRIU's work
     /// directories are the shim's, outside the (read-only) snapshot.
-    pub(crate) async fn restore_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path) -> Result<i32> {
+    pub(crate) async fn restore_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path, t: &mut Timing) -> Result<i32> {
         let image = image.to_path_buf();
         if lazy_pages_enabled() {
             let work = dir.work_dir(generation, id, "lazy");
-            match LazyDaemon::start(&image, &work).await {
+            let started = LazyDaemon::start(&image, &work).await;
+            t.mark("lazy_pages_start");
+            match started {
                 Ok(daemon) => {
                     let from = RestoreFrom { image: image.clone(), work, lazy: true };
-                    match self.tasks.restore(id, &from).await {
+                    let restored = self.tasks.restore(id, &from).await;
+                    t.mark("runc_restore");
+                    match restored {
                         Ok(pid) => {
                             lock(&self.lazy).push(daemon.finish());
                             return Ok(pid);
@@ -304,7 +323,9 @@ impl Actor {
             }
         }
         let work = dir.work_dir(generation, id, "restore");
-        self.tasks.restore(id, &RestoreFrom { image, work, lazy: false }).await
+        let restored = self.tasks.restore(id, &RestoreFrom { image, work, lazy: false }).await;
+        t.mark("runc_restore");
+        restored
     }
 
     /// Waits until every lazy-pages daemon has served all its pages (a

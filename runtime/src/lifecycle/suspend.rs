@@ -19,6 +19,7 @@ use crate::actor::seal;
 use crate::actor::store_client::{SnapshotRef, Staging};
 use crate::error::{Error, IoContext, Result, StoreErrorKind};
 use crate::failpoint;
+use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{commit_labels, lock, name_of, Actor};
 use crate::system::held_ports;
 use crate::system::netns;
@@ -50,6 +51,7 @@ impl Actor {
                 break gate;
             }
         };
+        let mut t = Timing::start();
         let dir = self.dir().ok_or_else(super::no_actor)?;
         let rec = self.record().ok_or_else(super::no_actor)?;
         if !matches!(rec.state, Lifecycle::Running | Lifecycle::Frozen) {
@@ -74,6 +76,7 @@ impl Actor {
                 return Err(e);
             }
         };
+        t.mark("begin_staging");
         let persisted = self.update(|r| {
             r.generation = r.generation.checked_add(1).ok_or_else(|| {
                 Error::FailedPrecondition(format!("actor {}: generation {} cannot grow", r.actor, r.generation))
@@ -92,9 +95,10 @@ impl Actor {
         };
         let generation = rec.generation;
         failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_PERSIST);
+        t.mark("record_suspending");
 
         let images: Vec<(String, PathBuf)> = ids.iter().map(|id| (id.clone(), staging.path.join(name_of(&rec, id)))).collect();
-        if let Err(e) = self.checkpoint_all(&dir, generation, &images, was == Lifecycle::Frozen).await {
+        if let Err(e) = self.checkpoint_all(&dir, generation, &images, was == Lifecycle::Frozen, &mut t).await {
             warn!(actor = rec.actor.as_str(), "suspend failed, actor keeps running: {e}");
             self.store.abort_logged(&staging).await;
             let _ = std::fs::remove_dir_all(dir.work_root());
@@ -127,6 +131,7 @@ impl Actor {
             // (which fsyncs what it stores) is its durability now.
             warn!(actor = rec.actor.as_str(), "fsync of the dump: {e}");
         }
+        t.mark("seal_fsync");
         // Every dump is complete: recorded before anything else, so that a
         // shim death from here on commits the staging. A record that cannot
         // be saved (a full disk) does not stop the rest: the network is
@@ -140,6 +145,7 @@ impl Actor {
             r.restored_names.clear();
             r.committed_at_ms = Some(record::now_ms());
             r.last_suspend_ms = Some(started.elapsed().as_millis() as u64);
+            r.last_suspend_phases = t.phases();
             r.clone()
         };
         let saved = if failpoint::fails(&dir.key(), failpoint::RECORD_SAVE_FAILS, "SUSPENDED") {
@@ -171,11 +177,18 @@ impl Actor {
         if let (Some(netns), false) = (&netns, ports.is_empty()) {
             self.hold_ports(netns.clone(), ports);
         }
+        t.mark("record_suspended");
         if let Some(ns) = &netns {
             if let Err(e) = netns::unlock_criu_network(ns).await {
                 warn!(actor = rec.actor.as_str(), "{e}");
             }
         }
+        t.mark("hold_ports_unlock_network");
+        // Kept in memory (status shows it), saved with the next change.
+        let _ = self.update_if(|r| {
+            r.last_suspend_phases = t.phases();
+            None::<()>
+        });
         self.start_commit(&dir, &rec);
         info!(actor = rec.actor.as_str(), ms = rec.last_suspend_ms, "actor suspended");
         Ok(rec)
@@ -287,7 +300,7 @@ impl Actor {
 
     /// Freeze all, dump each into its image directory; on a failure, bring
     /// back what was touched, to the state it had (`was_frozen`: paused).
-    async fn checkpoint_all(&self, dir: &record::Store, generation: u64, images: &[(String, PathBuf)], was_frozen: bool) -> Result<()> {
+    async fn checkpoint_all(&self, dir: &record::Store, generation: u64, images: &[(String, PathBuf)], was_frozen: bool, t: &mut Timing) -> Result<()> {
         for (id, _) in images {
             if self.tasks.has_live_execs(id)? {
                 return Err(Error::FailedPrecondition(format!("container {id} has exec sessions running")));
@@ -306,17 +319,22 @@ impl Actor {
                 frozen.push(id.clone());
             }
         }
+        t.mark("freeze");
         if failure.is_none() {
             failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_FREEZE);
             for (id, image) in images {
-                if let Err(e) = self.dump_one(dir, generation, id, image).await {
+                let dumped_one = self.dump_one(dir, generation, id, image).await;
+                t.mark("dump");
+                if let Err(e) = dumped_one {
                     failure = Some(e);
                     break;
                 }
                 dumped.push((id.clone(), image.clone()));
                 // Its files, while no process changes them.
                 if let Some(upper) = self.tasks.app_info(id).ok().and_then(|i| i.rootfs_upper) {
-                    if let Err(e) = capture_rootfs(id, &upper, image).await {
+                    let captured = capture_rootfs(id, &upper, image).await;
+                    t.mark("rootfs_capture");
+                    if let Err(e) = captured {
                         failure = Some(e);
                         break;
                     }
@@ -326,7 +344,7 @@ impl Actor {
         let Some(e) = failure else { return Ok(()) };
         // Roll back: restore what was dumped, thaw what was only frozen.
         for (id, image) in &dumped {
-            if let Err(re) = self.restore_one(dir, generation, id, image).await {
+            if let Err(re) = self.restore_one(dir, generation, id, image, &mut Timing::start()).await {
                 warn!(container = id.as_str(), "rollback restore after a failed suspend: {re}");
             }
         }
