@@ -1,0 +1,219 @@
+#!/usr/bin/env python3
+"""wakeups_per_s: N suspended actors (default 40, `/actor counter
+--alloc-mib 64` each) woken all at once, each by one request; torpor vs
+runc-v2 (N concurrent `ctr c restore`), same containerd, runc and CRIU.
+
+One round, per runtime:
+
+1. untimed: every actor is suspended (torpor: `torporctl suspend`, the shim
+   holds the port; runc-v2: `ctr c checkpoint --rw --task` + `ctr t delete
+   -f` + `ctr c rm`), and every lazy-pages daemon of the last round is gone.
+2. TIMED from one common t0: N threads, released together, each send `inc`
+   to one actor's pod IP and wait for the first byte of the answer (runc-v2:
+   each thread first runs `ctr c restore --rw --live`, then connects,
+   retrying while refused). Every answer must be that actor's previous
+   counter + 1, or the round fails.
+
+Per round: throughput = N / (time from t0 to the last answer), and every
+actor's latency (t0 to its answer). The entry's `torpor` / `baseline` is the
+median throughput over the rounds (higher is better; goal >= 50 wakeups/s
+on 2 cores), `torpor_p99` the lowest round's throughput (the 1st percentile
+of a higher-is-better figure: the worst case), and the latency percentiles
+over all actors of all rounds are `*_latency_p50_ms` / `*_latency_p99_ms`.
+The CPU time per torpor resume (the shims' `last_resume_cpu_us`) is kept.
+
+    bench/wakeups.py [--actors N] [--rounds R] [--mib M]
+
+Environment: TORPOR_BENCH_WAKE_ACTORS (40), TORPOR_BENCH_WAKE_ROUNDS (3),
+TORPOR_BENCH_WAKE_MIB (64).
+"""
+
+import argparse
+import os
+import sys
+import threading
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
+from bench import (BASELINE, BASELINE_RUNTIME_TYPE, TORPOR, BenchPod, RunError, TorporActor,  # noqa: E402
+                   actor_pids, check_counter, inc_first_byte, log, ms, netns_inode, now_ns, pct,
+                   remove_restore_dirs, wait_gone)
+
+NAMESPACE = "default"
+ID_PREFIX = "bench-wake-"
+IMAGE_PREFIX = "localhost/torpor-bench/wakeups/"
+GOAL = ">= 50 wakeups/s (absolute, 40 actors of 64 MiB on 2 cores)"
+GOAL_MIN = 50.0
+
+
+def ctr(*args, timeout=bench.LONG_CALL_TIMEOUT_S, check=True) -> str:
+    return bench.ctr(NAMESPACE, *args, timeout=timeout, check=check)
+
+
+class TorporSleeper(TorporActor):
+    def suspend(self) -> None:
+        self.wait_settled()
+        rec = self.ctl("suspend", self.pod.id)[0]["actor"]
+        if str(rec.get("state")).lower() != "suspended":
+            raise RunError(f"after torporctl suspend the actor is {rec.get('state')!r}")
+        wait_gone(self.netns_ino, self.mib)
+
+    def wake(self, t0: int) -> int:
+        _, t_first, got = inc_first_byte(self.ip, t0, retry_refused=False)
+        check_counter(got, self.counter + 1)
+        self.counter += 1
+        return t_first
+
+    def cpu_ms(self):
+        us = self.status().get("last_resume_cpu_us")
+        return None if us is None else float(us) / 1000
+
+
+class BaselineSleeper:
+    """The actor as a `ctr run` container of runc-v2 in a runc pod's netns."""
+
+    def __init__(self, mib: int):
+        self.mib = mib
+        self.pod = BenchPod(BASELINE, prefix="wake")
+        self.cid = f"{ID_PREFIX}{uuid.uuid4().hex[:10]}"
+        self.ref = None
+        try:
+            self.pod.run()
+            info = bench.crictl_json("inspectp", "-o", "json", self.pod.id)
+            self.ip = info["status"]["network"]["ip"]
+            nss = info["info"]["runtimeSpec"]["linux"]["namespaces"]
+            netns = next(n["path"] for n in nss if n["type"] == "network")
+            self.netns_ino = netns_inode(netns)
+            ctr("run", "-d", "--runtime", BASELINE_RUNTIME_TYPE, "--with-ns", f"network:{netns}",
+                "--cgroup", f"{bench.CGROUP_ROOT}/pod-{self.pod.name}/{self.cid}",
+                bench.ACTOR_IMAGE, self.cid,
+                "/actor", "counter", "--port", str(bench.ACTOR_PORT), "--alloc-mib", str(mib))
+            bench.wait_actor(self.ip, error=RunError)
+            self.counter = int(bench.actor_call(self.ip, ["get"], error=RunError)[0])
+        except BaseException:
+            self.remove()
+            raise
+
+    def suspend(self) -> None:
+        self.drop_image()
+        self.ref = f"{IMAGE_PREFIX}{self.cid}:{uuid.uuid4().hex[:8]}"
+        ctr("containers", "checkpoint", "--rw", "--task", self.cid, self.ref)
+        ctr("tasks", "delete", "-f", self.cid)
+        wait_gone(self.netns_ino, self.mib)
+        ctr("containers", "rm", self.cid)
+
+    def wake(self, t0: int) -> int:
+        ctr("containers", "restore", "--rw", "--live", self.cid, self.ref)
+        _, t_first, got = inc_first_byte(self.ip, t0, retry_refused=True)
+        check_counter(got, self.counter + 1)
+        self.counter += 1
+        return t_first
+
+    def cpu_ms(self):
+        return None
+
+    def drop_image(self) -> None:
+        if self.ref:
+            ctr("images", "rm", "--sync", self.ref, check=False, timeout=120)
+            self.ref = None
+        remove_restore_dirs(self.cid)
+
+    def remove(self) -> None:
+        bench.remove_container(NAMESPACE, self.cid)
+        self.drop_image()
+        self.pod.remove()
+
+
+def one_round(actors) -> dict:
+    """Suspends every actor (untimed), then wakes them all at once."""
+    for a in actors:
+        a.suspend()
+    barrier = threading.Barrier(len(actors) + 1)
+    t0_box = {}
+    done = [None] * len(actors)
+
+    def wake(i, a):
+        barrier.wait()
+        try:
+            done[i] = a.wake(t0_box["t0"])
+        except Exception as e:  # noqa: BLE001 - the round fails below
+            done[i] = e
+
+    threads = [threading.Thread(target=wake, args=(i, a), daemon=True) for i, a in enumerate(actors)]
+    for t in threads:
+        t.start()
+    t0_box["t0"] = now_ns()
+    barrier.wait()
+    for t in threads:
+        t.join(timeout=bench.LONG_CALL_TIMEOUT_S)
+    t0 = t0_box["t0"]
+    errors = [d for d in done if not isinstance(d, int)]
+    if errors:
+        raise RunError(f"{len(errors)} of {len(actors)} wake-ups failed; first: {errors[0]}")
+    lat = [ms(t0, t) for t in done]
+    cpu = [c for c in (a.cpu_ms() for a in actors) if c is not None]
+    return {"throughput": len(actors) / (max(lat) / 1000.0), "latencies": lat, "cpu_ms": cpu}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--actors", type=int, default=int(os.environ.get("TORPOR_BENCH_WAKE_ACTORS", "40")))
+    ap.add_argument("--rounds", type=int, default=int(os.environ.get("TORPOR_BENCH_WAKE_ROUNDS", "3")))
+    ap.add_argument("--mib", type=int, default=int(os.environ.get("TORPOR_BENCH_WAKE_MIB", "64")))
+    args = ap.parse_args()
+    results = {TORPOR: [], BASELINE: []}
+    errors = {}
+    with bench.bench_session():
+        bench.ensure_torporctl()
+        for key, make in ((TORPOR, lambda: TorporSleeper(args.mib, seed=0)), (BASELINE, lambda: BaselineSleeper(args.mib))):
+            actors = []
+            try:
+                for _ in range(args.actors):
+                    actors.append(make())
+                log(f"wakeups {key}: {len(actors)} actors of {args.mib} MiB up")
+                for r in range(args.rounds):
+                    res = one_round(actors)
+                    results[key].append(res)
+                    log(f"wakeups {key}: round {r + 1}: {res['throughput']:.1f} wakeups/s, "
+                        f"latency p50 {pct(res['latencies'], 50):.0f} ms, max {max(res['latencies']):.0f} ms")
+            except Exception as e:  # noqa: BLE001 - reported in results.json
+                errors[key] = f"{type(e).__name__}: {e}"
+                log(f"wakeups {key}: {errors[key]}")
+            finally:
+                for a in actors:
+                    try:
+                        a.remove()
+                    except Exception as e:  # noqa: BLE001
+                        log(f"wakeups: removing an actor: {e}")
+    extra = {}
+    value = {}
+    for key in (TORPOR, BASELINE):
+        rs = results[key] if key not in errors else []
+        thr = [r["throughput"] for r in rs]
+        lat = [x for r in rs for x in r["latencies"]]
+        value[key] = pct(thr, 50) if thr else None
+        extra[f"{key}_p99"] = bench.rnd(min(thr), 2) if thr else None
+        extra[f"{key}_rounds_per_s"] = [bench.rnd(t, 2) for t in thr] or None
+        extra[f"{key}_latency_p50_ms"] = pct(lat, 50) if lat else None
+        extra[f"{key}_latency_p99_ms"] = pct(lat, 99) if lat else None
+        cpu = [x for r in rs for x in r["cpu_ms"]]
+        if cpu:
+            extra[f"{key}_resume_cpu_ms_p50"] = pct(cpu, 50)
+    met = None if value[TORPOR] is None else extra[f"{TORPOR}_p99"] >= GOAL_MIN
+    extra["goal_met"] = met
+    extra["torpor_note"] = (f"goal {GOAL}: {'met' if met else 'NOT met'} (worst round "
+                            f"{extra[f'{TORPOR}_p99']} wakeups/s)") if met is not None else None
+    e = bench.entry("wakeups_per_s", "wakeups/s", torpor=value[TORPOR], baseline=value[BASELINE],
+                    lower_is_better=False, goal=GOAL, error=errors.get(TORPOR), baseline_error=errors.get(BASELINE),
+                    statistic=(f"median over {args.rounds} rounds of N/(t0 to the last answer), N = {args.actors} "
+                               f"suspended actors of {args.mib} MiB woken at once by one request each (every "
+                               f"answer checked); torpor_p99/baseline_p99: the worst round; latencies over all "
+                               f"actors of all rounds. runc-v2: N concurrent `ctr c restore --rw --live` + request"),
+                    **extra)
+    bench.merge_results([e])
+    log(f"wakeups_per_s: torpor={e['torpor']} baseline={e['baseline']} wakeups/s")
+
+
+if __name__ == "__main__":
+    main()
