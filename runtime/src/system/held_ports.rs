@@ -17,9 +17,14 @@
 //! must not trust it for connections that arrive while it sleeps (handing
 //! the original socket over instead is future work). While the listeners
 //! are closed and the process is being restored, new SYNs to those ports
-//! are dropped (not refused) by an iptables (and, for IPv6 listeners, an
-//! ip6tables) rule in the pod's network namespace, so a client racing the
-//! resume retransmits and is served.
+//! are dropped (not refused), so a client racing the resume retransmits and
+//! is served: a pair of iptables (and, for IPv6 listeners, ip6tables) rules
+//! in the pod's network namespace drops a SYN to a held port only when no
+//! socket listens on it (`-m socket --nowildcard` accepts it first). The
+//! pair goes in when the ports are held and comes out after the handover,
+//! both in the background: no iptables run on the resume's path (they cost
+//! it two process spawns, 15-40 ms). Rule changes are serialized, and the
+//! handover waits for the pair to be in.
 //!
 //! Bounds: at most [`MAX_HELD`] connections are held (or being classified)
 //! at a time; one over the bound is reset at once (RST) with a warning. An
@@ -107,20 +112,36 @@ fn syn_drop_ports(listen: &[SocketAddr]) -> [(&'static str, Vec<u16>); 2] {
     [("iptables", v4), ("ip6tables", v6)]
 }
 
-/// Drop (not refuse) new connections to the ports of `listen` while the
-/// actor is being restored.
+/// Serializes the shim's changes to the SYN-drop rules (one shim serves
+/// one pod): an insert, the handover's wait for it, and a removal happen in
+/// the order they were asked for.
+static SYN_DROP_RULES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Inserts (or removes) the pair of rules that drops (not refuses) a new
+/// connection to a port of `listen` while nothing listens on it: the first
+/// accepts a SYN that has a listening socket, the second drops the rest.
 async fn syn_drop(netns: &Path, listen: &[SocketAddr], insert: bool) -> Result<()> {
-    let op = if insert { "-I" } else { "-D" };
+    let _serial = SYN_DROP_RULES.lock().await;
     let mut errors = Vec::new();
     for (tool, ports) in syn_drop_ports(listen) {
         for chunk in ports.chunks(MULTIPORT_MAX) {
             let list = chunk.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
             // Not on loopback: the shim's own proxy connects to the actor that way.
-            let args = [op, "INPUT", "!", "-i", "lo", "-p", "tcp", "--syn", "-m", "multiport", "--dports", &list, "-j", "DROP"];
-            match iptables_in(netns, tool, &args).await {
-                Ok(out) if out.status.success() => {}
-                Ok(out) => errors.push(format!("{tool} {op} (ports {list}): {}", String::from_utf8_lossy(&out.stderr).trim())),
-                Err(e) => errors.push(format!("{tool} {op} (ports {list}): {e}")),
+            let syn = ["INPUT", "!", "-i", "lo", "-p", "tcp", "--syn", "-m", "multiport", "--dports", &list];
+            let accept: Vec<&str> = syn.iter().copied().chain(["-m", "socket", "--nowildcard", "-j", "ACCEPT"]).collect();
+            let drop: Vec<&str> = syn.iter().copied().chain(["-j", "DROP"]).collect();
+            // In: the pair at the top, accept first. Out: each once.
+            let steps: [(&str, Option<&str>, &[&str]); 2] =
+                if insert { [("-I", Some("1"), &accept), ("-I", Some("2"), &drop)] } else { [("-D", None, &accept), ("-D", None, &drop)] };
+            for (op, pos, rule) in steps {
+                let mut args = vec![op, rule[0]];
+                args.extend(pos);
+                args.extend(&rule[1..]);
+                match iptables_in(netns, tool, &args).await {
+                    Ok(out) if out.status.success() => {}
+                    Ok(out) => errors.push(format!("{tool} {op} (ports {list}): {}", String::from_utf8_lossy(&out.stderr).trim())),
+                    Err(e) => errors.push(format!("{tool} {op} (ports {list}): {e}")),
+                }
             }
         }
     }
@@ -247,6 +268,13 @@ impl Armed {
         }
         let (stop_tx, stop_rx) = oneshot::channel();
         tokio::spawn(watch(listeners, wake, stop_rx, limit));
+        // In the background: the handover waits for it (see the module doc).
+        let (ns, ports) = (netns.to_path_buf(), listen.clone());
+        tokio::spawn(async move {
+            if let Err(e) = syn_drop(&ns, &ports, true).await {
+                warn!("activation: new connections will be refused, not held, while the actor resumes: {e}");
+            }
+        });
         info!(listen = ?listen, "activation armed");
         Ok(Armed {
             netns: netns.to_path_buf(),
@@ -258,9 +286,8 @@ impl Armed {
     /// Before the restore: new SYNs are dropped, the listeners closed, and
     /// every connection accepted so far is kept for the handover.
     pub async fn begin_handover(mut self) -> Handover {
-        if let Err(e) = syn_drop(&self.netns, &self.listen, true).await {
-            warn!("activation: cannot hold new connections during the resume: {e}");
-        }
+        // The SYN-drop rules asked for when the ports were held are in.
+        drop(SYN_DROP_RULES.lock().await);
         let mut held = Vec::new();
         if let Some(stop) = self.stop.take() {
             let (tx, rx) = oneshot::channel();
@@ -297,9 +324,13 @@ impl Handover {
                 }
             });
         }
-        if let Err(e) = syn_drop(&self.netns, &self.listen, false).await {
-            warn!("activation: remove the SYN drop rule: {e}");
-        }
+        // Off the resume's path: the restored listeners take the SYNs now.
+        let (netns, listen) = (self.netns.clone(), self.listen.clone());
+        tokio::spawn(async move {
+            if let Err(e) = syn_drop(&netns, &listen, false).await {
+                warn!("activation: remove the SYN drop rules: {e}");
+            }
+        });
         if n > 0 {
             info!(connections = n, "activation: connections handed over");
         }
@@ -584,6 +615,7 @@ mod tests {
         let rules = iptables_in(&ns.path, "ip6tables", &["-S", "INPUT"]).await.unwrap();
         let rules = String::from_utf8_lossy(&rules.stdout).into_owned();
         assert!(rules.contains("--dports 7070") && rules.contains("DROP"), "{rules}");
+        assert!(rules.contains("-m socket --nowildcard -j ACCEPT"), "a SYN with a listener is accepted first: {rules}");
         // The restored actor listens again.
         let app = in_netns(&ns.path, move || StdListener::bind(listen)).unwrap();
         app.set_nonblocking(true).unwrap();
@@ -597,8 +629,17 @@ mod tests {
         conn.write_all(b"world").await.unwrap();
         cr.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"world");
-        let rules = iptables_in(&ns.path, "ip6tables", &["-S", "INPUT"]).await.unwrap();
-        assert!(!String::from_utf8_lossy(&rules.stdout).contains("7070"));
+        // The rules come out in the background, after the handover.
+        let mut left = String::new();
+        for _ in 0..500 {
+            let rules = iptables_in(&ns.path, "ip6tables", &["-S", "INPUT"]).await.unwrap();
+            left = String::from_utf8_lossy(&rules.stdout).into_owned();
+            if !left.contains("7070") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the SYN-drop rules are still there after the handover: {left}");
     }
 
     /// Held connections are bounded: one over the bound is reset.
