@@ -3,10 +3,11 @@
 //! drivers. Reads run on the checked-in trees; writes on a copy.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Command;
 use std::time::Duration;
 
 use super::*;
+use crate::system::reaper;
 
 const UID: &str = "0f1e2d3c_4b5a_6978_8796_a5b4c3d2e1f0";
 const CID: &str = "4f3c2b1a0e9d8c7b6a5f4e3d2c1b0a9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d4c3b";
@@ -101,21 +102,39 @@ fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap()
 }
 
-/// A child to kill that is surely ours (a recorded tree's pids are not).
-fn child() -> Child {
-    Command::new("sleep").arg("1000").spawn().unwrap()
+/// A child to kill that is surely ours (a recorded tree's pids are not),
+/// and the reaper's stream its exit comes on (the crate's reaper reaps
+/// every child with `waitpid(-1)`, so a test never waits for one itself).
+#[allow(clippy::zombie_processes)] // the reaper waits for it
+fn child() -> (i32, reaper::Subscription) {
+    spawn(Command::new("sleep").arg("1000"))
+}
+
+#[allow(clippy::zombie_processes)] // the reaper waits for it
+fn spawn(cmd: &mut Command) -> (i32, reaper::Subscription) {
+    let sub = reaper::subscribe();
+    let c = cmd.spawn().unwrap();
+    (c.id() as i32, sub)
 }
 
 /// Puts `pid` as the only process in each of the cgroup's directories.
-fn only(cg: &Cgroup, pid: u32) {
+fn only(cg: &Cgroup, pid: i32) {
     for d in cg.dirs() {
         std::fs::write(d.join("cgroup.procs"), format!("{pid}\n")).unwrap();
     }
 }
 
-fn killed(mut c: Child) -> bool {
-    use std::os::unix::process::ExitStatusExt;
-    c.wait().unwrap().signal() == Some(libc::SIGKILL)
+/// Whether `pid` died of SIGKILL.
+async fn killed(pid: i32, sub: &mut reaper::Subscription) -> bool {
+    sub.wait_for(pid).await == 128 + libc::SIGKILL
+}
+
+fn alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+fn sigkill(pid: i32) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap();
 }
 
 #[test]
@@ -247,36 +266,35 @@ async fn freeze_and_thaw_write_the_freezer_of_each_hierarchy() {
     }
 }
 
-#[test]
-fn kill_uses_cgroup_kill_on_v2_and_each_pid_on_v1() {
+#[tokio::test]
+async fn kill_uses_cgroup_kill_on_v2_and_each_pid_on_v1() {
     for l in layouts() {
         let (_tmp, roots) = l.copy();
         let cg = roots.of_path(&l.cgroups_path()).unwrap();
-        let c = child();
-        only(&cg, c.id());
+        let (pid, mut sub) = child();
+        only(&cg, pid);
         match &cg {
             Cgroup::V2(d) => {
                 std::fs::write(d.join("cgroup.freeze"), "1").unwrap();
-                assert_eq!(cg.kill_once().unwrap(), vec![c.id() as i32], "{}", l.name);
+                assert_eq!(cg.kill_once().unwrap(), vec![pid], "{}", l.name);
                 // The kernel kills the subtree; no signal from us.
                 assert_eq!(read(&d.join("cgroup.kill")), "1", "{}", l.name);
                 assert_eq!(read(&d.join("cgroup.freeze")), "0", "{}: thawed", l.name);
-                let mut c = c;
-                assert!(c.try_wait().unwrap().is_none(), "{}: signalled a pid", l.name);
-                c.kill().unwrap();
-                assert!(killed(c));
+                assert!(alive(pid), "{}: signalled a pid itself", l.name);
+                sigkill(pid);
+                assert!(killed(pid, &mut sub).await);
                 // A kernel before 5.14 has no cgroup.kill: each pid then.
                 std::fs::remove_file(d.join("cgroup.kill")).unwrap();
-                let c = child();
-                only(&cg, c.id());
+                let (pid, mut sub) = child();
+                only(&cg, pid);
                 cg.kill_once().unwrap();
-                assert!(killed(c), "{}", l.name);
+                assert!(killed(pid, &mut sub).await, "{}", l.name);
             }
             Cgroup::V1(_) => {
                 let state = cg.dir("freezer").unwrap().join("freezer.state");
                 std::fs::write(&state, "FROZEN\n").unwrap();
-                assert_eq!(cg.kill_once().unwrap(), vec![c.id() as i32], "{}", l.name);
-                assert!(killed(c), "{}", l.name);
+                assert_eq!(cg.kill_once().unwrap(), vec![pid], "{}", l.name);
+                assert!(killed(pid, &mut sub).await, "{}", l.name);
                 assert_eq!(read(&state), "THAWED", "{}: thawed so that the kill lands", l.name);
             }
         }
@@ -284,7 +302,7 @@ fn kill_uses_cgroup_kill_on_v2_and_each_pid_on_v1() {
 }
 
 #[tokio::test]
-async fn kill_cgroup_stops_at_an_empty_or_missing_cgroup() {
+async fn kill_cgroup_kills_until_the_cgroup_is_empty() {
     // v2, nothing populated: nothing written, nothing signalled.
     let l = &layouts()[3];
     let (_tmp, roots) = l.copy();
@@ -293,15 +311,26 @@ async fn kill_cgroup_stops_at_an_empty_or_missing_cgroup() {
     std::fs::write(d.join("cgroup.events"), "populated 0\nfrozen 0\n").unwrap();
     kill_cgroup_in(&roots, &l.cgroups_path()).await;
     assert_eq!(read(&d.join("cgroup.kill")), "", "an empty cgroup is not killed");
-    // v1: the leftover pid is killed (our child; the tree's procs file is
-    // not updated by a kernel, so the loop runs out and logs).
+    // v1: the leftover pid is killed; once it is gone the cgroup is empty
+    // (done here as the kernel would), and the loop ends.
     let l = &layouts()[0];
     let (_tmp, roots) = l.copy();
     let cg = roots.of_path(&l.cgroups_path()).unwrap();
-    let c = child();
-    only(&cg, c.id());
+    let (pid, mut sub) = child();
+    only(&cg, pid);
+    let kernel = {
+        let cg = cg.clone();
+        tokio::spawn(async move {
+            let dead = killed(pid, &mut sub).await;
+            for d in cg.dirs() {
+                std::fs::write(d.join("cgroup.procs"), "").unwrap();
+            }
+            dead
+        })
+    };
     kill_cgroup_in(&roots, &l.cgroups_path()).await;
-    assert!(killed(c));
+    assert!(kernel.await.unwrap(), "killed by SIGKILL");
+    assert!(cg.procs().unwrap().is_empty());
     // Gone: returns at once.
     kill_cgroup_in(&roots, "/kubepods/gone").await;
 }
@@ -324,9 +353,14 @@ async fn live_cgroup_v2() {
     }
     let dir = r.join("torpor.slice/torpor-live.slice/test-c1.scope");
     std::fs::create_dir_all(&dir).unwrap();
-    let c = child();
-    std::fs::write(dir.join("cgroup.procs"), c.id().to_string()).unwrap();
-    let cg = roots.of_pid(c.id() as i32).unwrap();
+    // It joins before it execs, so that what it maps is charged to the
+    // cgroup (v2 does not move charges with a process).
+    let procs = dir.join("cgroup.procs");
+    let (pid, mut sub) = spawn(Command::new("sh").arg("-c").arg(format!("echo $$ > {}; exec sleep 1000", procs.display())));
+    while !read(&procs).split_whitespace().any(|p| p == pid.to_string()) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let cg = roots.of_pid(pid).unwrap();
     assert_eq!(cg, Cgroup::V2(dir.clone()));
     assert_eq!(roots.of_path("torpor-live.slice:test:c1").unwrap(), cg);
     assert!(cg.memory().unwrap().usage > 0);
@@ -341,7 +375,7 @@ async fn live_cgroup_v2() {
     // Frozen or not, the kill lands.
     kill_cgroup_in(&roots, "torpor-live.slice:test:c1").await;
     assert!(!cg.populated().unwrap());
-    assert!(killed(c));
+    assert!(killed(pid, &mut sub).await);
     std::fs::remove_dir(&dir).unwrap();
     for p in parents.iter().rev() {
         std::fs::remove_dir(r.join(p)).unwrap();
