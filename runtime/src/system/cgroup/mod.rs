@@ -319,11 +319,18 @@ impl Cgroup {
         }
     }
 
-    /// The processes in it (v1: in any of its hierarchies), sorted.
+    /// The processes in it (v1: in any of its hierarchies; one removed
+    /// already holds none), sorted.
     pub fn procs(&self) -> Result<Vec<i32>> {
         let mut pids = Vec::new();
-        for d in self.dirs() {
-            pids.extend(files::pids(&d.join("cgroup.procs"))?);
+        let dirs = self.dirs();
+        let several = dirs.len() > 1;
+        for d in dirs {
+            match files::pids(&d.join("cgroup.procs")) {
+                Ok(p) => pids.extend(p),
+                Err(Error::Io { source, .. }) if several && source.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
         }
         pids.sort_unstable();
         pids.dedup();

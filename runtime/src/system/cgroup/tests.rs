@@ -392,3 +392,19 @@ fn this_hosts_own_cgroup_reads() {
     assert!(cg.procs().unwrap().contains(&(std::process::id() as i32)));
     cg.cpu().unwrap();
 }
+
+/// v1: runc removes a container's directory hierarchy by hierarchy; one
+/// already gone holds no processes, the others are still read.
+#[test]
+fn a_v1_hierarchy_removed_first_holds_no_processes() {
+    let l = &layouts()[1];
+    let (_tmp, roots) = l.copy();
+    let cg = roots.of_path(&l.cgroups_path()).unwrap();
+    std::fs::remove_dir_all(cg.dir("freezer").unwrap()).unwrap();
+    assert_eq!(cg.procs().unwrap(), vec![PID]);
+    for d in cg.dirs() {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    assert_eq!(cg.procs().unwrap(), Vec::<i32>::new());
+    assert!(!cg.populated().unwrap());
+}
