@@ -15,6 +15,17 @@ fn u(v: &Value, path: &[&str]) -> u64 {
     cur.as_u64().unwrap_or(0)
 }
 
+/// A v1 `memory.stat` counter, or on cgroup v2 (where runc's `raw` is v2's
+/// memory.stat) the v2 counter that holds the same: kubelet's working set
+/// is usage less `total_inactive_file` (v2 `inactive_file`).
+fn stat_of(stat: &Value, v1: &str, v2: &str) -> u64 {
+    if stat.get(v1).is_some() {
+        u(stat, &[v1])
+    } else {
+        u(stat, &[v2])
+    }
+}
+
 fn entry(v: &Value) -> MessageField<MemoryEntry> {
     MessageField::some(MemoryEntry {
         limit: u(v, &["limit"]),
@@ -58,18 +69,18 @@ pub fn to_metrics(raw: &Value) -> Metrics {
             ..Default::default()
         }),
         memory: MessageField::some(MemoryStat {
-            cache: u(stat, &["cache"]),
-            rss: u(stat, &["rss"]),
+            cache: stat_of(stat, "cache", "file"),
+            rss: stat_of(stat, "rss", "anon"),
             rss_huge: u(stat, &["rss_huge"]),
-            mapped_file: u(stat, &["mapped_file"]),
+            mapped_file: stat_of(stat, "mapped_file", "file_mapped"),
             pg_fault: u(stat, &["pgfault"]),
             pg_maj_fault: u(stat, &["pgmajfault"]),
             inactive_file: u(stat, &["inactive_file"]),
             active_file: u(stat, &["active_file"]),
-            total_inactive_file: u(stat, &["total_inactive_file"]),
-            total_active_file: u(stat, &["total_active_file"]),
-            total_rss: u(stat, &["total_rss"]),
-            total_cache: u(stat, &["total_cache"]),
+            total_inactive_file: stat_of(stat, "total_inactive_file", "inactive_file"),
+            total_active_file: stat_of(stat, "total_active_file", "active_file"),
+            total_rss: stat_of(stat, "total_rss", "anon"),
+            total_cache: stat_of(stat, "total_cache", "file"),
             usage: entry(&mem["usage"]),
             swap: entry(&mem["swap"]),
             kernel: entry(&mem["kernel"]),
@@ -100,5 +111,24 @@ mod tests {
         assert_eq!(m.memory.usage.usage, 512);
         assert_eq!(m.memory.total_inactive_file, 12);
         assert_eq!(m.pids.current, 3);
+    }
+
+    /// cgroup v2: runc's `raw` is v2's memory.stat (as recorded in
+    /// runtime/tests/data/cgroup/v2-cgroupfs); the v1 fields CRI computes
+    /// the working set from are filled from their v2 names.
+    #[test]
+    fn maps_runc_stats_of_cgroup_v2() {
+        let raw: Value = serde_json::from_str(
+            r#"{"type":"stats","id":"c","data":{
+                "memory":{"usage":{"limit":268435456,"usage":8429568},
+                          "raw":{"anon":4096,"file":8388608,"file_mapped":0,"inactive_file":1000,"active_file":7,"shmem":8388608}}}}"#,
+        )
+        .unwrap();
+        let m = to_metrics(&raw);
+        assert_eq!(m.memory.usage.usage, 8429568);
+        assert_eq!(m.memory.total_inactive_file, 1000);
+        assert_eq!(m.memory.total_active_file, 7);
+        assert_eq!((m.memory.rss, m.memory.total_rss), (4096, 4096));
+        assert_eq!((m.memory.cache, m.memory.total_cache), (8388608, 8388608));
     }
 }

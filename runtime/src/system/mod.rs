@@ -6,7 +6,8 @@
 //! - [`runc`]: the runc (and, through it, CRIU) command driver, bound to
 //!   containerd's runtime options ([`runc_options`]);
 //! - [`criu`]: the CRIU version check;
-//! - [`cgroup`]: OOM kills, CPU use, and killing what is left in a cgroup;
+//! - [`cgroup`]: a container's cgroup on v1 or v2, under either runc driver:
+//!   OOM kills, memory and CPU use, the freezer, killing what is left;
 //! - [`stdio`]: containerd's FIFOs ↔ a process's pipes or pty;
 //! - [`rootfs`]: a container's rootfs changes as an OCI layer changeset;
 //! - [`netns`]: ports, iptables and CRIU's network lock in the pod's netns;

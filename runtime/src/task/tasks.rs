@@ -202,7 +202,7 @@ impl Tasks {
         let (exit, oom) = {
             let mut t = self.lock();
             let Some(c) = t.containers.get_mut(cid) else { return };
-            let oom = exec_id.is_empty() && c.memory_cgroup.as_deref().map(cgroup::oom_kills).unwrap_or(0) > 0;
+            let oom = exec_id.is_empty() && c.memory_cgroup.as_ref().map(cgroup::oom_kills).unwrap_or(0) > 0;
             let Ok(p) = c.process_mut(exec_id) else { return };
             if p.exit_info().is_some() || p.pid != pid {
                 return;
