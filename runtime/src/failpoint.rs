@@ -32,6 +32,26 @@ pub const RESUME_DURING_RESTORE: &str = "resume-during-restore";
 /// Every container restored and running, RUNNING not persisted yet.
 pub const RESUME_AFTER_RESTORE: &str = "resume-after-restore";
 
+/// Not a crash point: while armed, the freeze tier sees memory pressure
+/// on the node (its MemAvailable threshold is unbounded), so a frozen
+/// actor is checkpointed early ([`crate::trigger::policy`]).
+pub const FREEZE_PRESSURE: &str = "freeze-pressure";
+
+/// Whether the shim `shim` has `point` armed (a condition a test holds, not
+/// a crash point); always false without the `failpoints` feature.
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+pub fn armed(_shim: &str, _point: &str) -> bool {
+    false
+}
+
+/// Whether the shim `shim` has `point` armed (see the module doc).
+#[cfg(feature = "failpoints")]
+pub fn armed(shim: &str, point: &str) -> bool {
+    let Some(dir) = std::env::var_os(DIR_ENV) else { return false };
+    std::fs::read_to_string(std::path::Path::new(&dir).join(shim)).is_ok_and(|a| a.trim() == point)
+}
+
 /// The environment variable naming the directory of armed points.
 pub const DIR_ENV: &str = "TORPOR_FAILPOINTS_DIR";
 

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::actor::identity::Identity;
 use crate::actor::record::{state_root, Record};
@@ -80,9 +80,6 @@ impl Runtime {
     async fn create_inner(&self, req: CreateRequest) -> Result<i32> {
         let spec = ContainerSpec::of(&read_spec(&req.bundle)?);
         let actor = ActorSpec::from_annotations(&spec.annotations)?;
-        if actor.freeze_first.is_some() {
-            warn!(container = req.id.as_str(), "{} is validated but not acted on yet: a suspend checkpoints at once", annotations::FREEZE_FIRST);
-        }
         if self.tasks.contains(&req.id) {
             return Err(Error::AlreadyExists(format!("container {}", req.id)));
         }

@@ -144,6 +144,9 @@ pub struct Armed {
     netns: PathBuf,
     listen: Vec<SocketAddr>,
     stop: Option<oneshot::Sender<oneshot::Sender<Vec<Held>>>>,
+    /// Whether the handover drops new SYNs while it runs (the shim's own
+    /// listeners close; the actor's own, while frozen, stay open).
+    drop_syns: bool,
 }
 
 /// A listening socket bound to `addr`; an IPv6 wildcard is IPv6-only when
@@ -245,21 +248,44 @@ impl Armed {
         if !failed.is_empty() {
             warn!(netns = ?netns, "activation: not held: {}", failed.join("; "));
         }
+        Ok(Self::watching(netns, listeners, listen, wake, limit, true))
+    }
+
+    /// Watches listening sockets the caller already has (the frozen actor's
+    /// own, see [`crate::lifecycle::freeze`]; non-blocking), with the same
+    /// classification: probes are answered, a real connection wakes. No
+    /// SYN-drop rule at the handover (the actor's listeners stay open);
+    /// every listener is closed before [`Armed::begin_handover`] returns.
+    pub fn arm_listeners(netns: &Path, listeners: Vec<(StdListener, SocketAddr)>, wake: mpsc::UnboundedSender<()>) -> Result<Armed> {
+        let mut tokio_listeners = Vec::new();
+        let mut listen = Vec::new();
+        for (l, a) in listeners {
+            let l = TcpListener::from_std(l).io_context(|| format!("watch the listener on {a}"))?;
+            tokio_listeners.push((l, a));
+            listen.push(a);
+        }
+        Ok(Self::watching(netns, tokio_listeners, listen, wake, MAX_HELD, false))
+    }
+
+    fn watching(netns: &Path, listeners: Vec<(TcpListener, SocketAddr)>, listen: Vec<SocketAddr>, wake: mpsc::UnboundedSender<()>, limit: usize, drop_syns: bool) -> Armed {
         let (stop_tx, stop_rx) = oneshot::channel();
         tokio::spawn(watch(listeners, wake, stop_rx, limit));
         info!(listen = ?listen, "activation armed");
-        Ok(Armed {
+        Armed {
             netns: netns.to_path_buf(),
             listen,
             stop: Some(stop_tx),
-        })
+            drop_syns,
+        }
     }
 
     /// Before the restore: new SYNs are dropped, the listeners closed, and
     /// every connection accepted so far is kept for the handover.
     pub async fn begin_handover(mut self) -> Handover {
-        if let Err(e) = syn_drop(&self.netns, &self.listen, true).await {
-            warn!("activation: cannot hold new connections during the resume: {e}");
+        if self.drop_syns {
+            if let Err(e) = syn_drop(&self.netns, &self.listen, true).await {
+                warn!("activation: cannot hold new connections during the resume: {e}");
+            }
         }
         let mut held = Vec::new();
         if let Some(stop) = self.stop.take() {
@@ -272,6 +298,7 @@ impl Armed {
             netns: self.netns.clone(),
             listen: self.listen.clone(),
             held,
+            drop_syns: self.drop_syns,
         }
     }
 }
@@ -281,9 +308,15 @@ pub struct Handover {
     netns: PathBuf,
     listen: Vec<SocketAddr>,
     held: Vec<Held>,
+    drop_syns: bool,
 }
 
 impl Handover {
+    /// No connection is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
     /// After the restore (or a failed one): new connections flow again, and
     /// the held ones are proxied to the actor.
     pub async fn finish(self) {
@@ -297,8 +330,10 @@ impl Handover {
                 }
             });
         }
-        if let Err(e) = syn_drop(&self.netns, &self.listen, false).await {
-            warn!("activation: remove the SYN drop rule: {e}");
+        if self.drop_syns {
+            if let Err(e) = syn_drop(&self.netns, &self.listen, false).await {
+                warn!("activation: remove the SYN drop rule: {e}");
+            }
         }
         if n > 0 {
             info!(connections = n, "activation: connections handed over");
@@ -405,6 +440,10 @@ async fn watch(
             }
             reply = &mut stop => {
                 for t in &accept_tasks { t.abort(); }
+                // The listeners are closed (dropped with their tasks) before
+                // the reply: a frozen actor's own ones must be, before it is
+                // thawed or dumped.
+                for t in accept_tasks.drain(..) { let _ = t.await; }
                 // Wait for connections still being classified: they are real
                 // traffic too (or probes, answered meanwhile).
                 while pending > 0 {
