@@ -14,4 +14,4 @@ pub mod identity;
 pub mod record;
 pub mod store_client;
 
-pub use record::{now_ms, state_root, sync_dir, Lifecycle, Record, StagingRecord, Store, STATE_ROOT};
+pub use record::{now_ms, state_root, sync_dir, FreezeTier, Lifecycle, Record, StagingRecord, Store, STATE_ROOT};
