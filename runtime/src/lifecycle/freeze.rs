@@ -283,11 +283,13 @@ impl Actor {
             self.update(|r| r.last_error = Some(format!("thaw failed: {e}")))?;
             return Err(e);
         }
-        let saved = self.record_thawed(started, None);
+        // The connections go in first: a thaw has no checkpoint that the
+        // actor's serving would make stale (a shim death kills a FROZEN
+        // actor as a RUNNING one), so RUNNING is recorded after.
         if let Some(h) = handover {
             h.finish().await;
         }
-        let rec = saved?;
+        let rec = self.record_thawed(started, None)?;
         info!(actor = rec.actor.as_str(), ms = rec.last_resume_ms, "actor thawed (freeze tier)");
         Ok(rec)
     }
