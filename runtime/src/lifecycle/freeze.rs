@@ -187,6 +187,12 @@ impl Actor {
         self.record().filter(Record::in_freeze_tier).and_then(|r| r.freeze_tier)
     }
 
+    /// Whether container `id` is one of the actor's, frozen in the freeze
+    /// tier (RUNNING to containerd).
+    pub fn frozen_in_tier(&self, id: &str) -> bool {
+        self.record().is_some_and(|r| r.in_freeze_tier() && r.containers.iter().any(|c| c == id))
+    }
+
     /// Told whenever the freeze tier begins or ends.
     pub fn freeze_changed(&self) -> Arc<tokio::sync::Notify> {
         self.freeze_changed.clone()
