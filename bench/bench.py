@@ -934,9 +934,9 @@ class TorporActor:
 
     key = TORPOR
 
-    def __init__(self, mib: int, seed: int = 0):
+    def __init__(self, mib: int, seed: int = 0, annotations: Optional[dict] = None, prefix: str = "sr"):
         self.mib = mib
-        self.pod = BenchPod(TORPOR, prefix="sr")
+        self.pod = BenchPod(TORPOR, prefix=prefix, annotations=annotations)
         self.ctl_dir = None
         try:
             self.pod.run()

@@ -17,7 +17,7 @@
 # else in target/release shadows runc or other binaries for the baseline).
 #
 # Environment:
-#   TORPOR_BENCH_ONLY="pod_start shim_rss"   benchmark scripts to run (bench/<name>.py)
+#   TORPOR_BENCH_ONLY="pod_start shim_rss"   benchmark scripts to run (bench/<name>.py; e.g. freeze_tier)
 #   TORPOR_BENCH_PODS=40                     pods per runtime, pod_start_ms
 #   TORPOR_BENCH_RSS_PODS=20                 pods per runtime, shim_rss_mib
 #   TORPOR_BENCH_SCRIPT_TIMEOUT=420          seconds one benchmark script may take
@@ -56,6 +56,7 @@ SCRIPTS="${TORPOR_BENCH_ONLY:-pod_start shim_rss}"
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS resume_cold" # resume_256mib_cold_ms
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS wakeups" # wakeups_per_s
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS suspended_memory" # suspended_actor_mib
+[ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS freeze_tier" # resume_frozen_ms
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS store" # upload_mib_per_s, resuspend_upload_fraction, resume_remote_256mib_ms
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS cross_node" # resume_cross_node_256mib_ms, clone_10_actors_ms (both nodes)
 SCRIPT_TIMEOUT="${TORPOR_BENCH_SCRIPT_TIMEOUT:-420}"

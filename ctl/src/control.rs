@@ -219,6 +219,7 @@ pub fn actor_json(a: &api::Actor) -> Value {
         "last_resume_phases": phases_json(&a.last_resume_phases),
         "last_suspend_phases": phases_json(&a.last_suspend_phases),
         "last_resume_cpu_us": a.last_resume_cpu_us,
+        "freeze_tier": a.freeze_tier.as_ref().map(|t| json!({"since_ms": t.since_ms, "until_ms": t.until_ms})),
     })
 }
 
@@ -247,9 +248,15 @@ mod tests {
         assert_eq!(v["state"], "SUSPENDED");
         assert_eq!(v["snapshot"], json!({"actor": "ns/web", "generation": 4}));
         assert_eq!(v["last_suspend_ms"], 80);
-        for absent in ["last_error", "last_resume_ms", "staging", "fenced", "cloned_from", "recovered_from", "restore_snapshot"] {
+        for absent in ["last_error", "last_resume_ms", "staging", "fenced", "cloned_from", "recovered_from", "restore_snapshot", "freeze_tier"] {
             assert!(v[absent].is_null(), "{absent}: {v}");
         }
+        let mut t = api::FreezeTier::new();
+        t.since_ms = 1_000;
+        t.until_ms = 31_000;
+        a.state = api::State::FROZEN.into();
+        a.freeze_tier = Some(t).into();
+        assert_eq!(actor_json(&a)["freeze_tier"], json!({"since_ms": 1_000, "until_ms": 31_000}));
         // A state added after this build is shown, not hidden.
         a.state = torpor_api::protobuf::EnumOrUnknown::from_i32(42);
         assert_eq!(actor_json(&a)["state"], "UNKNOWN(42)");

@@ -232,6 +232,10 @@ fn head(s: &str, n: usize) -> &str {
     s.char_indices().nth(n).map_or(s, |(i, _)| &s[..i])
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
 /// The status table.
 fn table(results: &[Value]) -> String {
     use std::fmt::Write;
@@ -252,6 +256,16 @@ fn table(results: &[Value]) -> String {
         }
         // The store snapshot holding the state; "committing" while a
         // suspend's dumps are being committed to the store.
+        // The freeze tier's FROZEN (a resume thaws it, its window's end
+        // checkpoints it) is not the lease fence's nor a plain freeze's.
+        let tier = &a["freeze_tier"];
+        let state = if a["state"] == json!("FROZEN") && tier.is_object() { "FROZEN-TIER" } else { a["state"].as_str().unwrap_or("?") };
+        if let Some(until) = tier["until_ms"].as_u64().filter(|_| state == "FROZEN-TIER") {
+            let left = until.saturating_sub(now_ms());
+            note = format!("freeze-first: checkpoint in {}.{}s {note}", left / 1000, left % 1000 / 100);
+        } else if a["fenced"].is_string() && a["state"] == json!("FROZEN") && !note.contains("lease fence") {
+            note = format!("fenced {note}");
+        }
         let snapshot = match (&a["snapshot"], &a["staging"]) {
             (s, _) if s.is_object() => format!("{}@{}", s["actor"].as_str().unwrap_or("?"), s["generation"].as_u64().unwrap_or(0)),
             (_, st) if st.is_object() && a["state"] == json!("SUSPENDED") => "committing".to_string(),
@@ -261,7 +275,7 @@ fn table(results: &[Value]) -> String {
             out,
             "{:<32} {:<11} {:>4} {:>10} {:>10}  {:<14} {:<24} {}",
             a["actor"].as_str().unwrap_or("?"),
-            a["state"].as_str().unwrap_or("?"),
+            state,
             a["generation"].as_u64().unwrap_or(0),
             ms("last_suspend_ms"),
             ms("last_resume_ms"),
@@ -318,6 +332,21 @@ mod tests {
         assert_eq!(kept[0]["shim"], "dead1");
         assert_eq!(kept[0]["kept"], true);
         assert!(matches(&kept[0], "ns/dead1"));
+    }
+
+    #[test]
+    fn status_table_tells_the_freezes_apart() {
+        let until = now_ms() + 60_000;
+        let rows = vec![
+            json!({"shim": "s1", "actor": {"actor": "ns/tier", "state": "FROZEN", "freeze_tier": {"since_ms": 1, "until_ms": until}}}),
+            json!({"shim": "s2", "actor": {"actor": "ns/fence", "state": "FROZEN", "fenced": "lease lost", "last_error": "frozen by the lease fence: lease lost"}}),
+            json!({"shim": "s3", "actor": {"actor": "ns/plain", "state": "FROZEN"}}),
+        ];
+        let t = table(&rows);
+        let line = |a: &str| t.lines().find(|l| l.starts_with(a)).unwrap_or_default().to_string();
+        assert!(line("ns/tier").contains("FROZEN-TIER") && line("ns/tier").contains("freeze-first: checkpoint in "), "{t}");
+        assert!(line("ns/fence").contains("FROZEN ") && !line("ns/fence").contains("TIER") && line("ns/fence").contains("lease fence"), "{t}");
+        assert!(line("ns/plain").contains("FROZEN ") && !line("ns/plain").contains("TIER"), "{t}");
     }
 
     #[test]

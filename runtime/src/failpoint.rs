@@ -47,6 +47,11 @@ pub const RECORD_SAVE_FAILS: &str = "record-save-fails";
 /// Not a crash point: see [`armed`].
 pub const COMMIT_HELD: &str = "commit-held";
 
+/// Not a crash point: while armed, the freeze tier sees memory pressure
+/// on the node (its MemAvailable threshold is unbounded), so a frozen
+/// actor is checkpointed early ([`crate::trigger::policy`]).
+pub const FREEZE_PRESSURE: &str = "freeze-pressure";
+
 /// The environment variable naming the directory of armed points.
 pub const DIR_ENV: &str = "TORPOR_FAILPOINTS_DIR";
 

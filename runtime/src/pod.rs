@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use tokio::sync::mpsc;
-use tracing::{info, warn};
+use tracing::info;
 
 use crate::actor::identity::Identity;
 use crate::actor::record::{state_root, Record};
@@ -20,7 +20,7 @@ use crate::oci::spec::{check_image, read_spec, ContainerSpec};
 use crate::system::runc::CheckpointOpts;
 use crate::system::runc_options::RuncOptions;
 use crate::system::stdio::StdioConfig;
-use crate::task::{Event, ExitInfo, NewContainer, ProcessState, Tasks};
+use crate::task::{Event, ExitInfo, NewContainer, ProcessState, Status, Tasks};
 use crate::trigger;
 
 /// What `create` needs.
@@ -80,9 +80,6 @@ impl Runtime {
     async fn create_inner(&self, req: CreateRequest) -> Result<i32> {
         let spec = ContainerSpec::of(&read_spec(&req.bundle)?);
         let actor = ActorSpec::from_annotations(&spec.annotations)?;
-        if actor.freeze_first.is_some() {
-            warn!(container = req.id.as_str(), "{} is validated but not acted on yet: a suspend checkpoints at once", annotations::FREEZE_FIRST);
-        }
         if self.tasks.contains(&req.id) {
             return Err(Error::AlreadyExists(format!("container {}", req.id)));
         }
@@ -175,7 +172,14 @@ impl Runtime {
     }
 
     pub async fn state(&self, id: &str, exec_id: &str) -> Result<ProcessState> {
-        self.tasks.state(id, exec_id)
+        let mut s = self.tasks.state(id, exec_id)?;
+        // An actor frozen in the freeze tier is RUNNING to containerd, as a
+        // suspended one is (CRI has no paused state: after a containerd
+        // restart it took a PAUSED task for UNKNOWN).
+        if exec_id.is_empty() && s.status == Status::Paused && self.actor.frozen_in_tier(id) {
+            s.status = Status::Running;
+        }
+        Ok(s)
     }
 
     /// Kill: a signal to init (`all`: every process) or to an exec. A stop

@@ -399,6 +399,16 @@ pub fn actor_message(r: &Record) -> api::Actor {
     a.last_resume_phases = phases(&r.last_resume_phases);
     a.last_suspend_phases = phases(&r.last_suspend_phases);
     a.last_resume_cpu_us = r.last_resume_cpu_us;
+    a.freeze_tier = r
+        .freeze_tier
+        .filter(|_| r.in_freeze_tier())
+        .map(|t| {
+            let mut m = api::FreezeTier::new();
+            m.since_ms = t.since_ms;
+            m.until_ms = t.until_ms;
+            m
+        })
+        .into();
     a
 }
 
@@ -577,6 +587,26 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         panic!("the suspend was dropped with its caller");
+    }
+
+    /// The freeze tier's FROZEN carries its window; a fence-freeze (or a
+    /// plain one) does not.
+    #[test]
+    fn the_freeze_tier_is_told_apart_in_the_message() {
+        use torpor_runtime::actor::record::FreezeTier;
+        let mut r = Record::new("ns/web".into());
+        r.state = Lifecycle::Frozen;
+        r.freeze_tier = Some(FreezeTier { since_ms: 5, until_ms: 30_005 });
+        let m = actor_message(&r);
+        assert_eq!(m.state.enum_value(), Ok(api::State::FROZEN));
+        let t = m.freeze_tier.as_ref().expect("freeze tier");
+        assert_eq!((t.since_ms, t.until_ms), (5, 30_005));
+        r.fenced = Some("lease lost".into());
+        let m = actor_message(&r);
+        assert!(m.freeze_tier.is_none() && m.fenced.is_some(), "a fence-freeze is not the freeze tier's");
+        r.fenced = None;
+        r.state = Lifecycle::Running;
+        assert!(actor_message(&r).freeze_tier.is_none());
     }
 
     #[test]

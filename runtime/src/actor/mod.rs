@@ -16,4 +16,4 @@ pub mod record;
 pub mod seal;
 pub mod store_client;
 
-pub use record::{now_ms, state_root, sync_dir, Lifecycle, Record, StagingRecord, Store, STATE_ROOT};
+pub use record::{now_ms, state_root, sync_dir, FreezeTier, Lifecycle, Record, StagingRecord, Store, STATE_ROOT};

@@ -147,6 +147,34 @@ pub struct Record {
     /// Container names already restored from `restore_snapshot`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub restored_names: std::collections::BTreeSet<String>,
+    /// The freeze tier (`torpor.dev/freeze-first`): FROZEN by a suspend,
+    /// memory resident, checkpointed when the window ends (or earlier:
+    /// another suspend request, memory pressure); a resume before then is
+    /// a thaw. Never set together with `fenced` (a fence-freeze is not the
+    /// actor's own and no freeze-tier trigger acts on it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze_tier: Option<FreezeTier>,
+}
+
+/// A freeze-tier window: FROZEN since `since_ms`, checkpointed at
+/// `until_ms` (milliseconds since the Unix epoch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FreezeTier {
+    pub since_ms: u64,
+    pub until_ms: u64,
+}
+
+impl FreezeTier {
+    /// A window of `window` starting at `now_ms`.
+    pub fn starting(now_ms: u64, window: std::time::Duration) -> FreezeTier {
+        let w = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+        FreezeTier { since_ms: now_ms, until_ms: now_ms.saturating_add(w) }
+    }
+
+    /// How long until the window ends, seen at `now_ms` (zero once it has).
+    pub fn left(&self, now_ms: u64) -> std::time::Duration {
+        std::time::Duration::from_millis(self.until_ms.saturating_sub(now_ms))
+    }
 }
 
 /// A staging directory of the snapshot store (see [`crate::actor::store_client`]).
@@ -192,7 +220,14 @@ impl Record {
             ran: false,
             restored_names: Default::default(),
             fenced: None,
+            freeze_tier: None,
         }
+    }
+
+    /// FROZEN by the freeze tier (not by the lease fence, not by a plain
+    /// freeze): a resume is a thaw, the window's end a checkpoint.
+    pub fn in_freeze_tier(&self) -> bool {
+        self.state == Lifecycle::Frozen && self.freeze_tier.is_some() && self.fenced.is_none()
     }
 
     /// SUSPENDED, dumps complete, the snapshot not yet committed.
@@ -343,6 +378,22 @@ mod tests {
         assert!(c.committing());
         c.snapshot = Some(SnapshotRef { actor: "a".into(), generation: 1 });
         assert!(!c.committing());
+        // The freeze tier round-trips and is told apart from a fence-freeze.
+        let mut f = Record::new("ns/f".into());
+        f.state = Lifecycle::Frozen;
+        assert!(!f.in_freeze_tier(), "a plain freeze");
+        f.freeze_tier = Some(FreezeTier::starting(1_000, std::time::Duration::from_millis(2_500)));
+        assert!(f.in_freeze_tier());
+        assert_eq!(f.freeze_tier.unwrap().until_ms, 3_500);
+        assert_eq!(f.freeze_tier.unwrap().left(3_000), std::time::Duration::from_millis(500));
+        assert_eq!(f.freeze_tier.unwrap().left(9_000), std::time::Duration::ZERO);
+        s.save(&f).unwrap();
+        assert_eq!(s.load().unwrap(), Some(f.clone()));
+        f.fenced = Some("lease".into());
+        assert!(!f.in_freeze_tier(), "a fence-freeze is never the freeze tier's");
+        f.fenced = None;
+        f.state = Lifecycle::Running;
+        assert!(!f.in_freeze_tier());
         s.remove().unwrap();
         assert_eq!(s.load().unwrap(), None);
         for bad in ["", "..", "a/b", "."] {

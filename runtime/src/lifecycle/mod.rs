@@ -12,6 +12,11 @@
 //!  FROZEN ──────► SUSPENDING ──► SUSPENDED ─────────┘ (RESUMING)
 //! ```
 //!
+//! With `torpor.dev/freeze-first: D`, a suspend (other than on a stop)
+//! goes to FROZEN in the *freeze tier* first ([`freeze`]): a resume within
+//! D is a thaw, D's end (or another suspend, or memory pressure) goes on
+//! to SUSPENDING.
+//!
 //! One file per operation: [`freeze`], [`suspend`], [`resume`], [`adopt`],
 //! [`cleanup`]; this module holds the [`Actor`] they share and its record.
 //!
@@ -82,6 +87,11 @@ pub struct Actor {
     commit: Arc<Mutex<Option<tokio::sync::watch::Receiver<CommitState>>>>,
     /// Containers created to be restored from a kept snapshot, until Start.
     adoptions: Arc<Mutex<HashMap<String, Adopted>>>,
+    /// The frozen actor's own listeners, watched while it is in the freeze
+    /// tier ([`freeze`]).
+    frozen_watch: Arc<Mutex<Option<freeze::FrozenWatch>>>,
+    /// Told when the freeze tier begins or ends (the window timer waits on it).
+    freeze_changed: Arc<tokio::sync::Notify>,
 }
 
 /// Locks a std mutex, through a poisoned one (a panic elsewhere does not
@@ -107,6 +117,8 @@ impl Actor {
             claim: Arc::default(),
             commit: Arc::default(),
             adoptions: Arc::default(),
+            frozen_watch: Arc::default(),
+            freeze_changed: Arc::default(),
         }
     }
 
@@ -234,6 +246,8 @@ impl Actor {
             warn!("remove the request directory: {e}");
         }
         self.release_held_ports();
+        lock(&self.frozen_watch).take();
+        self.freeze_changed.notify_one();
         lock(&self.claim).take();
         lock(&self.commit).take();
     }

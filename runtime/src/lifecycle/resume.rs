@@ -23,6 +23,10 @@ use crate::task::Status;
 impl Actor {
     /// RUNNING again (see the module doc).
     pub async fn resume(&self) -> Result<Record> {
+        // The freeze tier's fast path: a thaw, no CRIU (lifecycle::freeze).
+        if let Some(r) = self.thaw_freeze_tier().await? {
+            return Ok(r);
+        }
         let started = Instant::now();
         loop {
             if let Some(r) = self.resume_once(started).await? {
@@ -65,6 +69,7 @@ impl Actor {
             t.mark("confirm_lease");
         }
         match rec.state {
+            Lifecycle::Frozen if rec.in_freeze_tier() => return self.thaw_tier_locked(&rec, started).await.map(Some),
             Lifecycle::Frozen => return self.thaw(&rec, started).await.map(Some),
             Lifecycle::Suspended => {}
             s => return Err(Error::WrongState(format!("actor {} is {s}, not SUSPENDED or FROZEN", rec.actor))),

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use crate::actor::record::{self, Lifecycle, Record, StagingRecord};
+use crate::actor::record::{self, FreezeTier, Lifecycle, Record, StagingRecord};
 use crate::actor::seal;
 use crate::actor::store_client::{SnapshotRef, Staging};
 use crate::error::{Error, IoContext, Result, StoreErrorKind};
@@ -38,8 +38,21 @@ pub enum CommitState {
 const COMMIT_FAILED: &str = "commit of the suspend's snapshot failed";
 
 impl Actor {
-    /// SUSPENDED: checkpoint every app container and free its memory.
+    /// A suspend (the idle policy, the actor's request, `torporctl`): with
+    /// `torpor.dev/freeze-first`, a RUNNING actor goes to the freeze tier
+    /// first ([`crate::lifecycle::freeze`]) and one already there is
+    /// checkpointed at once; otherwise the checkpoint.
     pub async fn suspend(&self) -> Result<Record> {
+        if let Some(rec) = self.suspend_to_freeze_tier().await? {
+            return Ok(rec);
+        }
+        self.checkpoint(None).await
+    }
+
+    /// SUSPENDED: checkpoint every app container and free its memory. With
+    /// `only_in`, only while the actor is still in that freeze-tier window
+    /// (its end, memory pressure); `WrongState` if it left it meanwhile.
+    pub(crate) async fn checkpoint(&self, only_in: Option<FreezeTier>) -> Result<Record> {
         let started = Instant::now();
         // The lazy-pages daemons of the last resume must be done (a process
         // with pages still missing cannot be dumped). Waited for outside the
@@ -60,6 +73,15 @@ impl Actor {
                 rec.actor, rec.state
             )));
         }
+        if only_in.is_some() && (!rec.in_freeze_tier() || rec.freeze_tier != only_in) {
+            return Err(Error::WrongState(format!("actor {} left the freeze window (it is {})", rec.actor, rec.state)));
+        }
+        // The freeze tier's watch of the actor's own listeners ends before
+        // the dump (a connection that came meanwhile thaws it instead).
+        let tier = rec.in_freeze_tier();
+        if tier {
+            self.leave_freeze_tier(&rec).await?;
+        }
         let ids = self.tasks.app_containers();
         if ids.is_empty() {
             return Err(Error::FailedPrecondition(format!("actor {} has no running container", rec.actor)));
@@ -72,7 +94,11 @@ impl Actor {
             Ok(s) => s,
             Err(e) => {
                 warn!(actor = rec.actor.as_str(), "suspend refused, actor keeps running: {e}");
-                self.update(|r| r.last_error = Some(e.to_string()))?;
+                if tier {
+                    self.thaw_after_failed_checkpoint(&rec, &e).await;
+                } else {
+                    self.update(|r| r.last_error = Some(e.to_string()))?;
+                }
                 return Err(e);
             }
         };
@@ -90,6 +116,9 @@ impl Actor {
             Ok(Ok(rec)) => rec,
             Ok(Err(e)) | Err(e) => {
                 self.store.abort_logged(&staging).await;
+                if tier {
+                    self.thaw_after_failed_checkpoint(&rec, &e).await;
+                }
                 return Err(e);
             }
         };
@@ -98,7 +127,9 @@ impl Actor {
         t.mark("record_suspending");
 
         let images: Vec<(String, PathBuf)> = ids.iter().map(|id| (id.clone(), staging.path.join(name_of(&rec, id)))).collect();
-        if let Err(e) = self.checkpoint_all(&dir, generation, &images, was == Lifecycle::Frozen, &mut t).await {
+        // A freeze-tier actor whose checkpoint fails runs again (thawed),
+        // any other frozen one goes back to frozen.
+        if let Err(e) = self.checkpoint_all(&dir, generation, &images, was == Lifecycle::Frozen && !tier, &mut t).await {
             warn!(actor = rec.actor.as_str(), "suspend failed, actor keeps running: {e}");
             self.store.abort_logged(&staging).await;
             let _ = std::fs::remove_dir_all(dir.work_root());
@@ -108,6 +139,9 @@ impl Actor {
                 r.generation -= 1;
                 r.staging = None;
             })?;
+            if tier {
+                self.thaw_after_failed_checkpoint(&rec, &e).await;
+            }
             return Err(e);
         }
         // The dump is sealed (what a restore checks first), and on disk
@@ -139,6 +173,7 @@ impl Actor {
         // saves the record again.
         let suspended = |r: &mut Record| {
             r.state = Lifecycle::Suspended;
+            r.freeze_tier = None;
             r.snapshot = None;
             r.last_error = None;
             r.restore_snapshot = None;
@@ -189,6 +224,9 @@ impl Actor {
             r.last_suspend_phases = t.phases();
             None::<()>
         });
+        if tier {
+            self.freeze_changed.notify_one();
+        }
         self.start_commit(&dir, &rec);
         info!(actor = rec.actor.as_str(), ms = rec.last_suspend_ms, "actor suspended");
         Ok(rec)
@@ -203,6 +241,13 @@ impl Actor {
     /// stop goes on as a plain stop.
     pub async fn suspend_on_stop(&self, id: &str) {
         if !self.tasks.suspends_on_stop(id) {
+            // A frozen process does not take the signal: an actor in the
+            // freeze tier is thawed for its stop.
+            if self.record().is_some_and(|r| r.in_freeze_tier()) {
+                if let Err(e) = self.resume().await {
+                    warn!(container = id, "thaw of the freeze tier for a stop: {e}");
+                }
+            }
             return;
         }
         // Not when the lease fence froze it: its state is no longer its own.
@@ -210,7 +255,8 @@ impl Actor {
         if !matches!(state, Some(Lifecycle::Running | Lifecycle::Frozen)) {
             return;
         }
-        match self.suspend().await {
+        // A checkpoint, never the freeze tier: the pod is going away.
+        match self.checkpoint(None).await {
             Ok(rec) => info!(actor = rec.actor.as_str(), container = id, generation = rec.generation, "suspended on stop (torpor.dev/on-stop: suspend)"),
             Err(e) => warn!(container = id, "suspend on stop failed, the container stops without it: {e}"),
         }
@@ -388,7 +434,7 @@ impl Actor {
 
     /// The pod network namespace and the TCP ports to hold while suspended:
     /// `torpor.dev/activate-on`, or what the actor listens on now.
-    fn activation_target(&self, ids: &[String]) -> (Option<PathBuf>, Vec<std::net::SocketAddr>) {
+    pub(crate) fn activation_target(&self, ids: &[String]) -> (Option<PathBuf>, Vec<std::net::SocketAddr>) {
         let mut netns = None;
         let mut ports = Vec::new();
         for info in ids.iter().filter_map(|id| self.tasks.app_info(id).ok()) {

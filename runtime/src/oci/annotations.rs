@@ -62,8 +62,9 @@ pub struct ActorSpec {
     /// Actor id: `torpor.dev/actor`, or `<namespace>/<pod name>` under CRI.
     pub actor: Option<String>,
     pub idle_after: Option<Duration>,
-    /// `torpor.dev/freeze-first`: validated, but not acted on yet (a
-    /// suspend checkpoints at once; the create logs a warning saying so).
+    /// `torpor.dev/freeze-first`: a suspend freezes the actor in memory
+    /// for this long before the checkpoint (the freeze tier,
+    /// [`crate::lifecycle::freeze`]).
     pub freeze_first: Option<Duration>,
     pub keep_local: Option<Duration>,
     pub activate_on: Option<Vec<u16>>,

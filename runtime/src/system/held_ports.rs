@@ -165,6 +165,9 @@ pub struct Armed {
     netns: PathBuf,
     listen: Vec<SocketAddr>,
     stop: Option<oneshot::Sender<oneshot::Sender<Vec<Held>>>>,
+    /// Whether the handover drops new SYNs while it runs (the shim's own
+    /// listeners close; the actor's own, while frozen, stay open).
+    drop_syns: bool,
 }
 
 /// A listening socket bound to `addr`; an IPv6 wildcard is IPv6-only when
@@ -266,28 +269,53 @@ impl Armed {
         if !failed.is_empty() {
             warn!(netns = ?netns, "activation: not held: {}", failed.join("; "));
         }
+        Ok(Self::watching(netns, listeners, listen, wake, limit, true))
+    }
+
+    /// Watches listening sockets the caller already has (the frozen actor's
+    /// own, see [`crate::lifecycle::freeze`]; non-blocking), with the same
+    /// classification: probes are answered, a real connection wakes. No
+    /// SYN-drop rule at the handover (the actor's listeners stay open);
+    /// every listener is closed before [`Armed::begin_handover`] returns.
+    pub fn arm_listeners(netns: &Path, listeners: Vec<(StdListener, SocketAddr)>, wake: mpsc::UnboundedSender<()>) -> Result<Armed> {
+        let mut tokio_listeners = Vec::new();
+        let mut listen = Vec::new();
+        for (l, a) in listeners {
+            let l = TcpListener::from_std(l).io_context(|| format!("watch the listener on {a}"))?;
+            tokio_listeners.push((l, a));
+            listen.push(a);
+        }
+        Ok(Self::watching(netns, tokio_listeners, listen, wake, MAX_HELD, false))
+    }
+
+    fn watching(netns: &Path, listeners: Vec<(TcpListener, SocketAddr)>, listen: Vec<SocketAddr>, wake: mpsc::UnboundedSender<()>, limit: usize, drop_syns: bool) -> Armed {
         let (stop_tx, stop_rx) = oneshot::channel();
         tokio::spawn(watch(listeners, wake, stop_rx, limit));
-        // In the background: the handover waits for it (see the module doc).
-        let (ns, ports) = (netns.to_path_buf(), listen.clone());
-        tokio::spawn(async move {
-            if let Err(e) = syn_drop(&ns, &ports, true).await {
-                warn!("activation: new connections will be refused, not held, while the actor resumes: {e}");
-            }
-        });
+        if drop_syns {
+            // In the background: the handover waits for it (see the module doc).
+            let (ns, ports) = (netns.to_path_buf(), listen.clone());
+            tokio::spawn(async move {
+                if let Err(e) = syn_drop(&ns, &ports, true).await {
+                    warn!("activation: new connections will be refused, not held, while the actor resumes: {e}");
+                }
+            });
+        }
         info!(listen = ?listen, "activation armed");
-        Ok(Armed {
+        Armed {
             netns: netns.to_path_buf(),
             listen,
             stop: Some(stop_tx),
-        })
+            drop_syns,
+        }
     }
 
     /// Before the restore: new SYNs are dropped, the listeners closed, and
     /// every connection accepted so far is kept for the handover.
     pub async fn begin_handover(mut self) -> Handover {
-        // The SYN-drop rules asked for when the ports were held are in.
-        drop(SYN_DROP_RULES.lock().await);
+        if self.drop_syns {
+            // The SYN-drop rules asked for when the ports were held are in.
+            drop(SYN_DROP_RULES.lock().await);
+        }
         let mut held = Vec::new();
         if let Some(stop) = self.stop.take() {
             let (tx, rx) = oneshot::channel();
@@ -299,6 +327,7 @@ impl Armed {
             netns: self.netns.clone(),
             listen: self.listen.clone(),
             held,
+            drop_syns: self.drop_syns,
         }
     }
 }
@@ -308,9 +337,15 @@ pub struct Handover {
     netns: PathBuf,
     listen: Vec<SocketAddr>,
     held: Vec<Held>,
+    drop_syns: bool,
 }
 
 impl Handover {
+    /// No connection is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
     /// After the restore (or a failed one): new connections flow again, and
     /// the held ones are proxied to the actor.
     pub async fn finish(self) {
@@ -324,13 +359,15 @@ impl Handover {
                 }
             });
         }
-        // Off the resume's path: the restored listeners take the SYNs now.
-        let (netns, listen) = (self.netns.clone(), self.listen.clone());
-        tokio::spawn(async move {
-            if let Err(e) = syn_drop(&netns, &listen, false).await {
-                warn!("activation: remove the SYN drop rules: {e}");
-            }
-        });
+        if self.drop_syns {
+            // Off the resume's path: the restored listeners take the SYNs now.
+            let (netns, listen) = (self.netns.clone(), self.listen.clone());
+            tokio::spawn(async move {
+                if let Err(e) = syn_drop(&netns, &listen, false).await {
+                    warn!("activation: remove the SYN drop rules: {e}");
+                }
+            });
+        }
         if n > 0 {
             info!(connections = n, "activation: connections handed over");
         }
@@ -436,6 +473,10 @@ async fn watch(
             }
             reply = &mut stop => {
                 for t in &accept_tasks { t.abort(); }
+                // The listeners are closed (dropped with their tasks) before
+                // the reply: a frozen actor's own ones must be, before it is
+                // thawed or dumped.
+                for t in accept_tasks.drain(..) { let _ = t.await; }
                 // Wait for connections still being classified: they are real
                 // traffic too (or probes, answered meanwhile).
                 while pending > 0 {

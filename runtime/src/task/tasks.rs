@@ -622,6 +622,26 @@ impl Tasks {
         r
     }
 
+    /// Resume (thaw) of a paused container by `thaw` instead of `runc
+    /// resume`: the freeze tier writes the cgroup freezer itself, without
+    /// runc's start-up (see [`crate::lifecycle::freeze`]).
+    pub async fn resume_by(&self, id: &str, thaw: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.with(id, |c| {
+            if !matches!(c.state, ContainerState::Paused) {
+                return Err(Error::FailedPrecondition(format!("container {id} is {:?}, not paused", c.state.status())));
+            }
+            c.state = ContainerState::Thawing;
+            Ok(())
+        })?;
+        let r = thaw();
+        self.settle(id, |c| {
+            if matches!(c.state, ContainerState::Thawing) {
+                c.state = if r.is_ok() { ContainerState::Running } else { ContainerState::Paused };
+            }
+        });
+        r
+    }
+
     /// Exec: registers the process; `start` runs it.
     pub fn exec(&self, id: &str, exec_id: &str, process_json: &[u8], stdio: StdioConfig) -> Result<()> {
         if exec_id.is_empty() || exec_id.contains('/') || exec_id.contains("..") {

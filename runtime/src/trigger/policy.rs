@@ -18,15 +18,37 @@
 //! **Idle.** With `torpor.dev/idle-after: D`, the shim suspends the actor
 //! once its containers used no CPU (less than 1% of one core) and its pod
 //! network saw no packets (other than loopback) for D.
+//!
+//! **The freeze tier's window and memory pressure.** An actor that a
+//! suspend froze in the freeze tier (`torpor.dev/freeze-first: W`, see
+//! [`crate::lifecycle::freeze`]) is checkpointed when W ends — a timer on
+//! the window's end, woken when the tier begins or ends — or earlier when
+//! the node is short of memory, checked every [`PRESSURE_POLL`] while the
+//! actor is frozen there. Pressure is either of ([`Pressure`], from the
+//! shim's environment, which containerd passes on):
+//!
+//! - PSI: `some avg10` of `/proc/pressure/memory` at or above
+//!   `TORPOR_FREEZE_PSI_SOME_AVG10` percent (default 10; `off`); skipped on
+//!   a kernel without PSI;
+//! - `MemAvailable` of `/proc/meminfo` below `TORPOR_FREEZE_MIN_AVAILABLE`,
+//!   `N%` of `MemTotal` or `NMiB` (default `10%`; `off`).
+//!
+//! An invalid value is logged as an error naming the variable, and the
+//! default is used. The test hook: the failpoint `freeze-pressure`
+//! ([`crate::failpoint::FREEZE_PRESSURE`], `failpoints` builds only) makes
+//! the `MemAvailable` threshold unbounded, so the real reading trips it.
 
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use tracing::{info, warn};
+use tracing::{debug, error, info, warn};
 
+use crate::actor::record::{now_ms, FreezeTier};
 use crate::actor::Lifecycle;
+use crate::error::Error;
+use crate::failpoint;
 use crate::lifecycle::Actor;
 use crate::oci::bundle::{request_dir, REQUEST_MOUNT};
 use crate::system::cgroup::cpu_ns;
@@ -115,8 +137,10 @@ fn packets(pid: i32) -> Option<u64> {
     Some(total)
 }
 
-/// Polls the request file and the idle policy of shim `group`'s actor.
+/// Polls the request file and the idle policy of shim `group`'s actor,
+/// and runs the freeze tier's window timer and pressure check.
 pub fn start(actor: &Actor, group: String) {
+        start_freeze_window(actor, group.clone(), Pressure::from_env());
         let rt = actor.clone();
         tokio::spawn(async move {
             let mut last: Option<Sample> = None;
@@ -162,6 +186,169 @@ pub fn start(actor: &Actor, group: String) {
         });
 }
 
+/// How often the node's memory pressure is read while an actor is frozen
+/// in the freeze tier.
+pub const PRESSURE_POLL: Duration = Duration::from_secs(1);
+/// After a checkpoint of the freeze tier failed without leaving it (the
+/// actor is thawed otherwise), the next attempt waits this long.
+const RETRY_AFTER_FAILURE: Duration = Duration::from_secs(1);
+
+pub const PSI_ENV: &str = "TORPOR_FREEZE_PSI_SOME_AVG10";
+pub const MIN_AVAILABLE_ENV: &str = "TORPOR_FREEZE_MIN_AVAILABLE";
+const PSI_DEFAULT: f64 = 10.0;
+const MIN_AVAILABLE_DEFAULT: MinAvailable = MinAvailable::Percent(10.0);
+
+/// `TORPOR_FREEZE_MIN_AVAILABLE`: a share of `MemTotal` or a size.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum MinAvailable {
+    Percent(f64),
+    Mib(u64),
+}
+
+/// When the node counts as short of memory (see the module doc); `None`
+/// turns a check off.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Pressure {
+    pub psi_some_avg10: Option<f64>,
+    pub min_available: Option<MinAvailable>,
+}
+
+impl Pressure {
+    /// From the shim's environment.
+    pub fn from_env() -> Pressure {
+        let var = |k: &str| std::env::var(k).ok();
+        Pressure::parse(var(PSI_ENV).as_deref(), var(MIN_AVAILABLE_ENV).as_deref(), |e| error!("{e}"))
+    }
+
+    /// From the variables' values (`None`: unset); an invalid one is
+    /// reported through `bad` and its default used.
+    pub fn parse(psi: Option<&str>, min_available: Option<&str>, mut bad: impl FnMut(String)) -> Pressure {
+        let psi_some_avg10 = match psi.map(str::trim) {
+            None | Some("") => Some(PSI_DEFAULT),
+            Some("off") => None,
+            Some(v) => match v.parse::<f64>() {
+                Ok(p) if (0.0..=100.0).contains(&p) => Some(p),
+                _ => {
+                    bad(format!("{PSI_ENV}={v:?} is not a percentage (0 to 100) or \"off\": using {PSI_DEFAULT}"));
+                    Some(PSI_DEFAULT)
+                }
+            },
+        };
+        let min_available = match min_available.map(str::trim) {
+            None | Some("") => Some(MIN_AVAILABLE_DEFAULT),
+            Some("off") => None,
+            Some(v) => {
+                let parsed = if let Some(p) = v.strip_suffix('%') {
+                    p.trim().parse::<f64>().ok().filter(|p| (0.0..=100.0).contains(p)).map(MinAvailable::Percent)
+                } else if let Some(m) = v.strip_suffix("MiB") {
+                    m.trim().parse::<u64>().ok().map(MinAvailable::Mib)
+                } else {
+                    None
+                };
+                parsed.or_else(|| {
+                    bad(format!("{MIN_AVAILABLE_ENV}={v:?} is not \"N%\" (of MemTotal), \"NMiB\" or \"off\": using 10%"));
+                    Some(MIN_AVAILABLE_DEFAULT)
+                })
+            }
+        };
+        Pressure { psi_some_avg10, min_available }
+    }
+
+    /// Why the node is short of memory, from the text of
+    /// `/proc/pressure/memory` (`None`: no PSI) and `/proc/meminfo`; with
+    /// `forced` (the test hook) the `MemAvailable` threshold is unbounded.
+    pub fn check(&self, psi: Option<&str>, meminfo: Option<&str>, forced: bool) -> Option<String> {
+        if let (Some(limit), Some(avg10)) = (self.psi_some_avg10, psi.and_then(psi_some_avg10)) {
+            if avg10 >= limit {
+                return Some(format!("memory pressure: PSI some avg10 {avg10:.2}% >= {limit}% ({PSI_ENV})"));
+            }
+        }
+        let min = if forced { Some(MinAvailable::Mib(u64::MAX)) } else { self.min_available };
+        let (Some(min), Some(text)) = (min, meminfo) else { return None };
+        let (Some(avail_kib), total_kib) = (meminfo_kib(text, "MemAvailable"), meminfo_kib(text, "MemTotal")) else { return None };
+        let threshold_kib = match min {
+            MinAvailable::Mib(m) => m.saturating_mul(1024),
+            MinAvailable::Percent(p) => (total_kib? as f64 * p / 100.0) as u64,
+        };
+        (avail_kib < threshold_kib).then(|| {
+            let limit = if forced { "unbounded (test hook freeze-pressure)".to_string() } else { format!("{} MiB ({MIN_AVAILABLE_ENV})", threshold_kib / 1024) };
+            format!("memory pressure: MemAvailable {} MiB below {limit}", avail_kib / 1024)
+        })
+    }
+
+    /// The node's pressure now, for shim `group` (its test hook).
+    fn now(&self, group: &str) -> Option<String> {
+        let psi = std::fs::read_to_string("/proc/pressure/memory").ok();
+        let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+        self.check(psi.as_deref(), meminfo.as_deref(), failpoint::armed(group, failpoint::FREEZE_PRESSURE))
+    }
+}
+
+/// `some avg10=` of a PSI file.
+fn psi_some_avg10(text: &str) -> Option<f64> {
+    let line = text.lines().find(|l| l.starts_with("some "))?;
+    line.split_whitespace().find_map(|f| f.strip_prefix("avg10=")).and_then(|v| v.parse().ok())
+}
+
+/// A `/proc/meminfo` field in KiB.
+fn meminfo_kib(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let rest = l.strip_prefix(key)?.strip_prefix(':')?;
+        rest.split_whitespace().next()?.parse().ok()
+    })
+}
+
+/// What the window timer does now with the freeze tier `tier` at `now_ms`:
+/// wait (how long at most), or checkpoint (why).
+#[derive(Debug, PartialEq)]
+enum WindowStep {
+    Wait(Duration),
+    Checkpoint(String),
+}
+
+fn window_step(tier: FreezeTier, now_ms: u64, pressure: impl FnOnce() -> Option<String>) -> WindowStep {
+    let left = tier.left(now_ms);
+    if left.is_zero() {
+        return WindowStep::Checkpoint("the freeze-first window ended".into());
+    }
+    match pressure() {
+        Some(why) => WindowStep::Checkpoint(format!("{why}: checkpointed before the freeze-first window ended")),
+        None => WindowStep::Wait(left.min(PRESSURE_POLL)),
+    }
+}
+
+/// The freeze tier's window timer and pressure check of shim `group`'s actor.
+fn start_freeze_window(actor: &Actor, group: String, pressure: Pressure) {
+    let rt = actor.clone();
+    tokio::spawn(async move {
+        let changed = rt.freeze_changed();
+        loop {
+            // Created before the tier is read: a change in between wakes it.
+            let notified = changed.notified();
+            let Some(tier) = rt.freeze_tier() else {
+                notified.await;
+                continue;
+            };
+            match window_step(tier, now_ms(), || pressure.now(&group)) {
+                WindowStep::Wait(d) => {
+                    tokio::select! {
+                        _ = notified => {}
+                        _ = tokio::time::sleep(d) => {}
+                    }
+                }
+                WindowStep::Checkpoint(why) => match rt.end_freeze_tier(tier, &why).await {
+                    Ok(rec) => info!(actor = rec.actor.as_str(), why = why.as_str(), "freeze tier: checkpointed"),
+                    Err(Error::WrongState(m)) => debug!("freeze tier: nothing to checkpoint: {m}"),
+                    Err(e) => {
+                        warn!(why = why.as_str(), "freeze tier: the checkpoint failed: {e}");
+                        tokio::time::sleep(RETRY_AFTER_FAILURE).await;
+                    }
+                },
+            }
+        }
+    });
+}
+
 /// CPU and packets of the actor's containers, now.
 fn sample(actor: &Actor) -> Option<Sample> {
     let mut s = Sample { cpu_ns: 0, packets: 0 };
@@ -182,6 +369,73 @@ mod tests {
 
     fn dir() -> tempfile::TempDir {
         tempfile::tempdir().unwrap()
+    }
+
+    const MEMINFO: &str = "MemTotal:       24000000 kB\nMemFree:         1000000 kB\nMemAvailable:    3000000 kB\n";
+    const PSI: &str = "some avg10=12.50 avg60=0.26 avg300=0.49 total=11611018\nfull avg10=1.00 avg60=0.23 avg300=0.43 total=8966707\n";
+
+    #[test]
+    fn pressure_configuration() {
+        let mut bad = Vec::new();
+        let p = Pressure::parse(None, None, |e| bad.push(e));
+        assert_eq!(p, Pressure { psi_some_avg10: Some(10.0), min_available: Some(MinAvailable::Percent(10.0)) });
+        assert_eq!(Pressure::parse(Some("off"), Some("off"), |e| bad.push(e)), Pressure { psi_some_avg10: None, min_available: None });
+        assert_eq!(Pressure::parse(Some("25"), Some("512MiB"), |e| bad.push(e)).min_available, Some(MinAvailable::Mib(512)));
+        assert_eq!(Pressure::parse(Some(" 2.5 "), Some("5%"), |e| bad.push(e)).psi_some_avg10, Some(2.5));
+        assert!(bad.is_empty(), "{bad:?}");
+        // Invalid values are told, naming the variable, and the default used.
+        let p = Pressure::parse(Some("lots"), Some("2GB"), |e| bad.push(e));
+        assert_eq!(p, Pressure::parse(None, None, |_| {}));
+        assert_eq!(bad.len(), 2);
+        assert!(bad[0].contains(PSI_ENV) && bad[1].contains(MIN_AVAILABLE_ENV), "{bad:?}");
+        for v in ["101", "-1", "150%", "x%"] {
+            let mut n = 0;
+            Pressure::parse(Some(v), Some(v), |_| n += 1);
+            assert_eq!(n, 2, "{v}");
+        }
+    }
+
+    #[test]
+    fn pressure_readings() {
+        assert_eq!(psi_some_avg10(PSI), Some(12.5));
+        assert_eq!(meminfo_kib(MEMINFO, "MemAvailable"), Some(3_000_000));
+        assert_eq!(meminfo_kib(MEMINFO, "MemTotal"), Some(24_000_000));
+        assert_eq!(meminfo_kib(MEMINFO, "Mem"), None);
+        let off = Pressure::parse(Some("off"), Some("off"), |_| {});
+        assert_eq!(off.check(Some(PSI), Some(MEMINFO), false), None);
+        // PSI at or above its threshold.
+        let psi = Pressure { psi_some_avg10: Some(12.5), min_available: None };
+        assert!(psi.check(Some(PSI), Some(MEMINFO), false).unwrap().contains("PSI some avg10 12.50%"));
+        assert_eq!(Pressure { psi_some_avg10: Some(13.0), ..psi }.check(Some(PSI), Some(MEMINFO), false), None);
+        assert_eq!(psi.check(None, Some(MEMINFO), false), None, "no PSI on this kernel");
+        // MemAvailable 2929 MiB: below 15% of 24 GB, not below 10%.
+        let pct = |p| Pressure { psi_some_avg10: None, min_available: Some(MinAvailable::Percent(p)) };
+        assert!(pct(15.0).check(None, Some(MEMINFO), false).unwrap().contains("MemAvailable 2929 MiB below 3515 MiB"));
+        assert_eq!(pct(10.0).check(None, Some(MEMINFO), false), None);
+        let mib = |m| Pressure { psi_some_avg10: None, min_available: Some(MinAvailable::Mib(m)) };
+        assert!(mib(3000).check(None, Some(MEMINFO), false).is_some());
+        assert_eq!(mib(2000).check(None, Some(MEMINFO), false), None);
+        // The test hook trips on the real reading, whatever the config.
+        assert!(off.check(None, Some(MEMINFO), true).unwrap().contains("test hook"));
+        assert_eq!(off.check(None, None, true), None, "nothing read, nothing tripped");
+    }
+
+    #[test]
+    fn the_window_timer() {
+        let tier = FreezeTier::starting(10_000, Duration::from_millis(2_500));
+        // Inside the window: wait for its end, at most a pressure poll.
+        assert_eq!(window_step(tier, 10_000, || None), WindowStep::Wait(PRESSURE_POLL));
+        assert_eq!(window_step(tier, 12_000, || None), WindowStep::Wait(Duration::from_millis(500)));
+        // Its end, even under pressure; pressure before it.
+        match window_step(tier, 12_500, || panic!("pressure is not read once the window ended")) {
+            WindowStep::Checkpoint(why) => assert!(why.contains("window ended"), "{why}"),
+            w => panic!("{w:?}"),
+        }
+        match window_step(tier, 10_001, || Some("memory pressure: x".into())) {
+            WindowStep::Checkpoint(why) => assert!(why.starts_with("memory pressure: x") && why.contains("before"), "{why}"),
+            w => panic!("{w:?}"),
+        }
+        assert!(matches!(window_step(tier, 99_999, || None), WindowStep::Checkpoint(_)));
     }
 
     #[test]
