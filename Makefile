@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PREFIX ?= /usr/local
 CARGO ?= cargo
 
-.PHONY: all deps build install uninstall demo test unit-test integration-test bench fuzz clean
+.PHONY: all deps build install uninstall demo test unit-test vm-test integration-test bench fuzz clean
 
 all: build
 
@@ -39,10 +39,15 @@ demo: deps build
 	scripts/demo.sh
 
 ## test: unit tests, then the integration tests against a private containerd
-test: unit-test integration-test
+test: unit-test vm-test integration-test
 
 unit-test:
 	$(CARGO) test --release -p torpor-api -p torpor-runtime -p torpor-shim -p torporctl -p torpor-snapshotter
+
+## vm-test: the cgroup unit tests and a live cgroup v2 test on a real cgroup v2
+## kernel, in a qemu guest (test/vm/run.sh; this host's tree is v1)
+vm-test:
+	test/vm/run.sh
 
 integration-test:
 	test/rig/run-tests.sh

@@ -76,6 +76,8 @@ APT_PACKAGES=(
 	gcc make pkg-config python3 libbsd-dev libcap-dev libgnutls28-dev libnet1-dev
 	libnftables-dev libnl-3-dev libprotobuf-c-dev libprotobuf-dev
 	protobuf-c-compiler protobuf-compiler uuid-dev
+	# the cgroup v2 guest of test/vm/run.sh (make test)
+	qemu-system-x86 cpio
 )
 
 APT_SOURCES_FILE=/etc/apt/sources.list.d/torpor-newer.sources
