@@ -5,13 +5,15 @@
 //! - [`identity`]: who an app container is across pods and shims, and the
 //!   lookup of the snapshot kept for it;
 //! - [`claim`]: an actor runs at most once on the node (a flock per actor);
-//! - [`store_client`]: the shim's one client of the node's snapshot store.
+//! - [`store_client`]: the shim's one client of the node's snapshot store;
+//! - [`report`]: lifecycle reports to the node daemon's metrics, through it.
 //!
 //! Imports [`crate::system`], [`crate::oci`] and [`crate::error`] only.
 
 pub mod claim;
 pub mod identity;
 pub mod record;
+pub mod report;
 pub mod store_client;
 
 pub use record::{now_ms, state_root, sync_dir, Lifecycle, Record, StagingRecord, Store, STATE_ROOT};

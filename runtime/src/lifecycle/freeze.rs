@@ -4,6 +4,7 @@
 use tracing::info;
 
 use crate::actor::record::{Lifecycle, Record};
+use crate::actor::report::{self, Op};
 use crate::error::{Error, Result};
 use crate::lifecycle::Actor;
 use crate::task::Status;
@@ -18,6 +19,11 @@ impl Actor {
     /// is persisted first; a container that cannot be paused thaws the
     /// ones paused so far and leaves the actor RUNNING, with the reason.
     pub(crate) async fn freeze_as(&self, fenced: Option<String>) -> Result<Record> {
+        let op = if fenced.is_some() { Op::FenceFreeze } else { Op::Freeze };
+        report::operation(&self.store, op, || self.record(), self.freeze_unreported(fenced)).await
+    }
+
+    async fn freeze_unreported(&self, fenced: Option<String>) -> Result<Record> {
         let _gate = self.gate.lock().await;
         let ids = self.tasks.app_containers();
         self.update(|rec| {

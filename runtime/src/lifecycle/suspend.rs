@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use crate::actor::record::{self, Lifecycle, Record, StagingRecord};
+use crate::actor::report::{self, Op};
 use crate::actor::store_client::{SnapshotRef, Staging};
 use crate::error::{Error, IoContext, Result, StoreErrorKind};
 use crate::failpoint;
@@ -38,6 +39,10 @@ const COMMIT_FAILED: &str = "commit of the suspend's snapshot failed";
 impl Actor {
     /// SUSPENDED: checkpoint every app container and free its memory.
     pub async fn suspend(&self) -> Result<Record> {
+        report::operation(&self.store, Op::Suspend, || self.record(), self.suspend_unreported()).await
+    }
+
+    async fn suspend_unreported(&self) -> Result<Record> {
         let started = Instant::now();
         // The lazy-pages daemons of the last resume must be done (a process
         // with pages still missing cannot be dumped). Waited for outside the
@@ -91,6 +96,7 @@ impl Actor {
         };
         let generation = rec.generation;
         failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_PERSIST);
+        report::phase("prepare");
 
         let images: Vec<(String, PathBuf)> = ids.iter().map(|id| (id.clone(), staging.path.join(name_of(&rec, id)))).collect();
         if let Err(e) = self.checkpoint_all(&dir, generation, &images, was == Lifecycle::Frozen).await {
@@ -105,6 +111,7 @@ impl Actor {
             })?;
             return Err(e);
         }
+        report::phase("dump");
         // The images are on disk before the record says they are complete:
         // a power loss never commits a torn dump.
         let synced = {
@@ -114,6 +121,7 @@ impl Actor {
                 .map_err(|e| Error::Io { context: "fsync the dump".into(), source: std::io::Error::other(e) })
                 .and_then(|r| r)
         };
+        report::phase("fsync");
         if let Err(e) = synced {
             // The processes are gone: the staging is the actor; the commit
             // (which fsyncs what it stores) is its durability now.
@@ -203,6 +211,7 @@ impl Actor {
                 match me.store.commit_staging(&actor, &staging, labels.clone(), keep_local).await {
                     Ok(snap) => {
                         info!(actor = actor.as_str(), snapshot = %snap, ms = t.elapsed().as_millis() as u64, "suspend committed to the snapshot store");
+                        report::background_phase(&me.store, &actor, Op::Suspend, "commit", t.elapsed());
                         me.commit_settled(&staging, Ok(snap));
                         let _ = tx.send(CommitState::Done);
                         return;
@@ -284,6 +293,7 @@ impl Actor {
         }
         if failure.is_none() {
             failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_FREEZE);
+            report::phase("freeze");
             for (id, image) in images {
                 if let Err(e) = self.dump_one(dir, generation, id, image).await {
                     failure = Some(e);
