@@ -168,6 +168,24 @@ pub fn state(store: &SnapshotStore, rec: &Record) {
     send(store, report(&rec.actor, state_name(rec.state)));
 }
 
+/// How often [`heartbeat`] tells the actor's state again.
+pub const HEARTBEAT: Duration = Duration::from_secs(30);
+
+/// The actor's state again, at most every [`HEARTBEAT`] (called by the
+/// lease fence's periodic pass): a daemon restarted since the last
+/// operation knows it again within that time.
+pub fn heartbeat(store: &SnapshotStore, rec: &Record) {
+    static LAST: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+    {
+        let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+        if last.is_some_and(|t| t.elapsed() < HEARTBEAT) {
+            return;
+        }
+        *last = Some(Instant::now());
+    }
+    state(store, rec);
+}
+
 /// A phase that ran in a task of its own (a suspend's background commit).
 pub fn background_phase(store: &SnapshotStore, actor: &str, op: Op, name: &'static str, took: Duration) {
     let mut r = report(actor, "");
