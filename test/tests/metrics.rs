@@ -91,8 +91,10 @@ fn suspend_and_resume_move_the_metrics_and_promtool_accepts_them() {
     let before = scrape(&addr);
     let count = |phase: &str, what: &str| format!("torpor_{what}_duration_seconds_count{{phase=\"{phase}\"}}");
 
-    // Memory of its own pattern: chunks no other snapshot has (the upload sends them).
-    let c = CounterSpec::new().alloc_mib(16).seed(&unique_name("metrics")).start(Pod::run("metrics"));
+    // Memory of its own pattern (--seed, a number): chunks no other
+    // snapshot has, so that the upload sends them.
+    let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64) | 1;
+    let c = CounterSpec::new().alloc_mib(16).seed(&seed.to_string()).start(Pod::run("metrics"));
     assert_eq!(c.inc(), 1);
     let name = c.suspend();
     let _snapshots = Cleanup::snapshots(&c.actor);
