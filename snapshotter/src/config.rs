@@ -26,6 +26,7 @@ struct FileConfig {
     root: Option<PathBuf>,
     log_level: Option<String>,
     shutdown_timeout: Option<String>,
+    metrics_address: Option<String>,
     #[serde(default)]
     snapshotter: FileSnapshotter,
     #[serde(default)]
@@ -94,6 +95,8 @@ pub struct Config {
     pub root: PathBuf,
     pub log_level: String,
     pub shutdown_timeout: Duration,
+    /// Where `/metrics` is served (`None`: not served).
+    pub metrics_address: Option<std::net::SocketAddr>,
     pub snapshotter: SnapshotterConfig,
     pub store: StoreConfig,
 }
@@ -251,6 +254,7 @@ impl Default for Config {
             root: PathBuf::from(DEFAULT_ROOT),
             log_level: DEFAULT_LOG_LEVEL.into(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            metrics_address: None,
             snapshotter: SnapshotterConfig {
                 address: PathBuf::from(DEFAULT_SNAPSHOTTER_ADDRESS),
                 mount_options: Vec::new(),
@@ -339,6 +343,19 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is too large"))
 }
 
+/// `metrics_address`: `<ip>:<port>` (`127.0.0.1:9464`, `[::1]:9464`,
+/// `0.0.0.0:9464`); unset or empty: no metrics endpoint.
+pub fn parse_metrics_address(v: Option<&str>) -> std::result::Result<Option<std::net::SocketAddr>, String> {
+    let Some(v) = v.map(str::trim).filter(|v| !v.is_empty()) else { return Ok(None) };
+    let a: std::net::SocketAddr = v
+        .parse()
+        .map_err(|_| format!("metrics_address = {v:?} is not <ip>:<port> (e.g. \"127.0.0.1:9464\"; a host name is not resolved; \"\" turns the endpoint off)"))?;
+    if a.port() == 0 {
+        return Err(format!("metrics_address = {v:?}: port 0 is not a port scrapers can find"));
+    }
+    Ok(Some(a))
+}
+
 fn check_socket_path(key: &str, p: &Path) -> Result<()> {
     if !p.is_absolute() {
         return Err(Error::Config(format!(
@@ -422,6 +439,7 @@ impl Config {
                 Some(s) => parse_duration(&s).map_err(|e| format!("shutdown_timeout: {e}"))?,
                 None => d.shutdown_timeout,
             },
+            metrics_address: parse_metrics_address(f.metrics_address.as_deref())?,
             snapshotter: SnapshotterConfig {
                 address: f.snapshotter.address.unwrap_or(d.snapshotter.address),
                 mount_options: f.snapshotter.mount_options.unwrap_or_default(),
@@ -729,6 +747,11 @@ remote_url = "s3://bucket/prefix"
         assert!(c.snapshotter.upperdir_label);
         assert_eq!(c.store.local_budget, Some(20 << 30));
         assert_eq!(c.store.remote_url.as_deref(), Some("s3://bucket/prefix"));
+        assert_eq!(c.metrics_address, None, "no metrics endpoint unless set");
+        let m = |t: &str| Config::parse(t).unwrap().metrics_address;
+        assert_eq!(m("metrics_address = \"127.0.0.1:9464\""), Some("127.0.0.1:9464".parse().unwrap()));
+        assert_eq!(m("metrics_address = \"[::1]:9464\""), Some("[::1]:9464".parse().unwrap()));
+        assert_eq!(m("metrics_address = \"\""), None, "empty: off");
     }
 
     #[test]
@@ -763,6 +786,10 @@ remote_url = "s3://bucket/prefix"
                 "same socket",
             ),
             ("root = 5", "root"),
+            ("metrics_address = \"localhost:9464\"", "metrics_address"),
+            ("metrics_address = \"127.0.0.1\"", "metrics_address"),
+            ("metrics_address = \"127.0.0.1:0\"", "port 0"),
+            ("metrics_address = 9464", "metrics_address"),
         ];
         for (text, want) in cases {
             let e = Config::parse(text).unwrap_err();

@@ -6,7 +6,8 @@
 //! - containerd's snapshots API (proxy plugin) on `snapshotter.address`;
 //! - the snapshot store's API (ttrpc, [`crate::store_api`]) on `store.address`,
 //!   over the tiered store ([`crate::store`]) whose background uploads and
-//!   evictions run on the same runtime.
+//!   evictions run on the same runtime;
+//! - Prometheus metrics ([`crate::metrics`]) on `metrics_address` (TCP, when set).
 
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -161,6 +162,10 @@ pub async fn run(cfg: Config) -> Result<()> {
     let mut sigint = signal(SignalKind::interrupt())
         .map_err(|e| Error::Daemon(format!("SIGINT handler: {e}")))?;
 
+    // The metrics port first: one in use stops the start before any
+    // state is created.
+    let metrics_listener = cfg.metrics_address.map(crate::metrics::http::bind).transpose()?;
+
     let root = cfg.root.clone();
     let opts = Options {
         mount_options: cfg.snapshotter.mount_options.clone(),
@@ -207,7 +212,9 @@ pub async fn run(cfg: Config) -> Result<()> {
     let store_listener = bind_socket(&cfg.store.address)?
         .into_std()
         .map_err(|e| Error::io("store API socket", &cfg.store.address, e))?;
-    let service = crate::store_api::StoreService::with_data_runtime(store.clone(), cfg.store.gc_keep, tokio::runtime::Handle::current());
+    let metrics = crate::metrics::Metrics::new(Some(&store));
+    let service = crate::store_api::StoreService::with_data_runtime(store.clone(), cfg.store.gc_keep, tokio::runtime::Handle::current())
+        .with_metrics(metrics.clone());
     let address = cfg.store.address.clone();
     let mut store_server = api_rt
         .handle()
@@ -223,6 +230,10 @@ pub async fn run(cfg: Config) -> Result<()> {
         .map_err(|e| Error::Daemon(format!("serving the store API: {e}")))?
         .map_err(|e| Error::Daemon(format!("serving the store API on {}: {e}", address.display())))?;
     store.run_leases_on(&api_rt.handle());
+    let metrics_task = match metrics_listener {
+        Some(l) => Some(crate::metrics::http::serve(l, metrics, stop_rx.clone())?),
+        None => None,
+    };
     info!(service = "store", socket = %cfg.store.address.display(), "serving");
     {
         let store = store.clone();
@@ -305,6 +316,9 @@ pub async fn run(cfg: Config) -> Result<()> {
 
     // The store API: stop accepting, let connections end, stop background work.
     if let Some(t) = gc_task {
+        t.abort();
+    }
+    if let Some(t) = metrics_task {
         t.abort();
     }
     if let Err(e) = store_server.shutdown().await {

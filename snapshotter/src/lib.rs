@@ -1,11 +1,12 @@
 //! torpor-snapshotter: the node daemon that owns the containerd proxy
 //! snapshotter (overlayfs, [`overlay`]) and the tiered snapshot store (local
 //! disk ahead of object storage, [`store`]) with its API for the shim and
-//! torporctl ([`store_api`]).
+//! torporctl ([`store_api`]), and its Prometheus metrics ([`metrics`]).
 
 pub mod config;
 pub mod daemon;
 pub mod error;
+pub mod metrics;
 pub mod overlay;
 pub mod store;
 pub mod store_api;

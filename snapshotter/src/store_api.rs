@@ -34,6 +34,8 @@ pub struct StoreService {
     transfers: Mutex<HashMap<u64, Transfer>>,
     next: std::sync::atomic::AtomicU64,
     data: tokio::runtime::Handle,
+    /// Failed requests counted, shims' lifecycle reports taken (none: metrics off).
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl StoreService {
@@ -44,7 +46,21 @@ impl StoreService {
 
     /// Store operations on runtime `data`.
     pub fn with_data_runtime(store: Arc<Store>, gc_keep: usize, data: tokio::runtime::Handle) -> Self {
-        Self { store, gc_keep, transfers: Mutex::new(HashMap::new()), next: 0.into(), data }
+        Self { store, gc_keep, transfers: Mutex::new(HashMap::new()), next: 0.into(), data, metrics: None }
+    }
+
+    /// Counts failed requests and takes the shims' lifecycle reports into `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// A failed request `op`: counted, as a ttrpc status.
+    fn err(&self, op: &str, e: store::Error) -> ttrpc::Error {
+        if let Some(m) = &self.metrics {
+            m.api_error(op, &e);
+        }
+        status(op, e)
     }
 
     /// `Confirm`: answered at once from memory while the lease is valid for
@@ -205,7 +221,7 @@ fn state_name(i: &store::SnapshotInfo) -> String {
 impl api::Store for StoreService {
     async fn begin(&self, _: &TtrpcContext, req: api::BeginRequest) -> ttrpc::Result<api::BeginResponse> {
         let a = actor(&req.actor)?;
-        let st = self.detached(|s| async move { s.begin(&a).await }).await.map_err(|e| status("begin", e))?;
+        let st = self.detached(|s| async move { s.begin(&a).await }).await.map_err(|e| self.err("begin", e))?;
         let mut r = api::BeginResponse::new();
         r.staging_id = st.id;
         r.path = st.path.to_string_lossy().into_owned();
@@ -220,19 +236,19 @@ impl api::Store for StoreService {
             labels: req.labels.into_iter().collect(),
             keep_local: req.keep_local_seconds.map(Duration::from_secs),
         };
-        let info = self.detached(|s| async move { s.commit(&req.staging_id, opts).await }).await.map_err(|e| status("commit", e))?;
+        let info = self.detached(|s| async move { s.commit(&req.staging_id, opts).await }).await.map_err(|e| self.err("commit", e))?;
         info!(snapshot = %info.id, bytes = info.logical_bytes, "snapshot committed");
         Ok(to_api_info(&info))
     }
 
     async fn abort(&self, _: &TtrpcContext, req: api::AbortRequest) -> ttrpc::Result<api::Empty> {
-        self.detached(|s| async move { s.abort(&req.staging_id).await }).await.map_err(|e| status("abort", e))?;
+        self.detached(|s| async move { s.abort(&req.staging_id).await }).await.map_err(|e| self.err("abort", e))?;
         Ok(api::Empty::new())
     }
 
     async fn latest(&self, _: &TtrpcContext, req: api::LatestRequest) -> ttrpc::Result<api::LatestResponse> {
         let a = actor(&req.actor)?;
-        let info = self.detached(|s| async move { s.latest(&a).await }).await.map_err(|e| status("latest", e))?;
+        let info = self.detached(|s| async move { s.latest(&a).await }).await.map_err(|e| self.err("latest", e))?;
         let mut r = api::LatestResponse::new();
         r.info = info.as_ref().map(to_api_info).into();
         Ok(r)
@@ -244,7 +260,7 @@ impl api::Store for StoreService {
         let co = self
             .tracked("fetch", &id, |store, p| async move { store.checkout(&id2, Some(p)).await })
             .await
-            .map_err(|e| status("checkout", e))?;
+            .map_err(|e| self.err("checkout", e))?;
         info!(snapshot = %co.info.id, fetched = co.fetched, verified_bytes = co.verified_bytes, "snapshot checked out");
         let mut r = api::CheckoutResponse::new();
         r.info = protobuf::MessageField::some(to_api_info(&co.info));
@@ -254,7 +270,7 @@ impl api::Store for StoreService {
     }
 
     async fn view_staging(&self, _: &TtrpcContext, req: api::ViewStagingRequest) -> ttrpc::Result<api::ViewStagingResponse> {
-        let (path, lease) = self.detached(|s| async move { s.view_staging(&req.staging_id).await }).await.map_err(|e| status("view staging", e))?;
+        let (path, lease) = self.detached(|s| async move { s.view_staging(&req.staging_id).await }).await.map_err(|e| self.err("view staging", e))?;
         let mut r = api::ViewStagingResponse::new();
         r.path = path.to_string_lossy().into_owned();
         r.lease = lease;
@@ -266,7 +282,7 @@ impl api::Store for StoreService {
             return Err(invalid("acquire: owner (the shim) must be set".into()));
         }
         let a = actor(&req.actor)?;
-        let g = self.detached(|s| async move { s.acquire(&a, &req.owner).await }).await.map_err(|e| status("acquire", e))?;
+        let g = self.detached(|s| async move { s.acquire(&a, &req.owner).await }).await.map_err(|e| self.err("acquire", e))?;
         let mut r = api::AcquireResponse::new();
         r.epoch = g.epoch;
         r.durable_generation = g.durable_generation;
@@ -279,7 +295,7 @@ impl api::Store for StoreService {
 
     async fn confirm(&self, _: &TtrpcContext, req: api::ConfirmRequest) -> ttrpc::Result<api::ConfirmResponse> {
         let a = actor(&req.actor)?;
-        let (epoch, until) = self.confirm_lease(a, req.owner).await.map_err(|e| status("confirm", e))?;
+        let (epoch, until) = self.confirm_lease(a, req.owner).await.map_err(|e| self.err("confirm", e))?;
         let mut r = api::ConfirmResponse::new();
         r.epoch = epoch;
         r.valid_until_unix_ms = until;
@@ -288,12 +304,18 @@ impl api::Store for StoreService {
 
     async fn surrender(&self, _: &TtrpcContext, req: api::SurrenderRequest) -> ttrpc::Result<api::Empty> {
         let a = actor(&req.actor)?;
-        self.detached(|s| async move { s.surrender(&a, &req.owner).await }).await.map_err(|e| status("surrender", e))?;
+        let a2 = a.clone();
+        self.detached(|s| async move { s.surrender(&a2, &req.owner).await }).await.map_err(|e| self.err("surrender", e))?;
+        // The actor leaves this node (unless another shim here runs it now).
+        let runs_here = self.store.actor_leases().is_ok_and(|l| l.iter().any(|h| h.doc.actor == a && !h.surrendering));
+        if let (Some(m), false) = (&self.metrics, runs_here) {
+            m.lifecycle().forget(a.as_str(), "");
+        }
         Ok(api::Empty::new())
     }
 
     async fn release(&self, _: &TtrpcContext, req: api::ReleaseRequest) -> ttrpc::Result<api::Empty> {
-        self.detached(|s| async move { s.release(&req.lease).await }).await.map_err(|e| status("release", e))?;
+        self.detached(|s| async move { s.release(&req.lease).await }).await.map_err(|e| self.err("release", e))?;
         Ok(api::Empty::new())
     }
 
@@ -301,9 +323,9 @@ impl api::Store for StoreService {
         let filter = if req.actor.is_empty() { None } else { Some(actor(&req.actor)?) };
         if req.refresh {
             let f = filter.clone();
-            self.detached(|s| async move { s.refresh(f.as_ref()).await }).await.map_err(|e| status("list (refresh from the object tier)", e))?;
+            self.detached(|s| async move { s.refresh(f.as_ref()).await }).await.map_err(|e| self.err("list (refresh from the object tier)", e))?;
         }
-        let list = self.detached(|s| async move { s.list(filter.as_ref()).await }).await.map_err(|e| status("list", e))?;
+        let list = self.detached(|s| async move { s.list(filter.as_ref()).await }).await.map_err(|e| self.err("list", e))?;
         let mut r = api::ListResponse::new();
         r.snapshots = list.iter().map(to_api_info).collect();
         Ok(r)
@@ -312,7 +334,7 @@ impl api::Store for StoreService {
     async fn inspect(&self, _: &TtrpcContext, req: api::SnapshotId) -> ttrpc::Result<api::InspectResponse> {
         let id = snapshot_id(Some(&req))?;
         let id2 = id.clone();
-        let (info, manifest) = self.detached(|s| async move { s.inspect(&id2).await }).await.map_err(|e| status("inspect", e))?;
+        let (info, manifest) = self.detached(|s| async move { s.inspect(&id2).await }).await.map_err(|e| self.err("inspect", e))?;
         let mut r = api::InspectResponse::new();
         r.info = protobuf::MessageField::some(to_api_info(&info));
         r.chunk_objects = self.store.chunk_objects(&info, &manifest).into_iter().collect();
@@ -327,7 +349,7 @@ impl api::Store for StoreService {
         let info = self
             .tracked("upload", &id, |store, p| async move { store.upload(&id2, Some(p)).await })
             .await
-            .map_err(|e| status("upload", e))?;
+            .map_err(|e| self.err("upload", e))?;
         info!(snapshot = %info.id, "snapshot uploaded on demand");
         Ok(to_api_info(&info))
     }
@@ -335,7 +357,7 @@ impl api::Store for StoreService {
     async fn evict(&self, _: &TtrpcContext, req: api::SnapshotId) -> ttrpc::Result<api::Empty> {
         let id = snapshot_id(Some(&req))?;
         let id2 = id.clone();
-        self.detached(|s| async move { s.evict(&id2).await }).await.map_err(|e| status("evict", e))?;
+        self.detached(|s| async move { s.evict(&id2).await }).await.map_err(|e| self.err("evict", e))?;
         info!(snapshot = %id, "local copy evicted on demand");
         Ok(api::Empty::new())
     }
@@ -343,7 +365,7 @@ impl api::Store for StoreService {
     async fn remove(&self, _: &TtrpcContext, req: api::SnapshotId) -> ttrpc::Result<api::Empty> {
         let id = snapshot_id(Some(&req))?;
         let id2 = id.clone();
-        self.detached(|s| async move { s.remove(&id2).await }).await.map_err(|e| status("remove", e))?;
+        self.detached(|s| async move { s.remove(&id2).await }).await.map_err(|e| self.err("remove", e))?;
         info!(snapshot = %id, "snapshot removed");
         Ok(api::Empty::new())
     }
@@ -357,7 +379,7 @@ impl api::Store for StoreService {
             policy.actor = Some(actor(&req.actor)?);
             policy.sweep_chunks = false;
         }
-        let rep = self.detached(|s| async move { s.gc(policy).await }).await.map_err(|e| status("gc", e))?;
+        let rep = self.detached(|s| async move { s.gc(policy).await }).await.map_err(|e| self.err("gc", e))?;
         info!(removed = rep.removed.len(), chunks = rep.chunks_deleted, "gc done");
         let mut r = api::GcResponse::new();
         r.removed = rep.removed.iter().map(to_api_id).collect();
@@ -367,6 +389,23 @@ impl api::Store for StoreService {
         r.chunks_kept_young = rep.chunks_kept_young;
         r.errors = rep.errors;
         Ok(r)
+    }
+
+    async fn report_lifecycle(&self, _: &TtrpcContext, req: api::LifecycleReport) -> ttrpc::Result<api::Empty> {
+        if let Some(m) = &self.metrics {
+            m.lifecycle().ingest(&crate::metrics::lifecycle::Report {
+                actor: &req.actor,
+                owner: &req.owner,
+                seq: req.seq,
+                op: &req.op,
+                outcome: &req.outcome,
+                reason: &req.reason,
+                phases: req.phases.iter().map(|p| (p.name.as_str(), p.seconds)).collect(),
+                state: &req.state,
+                dropped: req.dropped,
+            });
+        }
+        Ok(api::Empty::new())
     }
 
     async fn status(&self, _: &TtrpcContext, _: api::Empty) -> ttrpc::Result<api::StatusResponse> {

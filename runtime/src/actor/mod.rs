@@ -6,13 +6,15 @@
 //!   lookup of the snapshot kept for it;
 //! - [`claim`]: an actor runs at most once on the node (a flock per actor);
 //! - [`seal`]: what a suspend dumped, checked before a restore uses it;
-//! - [`store_client`]: the shim's one client of the node's snapshot store.
+//! - [`store_client`]: the shim's one client of the node's snapshot store;
+//! - [`report`]: lifecycle reports to the node daemon's metrics, through it.
 //!
 //! Imports [`crate::system`], [`crate::oci`] and [`crate::error`] only.
 
 pub mod claim;
 pub mod identity;
 pub mod record;
+pub mod report;
 pub mod seal;
 pub mod store_client;
 

@@ -24,6 +24,8 @@ use crate::error::{Error, Result, StoreErrorKind};
 const QUICK: Duration = Duration::from_secs(30);
 /// A lease confirmation: short, the fence decides on a missing answer.
 const CONFIRM: Duration = Duration::from_secs(3);
+/// A lifecycle report (fire-and-forget: dropped when late).
+const REPORT: Duration = Duration::from_secs(2);
 /// Commit hashes every file; checkout may fetch from the object tier.
 const LONG: Duration = Duration::from_secs(900);
 
@@ -271,6 +273,12 @@ impl SnapshotStore {
         let req = &req;
         let r = self.call("list", StoreErrorKind::FailedPrecondition, |c| async move { c.list(ctx(QUICK), req).await }).await?;
         Ok(r.snapshots.iter().filter_map(|i| Some((snapshot_ref(i)?, i.labels.clone()))).collect())
+    }
+
+    /// A lifecycle report for the daemon's metrics ([`crate::actor::report`]).
+    pub async fn report_lifecycle(&self, req: &api::LifecycleReport) -> Result<()> {
+        self.call("lifecycle report", StoreErrorKind::FailedPrecondition, |c| async move { c.report_lifecycle(ctx(REPORT), req).await }).await?;
+        Ok(())
     }
 
     /// Deletes a snapshot from both tiers.

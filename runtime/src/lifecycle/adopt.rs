@@ -14,6 +14,7 @@ use tracing::{info, warn};
 
 use crate::actor::identity::{self, Identity};
 use crate::actor::record::Lifecycle;
+use crate::actor::report::{self, Op};
 use crate::actor::store_client::{Checkout, SnapshotRef};
 use crate::error::{Error, Result, StoreErrorKind};
 use crate::lifecycle::{lock, Actor};
@@ -167,10 +168,15 @@ impl Actor {
     /// restore (with the adoption's bookkeeping if it was restored by
     /// identity), instead of `runc start`.
     pub async fn start_restored(&self, id: &str, image: &Path, bundle_dir: &Path) -> Result<i32> {
+        report::operation(&self.store, Op::Restore, || self.record(), self.start_restored_unreported(id, image, bundle_dir)).await
+    }
+
+    async fn start_restored_unreported(&self, id: &str, image: &Path, bundle_dir: &Path) -> Result<i32> {
         let adopted = lock(&self.adoptions).remove(id);
         let started = std::time::Instant::now();
         let from = RestoreFrom { image: image.to_path_buf(), work: criu_work(bundle_dir), lazy: false };
         let restored = self.tasks.restore(id, &from).await;
+        report::phase("criu_restore");
         if let Some(a) = adopted {
             if let Err(e) = bundle::recovery_criu_config(bundle_dir, false) {
                 warn!(container = id, "CRIU configuration after the restore: {e}");

@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
 use crate::actor::record::{self, FreezeTier, Lifecycle, Record};
+use crate::actor::report::{self, Op};
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::{lock, Actor};
 use crate::system::cgroup;
@@ -91,6 +92,11 @@ impl Actor {
     /// is persisted first; a container that cannot be paused thaws the
     /// ones paused so far and leaves the actor RUNNING, with the reason.
     pub(crate) async fn freeze_as(&self, fenced: Option<String>) -> Result<Record> {
+        let op = if fenced.is_some() { Op::FenceFreeze } else { Op::Freeze };
+        report::operation(&self.store, op, || self.record(), self.freeze_unreported(fenced)).await
+    }
+
+    async fn freeze_unreported(&self, fenced: Option<String>) -> Result<Record> {
         let _gate = self.gate.lock().await;
         let ids = self.tasks.app_containers();
         self.update(|rec| {

@@ -182,6 +182,7 @@ impl Actor {
             return Err(e);
         }
         *lock(&self.claim) = Some(claim);
+        crate::actor::report::state(&self.store, &rec);
         *lock(&self.slot) = Some((store, rec));
         Ok(())
     }

@@ -10,6 +10,7 @@ use std::time::Instant;
 use tracing::{info, warn};
 
 use crate::actor::record::{self, Lifecycle, Record};
+use crate::actor::report::{self, Op};
 use crate::actor::store_client::SnapshotRef;
 use crate::error::{Error, IoContext, Result, StoreErrorKind};
 use crate::failpoint;
@@ -23,6 +24,10 @@ use crate::task::Status;
 impl Actor {
     /// RUNNING again (see the module doc).
     pub async fn resume(&self) -> Result<Record> {
+        report::operation(&self.store, Op::Resume, || self.record(), self.resume_unreported()).await
+    }
+
+    async fn resume_unreported(&self) -> Result<Record> {
         // The freeze tier's fast path: a thaw, no CRIU (lifecycle::freeze).
         if let Some(r) = self.thaw_freeze_tier().await? {
             return Ok(r);
@@ -94,6 +99,7 @@ impl Actor {
         };
         self.update(|r| r.state = Lifecycle::Resuming)?;
         failpoint::hit(&dir.key(), failpoint::RESUME_AFTER_PERSIST);
+        report::phase("prepare");
         // The snapshot's verified files; nothing is started from bad data.
         let co = match &rec.staging {
             Some(st) if rec.snapshot.is_none() => match self.store.view_staging_as(&st.to_staging(), &snap).await {
@@ -106,6 +112,7 @@ impl Actor {
             _ => self.store.checkout(&snap).await,
         };
         t.mark(if rec.snapshot.is_none() { "view_staging" } else { "checkout" });
+        report::phase("fetch");
         let co = match co {
             Ok(co) => co,
             Err(e) => {
@@ -148,6 +155,7 @@ impl Actor {
         // was started cold after its restore failed.
         let mut ran_cold = None;
         let mut result = self.restore_all(&dir, &rec, &co.path, &mut t).await;
+        report::phase("criu_restore");
         if let Err(e) = &result {
             if self.cold_start_wanted(&rec) {
                 ran_cold = Some(format!("restore failed, started cold (torpor.dev/on-restore-failure: cold-start): {e}"));
@@ -180,6 +188,7 @@ impl Actor {
             h.finish().await;
             t.mark("handover");
         }
+        report::phase("handover");
         if let Err(e) = result {
             self.store.release_logged(&co.lease).await;
             let _ = self.update(|r| r.leases.retain(|l| *l != co.lease));

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use crate::actor::record::{self, FreezeTier, Lifecycle, Record, StagingRecord};
+use crate::actor::report::{self, Op};
 use crate::actor::seal;
 use crate::actor::store_client::{SnapshotRef, Staging};
 use crate::error::{Error, IoContext, Result, StoreErrorKind};
@@ -53,6 +54,10 @@ impl Actor {
     /// `only_in`, only while the actor is still in that freeze-tier window
     /// (its end, memory pressure); `WrongState` if it left it meanwhile.
     pub(crate) async fn checkpoint(&self, only_in: Option<FreezeTier>) -> Result<Record> {
+        report::operation(&self.store, Op::Suspend, || self.record(), self.checkpoint_unreported(only_in)).await
+    }
+
+    async fn checkpoint_unreported(&self, only_in: Option<FreezeTier>) -> Result<Record> {
         let started = Instant::now();
         // The lazy-pages daemons of the last resume must be done (a process
         // with pages still missing cannot be dumped). Waited for outside the
@@ -125,6 +130,7 @@ impl Actor {
         let generation = rec.generation;
         failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_PERSIST);
         t.mark("record_suspending");
+        report::phase("prepare");
 
         let images: Vec<(String, PathBuf)> = ids.iter().map(|id| (id.clone(), staging.path.join(name_of(&rec, id)))).collect();
         // A freeze-tier actor whose checkpoint fails runs again (thawed),
@@ -144,6 +150,7 @@ impl Actor {
             }
             return Err(e);
         }
+        report::phase("dump");
         // The dump is sealed (what a restore checks first), and on disk
         // before the record says it is complete: a power loss never commits
         // a torn dump.
@@ -156,10 +163,11 @@ impl Actor {
                 }
                 sync_tree(&path)
             })
-                .await
-                .map_err(|e| Error::Io { context: "fsync the dump".into(), source: std::io::Error::other(e) })
-                .and_then(|r| r)
+            .await
+            .map_err(|e| Error::Io { context: "fsync the dump".into(), source: std::io::Error::other(e) })
+            .and_then(|r| r)
         };
+        report::phase("fsync");
         if let Err(e) = synced {
             // The processes are gone: the staging is the actor; the commit
             // (which fsyncs what it stores) is its durability now.
@@ -286,6 +294,7 @@ impl Actor {
                 match me.store.commit_staging(&actor, &staging, labels.clone(), keep_local).await {
                     Ok(snap) => {
                         info!(actor = actor.as_str(), snapshot = %snap, ms = t.elapsed().as_millis() as u64, "suspend committed to the snapshot store");
+                        report::background_phase(&me.store, &actor, Op::Suspend, "commit", t.elapsed());
                         me.commit_settled(&staging, Ok(snap));
                         let _ = tx.send(CommitState::Done);
                         return;
@@ -368,6 +377,7 @@ impl Actor {
         t.mark("freeze");
         if failure.is_none() {
             failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_FREEZE);
+            report::phase("freeze");
             for (id, image) in images {
                 let dumped_one = self.dump_one(dir, generation, id, image).await;
                 t.mark("dump");

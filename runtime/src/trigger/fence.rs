@@ -51,6 +51,7 @@ pub fn start(actor: &Actor, group: String) {
 
 async fn pass(actor: &Actor, group: &str, valid_until: &mut Option<u64>) {
         let Some(rec) = actor.status() else { return };
+        crate::actor::report::heartbeat(&actor.store, &rec);
         let fenced = rec.fenced.is_some() && rec.state == Lifecycle::Frozen;
         if rec.state != Lifecycle::Running && !fenced {
             // Not running: the last answer is stale by the time it runs again.

@@ -313,6 +313,7 @@ impl Store {
         futures::stream::iter(held)
             .for_each_concurrent(16, |h| async move {
                 if let Err(e) = self.lease_pass_one(&h.doc.actor).await {
+                    self.stats.update(|s| s.lease_renew_failures += 1);
                     warn!(actor = %h.doc.actor, error = %e, "actor lease renewal failed");
                     self.note_error(format!("actor lease of {}: {e}", h.doc.actor));
                 }

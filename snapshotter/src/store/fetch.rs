@@ -116,6 +116,7 @@ impl Store {
                     }
                 };
                 let rec = db::record(&self.db, &id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
+                self.stats.fetched(started.elapsed());
                 info!(snapshot = %id, bytes = rec.logical_bytes, ms = started.elapsed().as_millis() as u64, "fetched from the object tier");
                 self.wake.notify_one();
                 Ok(Checkout { info: self.info(&rec)?, path: self.snapshot_dir(&id), lease, fetched: true, verified_bytes: 0 })

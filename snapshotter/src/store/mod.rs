@@ -61,7 +61,7 @@ pub use id::{ActorName, SnapshotId};
 pub use manifest::{Entry, EntryKind, Manifest};
 pub use remote::{ChunkName, ConditionalWrites, Honoured, Remote};
 pub use retention::{GcPolicy, GcReport};
-pub use stats::StoreStatus;
+pub use stats::{Observer, StoreStatus};
 pub use sweep::{Namespace, UnreadableManifest, INTENT_TTL, SWEEP_DELETE_WINDOW};
 
 use db::{Record, Tx};

@@ -5,8 +5,8 @@
 //! records and leases of the metadata database.
 
 use std::collections::{HashSet, VecDeque};
-use std::sync::Mutex;
-use std::time::SystemTime;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime};
 
 use super::db::{self, LocalState, RemoteState};
 use super::{lock, Store};
@@ -29,6 +29,8 @@ pub struct StoreStatus {
     pub uploaded_chunks: u64,
     /// Chunks an upload skipped because they were known durable.
     pub deduplicated_chunks: u64,
+    /// Uncompressed bytes of those chunks (not sent again).
+    pub deduplicated_bytes: u64,
     /// Chunks known durable that an upload checked with a HEAD before
     /// reusing them (no manifest of this node vouched for them any more).
     pub chunks_checked: u64,
@@ -41,8 +43,22 @@ pub struct StoreStatus {
     /// under the ring (keys configured): junk, plaintext or garbled
     /// manifests, a lease naming an unverifiable generation.
     pub untrusted_entries: u64,
+    /// Actor lease renewals (or surrender passes) that failed.
+    pub lease_renew_failures: u64,
+    /// Errors of background work since open (the newest are `last_errors`).
+    pub background_errors: u64,
     /// Most recent errors of background work, newest last.
     pub last_errors: Vec<(SystemTime, String)>,
+}
+
+/// Told of each upload and fetch that completed, with how long it took
+/// (the daemon's metrics, [`crate::metrics`]). Called on the store's tasks:
+/// must not block.
+pub trait Observer: Send + Sync {
+    /// A snapshot became durable in the object tier (chunks and manifest sent).
+    fn uploaded(&self, took: Duration);
+    /// A snapshot was fetched from the object tier into the local tier.
+    fn fetched(&self, took: Duration);
 }
 
 /// The counters (one lock; every update is a few additions).
@@ -52,28 +68,49 @@ pub(super) struct Counters {
     pub uploaded_raw_bytes: u64,
     pub uploaded_chunks: u64,
     pub deduplicated_chunks: u64,
+    pub deduplicated_bytes: u64,
     pub chunks_checked: u64,
     pub chunks_missing: u64,
     pub sweep_waits: u64,
     pub fetched_bytes: u64,
     pub untrusted_entries: u64,
+    pub lease_renew_failures: u64,
     pub disk_pressure: bool,
+    background_errors: u64,
     last_errors: VecDeque<(SystemTime, String)>,
 }
 
-/// The store's counters and recent errors.
+/// The store's counters and recent errors, and who is told of timings.
 #[derive(Default)]
-pub(super) struct Stats(Mutex<Counters>);
+pub(super) struct Stats {
+    counters: Mutex<Counters>,
+    observer: OnceLock<Arc<dyn Observer>>,
+}
 
 impl Stats {
     /// Change the counters.
     pub fn update<T>(&self, f: impl FnOnce(&mut Counters) -> T) -> T {
-        f(&mut lock(&self.0))
+        f(&mut lock(&self.counters))
+    }
+
+    /// An upload that completed (`Observer::uploaded`).
+    pub fn uploaded(&self, took: Duration) {
+        if let Some(o) = self.observer.get() {
+            o.uploaded(took);
+        }
+    }
+
+    /// A fetch that completed (`Observer::fetched`).
+    pub fn fetched(&self, took: Duration) {
+        if let Some(o) = self.observer.get() {
+            o.fetched(took);
+        }
     }
 
     /// Keep an error of background work for `status` (the newest 32).
     pub fn note_error(&self, msg: String) {
-        let mut s = lock(&self.0);
+        let mut s = lock(&self.counters);
+        s.background_errors += 1;
         s.last_errors.push_back((SystemTime::now(), msg));
         while s.last_errors.len() > 32 {
             s.last_errors.pop_front();
@@ -81,22 +118,31 @@ impl Stats {
     }
 
     pub(super) fn fill(&self, st: &mut StoreStatus) {
-        let s = lock(&self.0);
+        let s = lock(&self.counters);
         st.disk_pressure = s.disk_pressure;
         st.uploaded_bytes = s.uploaded_bytes;
         st.uploaded_raw_bytes = s.uploaded_raw_bytes;
         st.uploaded_chunks = s.uploaded_chunks;
         st.deduplicated_chunks = s.deduplicated_chunks;
+        st.deduplicated_bytes = s.deduplicated_bytes;
         st.chunks_checked = s.chunks_checked;
         st.chunks_missing = s.chunks_missing;
         st.sweep_waits = s.sweep_waits;
         st.fetched_bytes = s.fetched_bytes;
         st.untrusted_entries = s.untrusted_entries;
+        st.lease_renew_failures = s.lease_renew_failures;
+        st.background_errors = s.background_errors;
         st.last_errors = s.last_errors.iter().cloned().collect();
     }
 }
 
 impl Store {
+    /// Who is told of each completed upload and fetch (set once; a second
+    /// call is ignored and returns false).
+    pub fn set_observer(&self, o: Arc<dyn Observer>) -> bool {
+        self.stats.observer.set(o).is_ok()
+    }
+
     pub fn status(&self) -> StoreStatus {
         let mut st = StoreStatus { local_budget_bytes: self.cfg.local_budget_bytes, ..Default::default() };
         match (db::records(&self.db, None), db::leases(&self.db)) {

@@ -166,7 +166,11 @@ impl Store {
             .collect();
         let total: u64 = todo.iter().map(|d| first[d].2 as u64).sum();
         let deduplicated = (known.len() - missing.len()) as u64;
-        self.stats.update(|s| s.deduplicated_chunks += deduplicated);
+        let deduplicated_bytes = order.iter().map(|d| first[d].2 as u64).sum::<u64>().saturating_sub(total);
+        self.stats.update(|s| {
+            s.deduplicated_chunks += deduplicated;
+            s.deduplicated_bytes += deduplicated_bytes;
+        });
         if let Some(p) = &progress {
             let _ = p.send((0, total));
         }
@@ -290,6 +294,7 @@ impl Store {
         r.key_id = opened.key.map(|k| k.id().to_string());
         tx.put(&r)?;
         tx.commit()?;
+        self.stats.uploaded(started.elapsed());
         info!(snapshot = %id, uploaded_raw = done_raw, logical = r.logical_bytes, key = r.key_id.as_deref().unwrap_or("none (unencrypted)"), ms = started.elapsed().as_millis() as u64, "snapshot durable in the object tier");
         self.wake.notify_one();
         self.info(&r)
