@@ -84,6 +84,10 @@ pub async fn run(client: Client, cfg: Config) -> Result<()> {
     tracing::info!(node = %cfg.node, socket_dir = %cfg.socket_dir.display(), "watching this node's pods");
     let recorder = Recorder::new(client, Reporter { controller: state::MANAGER.into(), instance: Some(cfg.node.clone()) });
     let mut agent = Agent { cfg, writer: Writer { api, recorder }, seen: HashMap::new() };
+    // the first pass over every pod: what a restarted agent resyncs
+    let pods = reader.state();
+    agent.pass(&pods).await;
+    tracing::info!(node = %agent.cfg.node, pods = pods.iter().filter(|p| is_torpor_pod(p)).count(), "resynced this node's torpor pods");
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|source| Error::Io { what: "install the SIGTERM handler".into(), source })?;
@@ -112,6 +116,19 @@ pub async fn run(client: Client, cfg: Config) -> Result<()> {
     }
     tracing::info!("stopping");
     Ok(())
+}
+
+/// Is the agent's DaemonSet gone, or being deleted? Also when the API
+/// refuses the agent's identity (its ServiceAccount or RBAC went first in
+/// a `kubectl delete -k`).
+pub async fn daemonset_gone(client: Client, namespace: &str, name: &str) -> Result<bool> {
+    let api: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(client, namespace);
+    match api.get_opt(name).await {
+        Ok(Some(ds)) => Ok(ds.metadata.deletion_timestamp.is_some()),
+        Ok(None) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 401 || s.code == 403 || s.code == 404 => Ok(true),
+        Err(e) => Err(Error::Kube { what: format!("get DaemonSet {namespace}/{name}"), source: e }),
+    }
 }
 
 /// Is this a pod the agent looks after?
