@@ -699,12 +699,18 @@ impl KubeNode {
         let out = self.crictl(&["info"]);
         let text = out.clone().ok();
         let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("crictl info on {}: not JSON ({e}): {out}", self.name));
-        v["runtimeHandlers"]
+        // CRI's runtime handlers, and containerd's CRI config (its runtimes)
+        let mut names: Vec<String> = v["runtimeHandlers"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(|h| h["name"].as_str().map(str::to_string))
-            .collect()
+            .filter(|n| !n.is_empty())
+            .collect();
+        if let Some(rts) = v["config"]["containerd"]["runtimes"].as_object() {
+            names.extend(rts.keys().filter(|k| !names.contains(k)).cloned().collect::<Vec<_>>());
+        }
+        names
     }
 
     /// The installer's settings for this node (deploy/kubernetes/node-env.yaml):
