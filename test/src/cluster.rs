@@ -805,9 +805,21 @@ pub fn node_pod(node: &str) -> Option<Value> {
 pub fn wait_installed(tag: &str) {
     let image = format!("{NODE_IMAGE}:{tag}");
     for n in &cluster().nodes {
-        wait_until(&format!("torpor-node {image} Ready on {}", n.name), LIVENESS, || {
-            node_pod(&n.name).filter(|p| p["spec"]["containers"][0]["image"] == image.as_str())
-        });
+        let start = Instant::now();
+        while node_pod(&n.name).filter(|p| p["spec"]["containers"][0]["image"] == image.as_str()).is_none() {
+            if start.elapsed() > LIVENESS {
+                let ns = ["-n", "torpor-system"];
+                let pods = kubectl(&[&ns[..], &["get", "pods", "-o", "wide"]].concat());
+                let desc = kubectl(&[&ns[..], &["describe", "pods"]].concat());
+                let mut logs = String::new();
+                for c in ["install", "snapshotter", "agent"] {
+                    let l = kubectl(&[&ns[..], &["logs", "-l", "app.kubernetes.io/name=torpor-node", "-c", c, "--tail=40", "--prefix"]].concat());
+                    logs.push_str(&format!("--- {c} ---\n{}{}\n", l.stdout, l.stderr));
+                }
+                panic!("torpor-node {image} not Ready on {} within {LIVENESS:?}\n{pods}\n{}\n{logs}", n.name, desc.stdout);
+            }
+            thread::sleep(Duration::from_millis(500));
+        }
         wait_until(&format!("runtime handler torpor on {}", n.name), LIVENESS, || {
             n.runtime_handlers().iter().any(|h| h == "torpor").then_some(())
         });

@@ -20,7 +20,8 @@ set -eu
 log() { echo "torpor-node[$1]: $2" >&2; }
 die() { log "$MODE" "ERROR: $*"; exit 1; }
 MODE="${1:-}"
-HOST=/host
+HOST="${TORPOR_HOST_ROOT:-/host}"   # the host's / (tests: another dir)
+IMG="${TORPOR_IMAGE_ROOT:-}"         # the image's / (tests: another dir)
 
 # ---- settings (host paths)
 TORPOR_PREFIX=/usr/local                         # bin/, sbin/criu, lib/torpor/
@@ -32,7 +33,7 @@ TORPOR_SNAPSHOTTER_SOCKET=/run/torpor/snapshotter.sock
 TORPOR_SNAPSHOTTER_CONFIG=/etc/torpor/snapshotter.toml
 TORPOR_SHIM_SOCKET_DIR=/run/torpor/shims
 TORPOR_RESTART_TIMEOUT_S=120
-for f in /etc/torpor-node/default.env "/etc/torpor-node/${NODE_NAME:-}.env"; do
+for f in "$IMG/etc/torpor-node/default.env" "$IMG/etc/torpor-node/${NODE_NAME:-}.env"; do
 	# shellcheck disable=SC1090
 	[ -f "$f" ] && . "$f"
 done
@@ -111,10 +112,10 @@ TOML
 
 install() {
 	for b in containerd-shim-torpor-v1 torporctl torpor-snapshotter kubectl-torpor; do
-		install_file "/torpor/bin/$b" "$BIN/$b" 0755
+		install_file "$IMG/torpor/bin/$b" "$BIN/$b" 0755
 	done
 	# CRIU with the libraries it was built against, behind a wrapper
-	for f in /torpor/criu/*; do
+	for f in "$IMG"/torpor/criu/*; do
 		install_file "$f" "$SHARE/criu/$(basename "$f")" 0755
 	done
 	tmp="$(mktemp)"
@@ -123,10 +124,16 @@ install() {
 	install_file "$tmp" "$TORPOR_PREFIX/sbin/criu" 0755
 	changed=0 # binaries are picked up by the next shim; only the drop-in needs a restart
 	dropin >"$tmp"
+	# pending: a restart that failed is tried again by the next run
+	pending="$HOST$TORPOR_CONTAINERD_DROPIN.restart-pending"
+	if ! { [ -f "$HOST$TORPOR_CONTAINERD_DROPIN" ] && cmp -s "$tmp" "$HOST$TORPOR_CONTAINERD_DROPIN"; }; then
+		mkdir -p "$(dirname "$pending")" && : >"$pending" || die "cannot write $pending"
+	fi
 	install_file "$tmp" "$TORPOR_CONTAINERD_DROPIN" 0644
 	rm -f "$tmp"
-	if [ "$changed" = 1 ]; then
+	if [ -f "$pending" ]; then
 		restart_containerd
+		rm -f "$pending"
 	else
 		log "$MODE" "containerd's drop-in $TORPOR_CONTAINERD_DROPIN is current"
 	fi
@@ -136,7 +143,7 @@ uninstall() {
 	restart=0
 	if [ -f "$HOST$TORPOR_CONTAINERD_DROPIN" ]; then
 		grep -qF "$MARK" "$HOST$TORPOR_CONTAINERD_DROPIN" || die "$TORPOR_CONTAINERD_DROPIN was not written by torpor-node: left alone"
-		rm -f "$HOST$TORPOR_CONTAINERD_DROPIN"
+		rm -f "$HOST$TORPOR_CONTAINERD_DROPIN" "$HOST$TORPOR_CONTAINERD_DROPIN.restart-pending"
 		log "$MODE" "removed $TORPOR_CONTAINERD_DROPIN"
 		restart=1
 	fi
