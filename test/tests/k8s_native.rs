@@ -306,10 +306,17 @@ fn the_agent_cannot_touch_another_nodes_pods() {
     let out = annotate_as(&unbound, "on-a");
     assert!(!out.success() && out.stderr.contains("its token names no node"), "{out}");
     // and RBAC gives it nothing else
-    for (verb, res) in [("delete", "pods"), ("create", "pods"), ("get", "secrets"), ("patch", "nodes"), ("create", "pods/exec")] {
-        let out = kubectl_as(&kc, &["auth", "can-i", verb, res, "-A"]);
-        assert_eq!(out.stdout.trim(), "no", "torpor-agent may not {verb} {res}: {out}");
+    for (verb, res, sub) in [("delete", "pods", ""), ("create", "pods", ""), ("get", "secrets", ""), ("patch", "nodes", ""), ("create", "pods", "exec"), ("delete", "daemonsets", "")] {
+        let subresource = format!("--subresource={sub}");
+        let mut args = vec!["auth", "can-i", verb, res, "-A"];
+        if !sub.is_empty() {
+            args.push(&subresource);
+        }
+        let out = kubectl_as(&kc, &args);
+        assert_eq!(out.stdout.trim(), "no", "torpor-agent may not {verb} {res} {sub}: {out}");
     }
+    let out = kubectl_as(&kc, &["auth", "can-i", "patch", "pods", "-A"]);
+    assert_eq!(out.stdout.trim(), "yes", "{out}");
 }
 
 /// `kubectl torpor ARGS` (the plugin found in PATH, as kubectl finds plugins).
