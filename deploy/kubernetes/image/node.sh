@@ -34,8 +34,10 @@ TORPOR_SNAPSHOTTER_CONFIG=/etc/torpor/snapshotter.toml
 TORPOR_SHIM_SOCKET_DIR=/run/torpor/shims
 TORPOR_RESTART_TIMEOUT_S=120
 for f in "$IMG/etc/torpor-node/default.env" "$IMG/etc/torpor-node/${NODE_NAME:-}.env"; do
-	# shellcheck disable=SC1090
-	[ -f "$f" ] && . "$f"
+	if [ -f "$f" ]; then
+		# shellcheck disable=SC1090
+		. "$f"
+	fi
 done
 export TORPOR_SHIM_SOCKET_DIR
 
