@@ -771,8 +771,13 @@ pub fn write_overlay(tag: &str) -> String {
     std::fs::write(format!("{dir}/node-env.json"), patch.to_string()).unwrap_or_else(|e| panic!("write the overlay: {e}"));
     // a rig node has no other torpor on its host: the resync is quick so that
     // the tests see other triggers' changes soon
+    // and the API server is where the cluster's nodes reach it (no
+    // kube-proxy here: the kubernetes Service's ClusterIP routes nowhere)
+    let port = env_or("TORPOR_CLUSTER_APISERVER_PORT", "16443");
     let agent_patch = serde_json::json!([
-        {"op": "add", "path": "/spec/template/spec/containers/1/env/-", "value": {"name": "TORPOR_AGENT_RESYNC_S", "value": "2"}}
+        {"op": "add", "path": "/spec/template/spec/containers/1/env/-", "value": {"name": "TORPOR_AGENT_RESYNC_S", "value": "2"}},
+        {"op": "add", "path": "/spec/template/spec/containers/1/env/-", "value": {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}},
+        {"op": "add", "path": "/spec/template/spec/containers/1/env/-", "value": {"name": "KUBERNETES_SERVICE_PORT", "value": port}}
     ]);
     std::fs::write(format!("{dir}/agent-resync.json"), agent_patch.to_string()).unwrap_or_else(|e| panic!("write the overlay: {e}"));
     // kustomize takes a base by a relative path only
