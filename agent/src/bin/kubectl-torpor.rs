@@ -63,6 +63,9 @@ struct Change {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // One TLS crypto provider for the kube client, whatever else the
+    // workspace enables in rustls.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -42,6 +42,9 @@ enum Cmd {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // One TLS crypto provider for the kube client, whatever else the
+    // workspace enables in rustls.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TORPOR_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
