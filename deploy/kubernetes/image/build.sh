@@ -64,6 +64,11 @@ while read -r lib; do
 	case "$(basename "$lib")" in libc.so.* | ld-linux* | libm.so.* | libpthread.so.* | libdl.so.*) continue ;; esac
 	args+=(--file "/torpor/criu/$(basename "$lib")=$(readlink -f "$lib")")
 done < <(ldd "$criu" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }')
+# torpor-agent runs in the image: the C library and loader it links, at
+# their own paths (busybox is static)
+while read -r lib; do
+	args+=(--file "$lib=$(readlink -f "$lib")")
+done < <(ldd "$release/torpor-agent" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u)
 for applet in $("$busybox" --list); do
 	[ "$applet" = busybox ] || args+=(--symlink "/bin/$applet=busybox")
 done
