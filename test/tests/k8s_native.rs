@@ -116,7 +116,11 @@ fn suspend_by_annotation(ns: &Namespace, pod: &str, node: &str) {
     let msg = e["message"].as_str().unwrap_or_default();
     assert!(msg.contains("took") && msg.contains(" ms") && msg.contains("suspended"), "the Event has the timings: {e}");
     assert_eq!(p["metadata"]["annotations"]["torpor.dev/applied-state"], "suspended");
-    assert!(p["metadata"]["annotations"]["torpor.dev/snapshot"].as_str().is_some_and(|s| s.starts_with(&ns.actor(pod))), "{}", p["metadata"]);
+    // the snapshot is named once the suspend's dumps are committed to the store
+    let prefix = format!("{}@", ns.actor(pod));
+    wait_until(&format!("{}/{pod} annotated with its snapshot", ns.name), LIVENESS, || {
+        ns.pod(pod)["metadata"]["annotations"]["torpor.dev/snapshot"].as_str().filter(|s| s.starts_with(&prefix)).map(|_| ())
+    });
 }
 
 /// Asks `running` by annotation; the actor answers with its count.
@@ -347,7 +351,11 @@ fn the_kubectl_plugin_suspends_resumes_and_reports() {
     assert!(table.contains("web") && table.contains("suspended"), "{out}");
     assert_eq!(actor(&ns, "web", "node-b")["state"], "SUSPENDED");
 
-    let v: Value = serde_json::from_str(&kubectl_torpor(&["status", "-n", &ns.name, "-o", "json"]).ok()).unwrap_or(Value::Null);
+    // (the snapshot is named once the suspend's dumps are committed)
+    let v = wait_until("kubectl torpor status names the snapshot", LIVENESS, || {
+        let v: Value = serde_json::from_str(&kubectl_torpor(&["status", "-n", &ns.name, "-o", "json"]).ok()).unwrap_or(Value::Null);
+        v[0]["snapshot"].is_string().then_some(v)
+    });
     assert_eq!(v[0]["name"], "web", "{v}");
     assert_eq!(v[0]["state"], "suspended", "{v}");
     assert_eq!(v[0]["node"], "node-b", "{v}");
