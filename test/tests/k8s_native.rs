@@ -109,8 +109,11 @@ fn suspend_by_annotation(ns: &Namespace, pod: &str, node: &str) {
     annotate(ns, pod, "suspended");
     let p = wait_label(ns, pod, "suspended");
     assert_eq!(actor(ns, pod, node)["state"], "SUSPENDED", "the label follows the actor");
-    let c = condition(&p);
-    assert_eq!(c["status"], "True", "condition {CONDITION}: {c}");
+    // the condition is a second patch (the status subresource)
+    let c = wait_until(&format!("condition {CONDITION}=True on {}/{pod}", ns.name), LIVENESS, || {
+        let c = condition(&ns.pod(pod));
+        (c["status"] == "True").then_some(c)
+    });
     assert_eq!(c["reason"], "Suspended", "{c}");
     let e = wait_event(ns, pod, "Suspended");
     let msg = e["message"].as_str().unwrap_or_default();
@@ -129,7 +132,9 @@ fn resume_by_annotation(ns: &Namespace, pod: &str, node: &str, count: &str) {
     annotate(ns, pod, "running");
     let p = wait_label(ns, pod, "running");
     assert_eq!(actor(ns, pod, node)["state"], "RUNNING");
-    assert_eq!(condition(&p)["status"], "False", "{}", condition(&p));
+    wait_until(&format!("condition {CONDITION}=False on {}/{pod}", ns.name), LIVENESS, || {
+        (condition(&ns.pod(pod))["status"] == "False").then_some(())
+    });
     let e = wait_event(ns, pod, "Resumed");
     assert!(e["message"].as_str().unwrap_or_default().contains("took"), "{e}");
     assert_eq!(counter(&format!("{}:8080", ip(&p)), "get"), count, "restored with its state");
@@ -299,7 +304,8 @@ fn the_agent_cannot_touch_another_nodes_pods() {
     };
     let own = annotate_as(&kc, "on-a");
     assert!(own.success(), "the agent patches its own node's pods: {own}");
-    assert!(status_as(&kc, "on-a").success(), "and their status");
+    let st = status_as(&kc, "on-a");
+    assert!(st.success(), "and their status: {st}");
     for out in [annotate_as(&kc, "on-b"), status_as(&kc, "on-b")] {
         assert!(!out.success(), "refused on node-b's pod: {out}");
         assert!(out.stderr.contains("torpor-agent may only change pods of its own node (node-a), not of node node-b"), "{out}");
@@ -326,7 +332,8 @@ fn the_agent_cannot_touch_another_nodes_pods() {
 /// `kubectl torpor ARGS` (the plugin found in PATH, as kubectl finds plugins).
 fn kubectl_torpor(args: &[&str]) -> Out {
     let c = cluster();
-    let mut all = vec!["--kubeconfig", c.kubeconfig.as_str(), "torpor"];
+    // kubectl takes no flags before a plugin's name: the kubeconfig comes from KUBECONFIG
+    let mut all = vec!["torpor"];
     all.extend_from_slice(args);
     let path = format!("{}/target/release:{}", repo_root(), std::env::var("PATH").unwrap_or_default());
     let env = vec![
