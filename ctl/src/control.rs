@@ -6,7 +6,7 @@
 //! JSON protocol once, to say clearly that it is an older shim rather than
 //! report a bare transport error.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -226,6 +226,23 @@ pub fn actor_json(a: &api::Actor) -> Value {
 /// Phases as `[{"name": ..., "us": ...}]`, in order.
 fn phases_json(ps: &[api::Phase]) -> Value {
     ps.iter().map(|p| json!({"name": p.name, "us": p.us})).collect()
+}
+
+/// The control sockets (`*.sock`) in `dir`, sorted; none when `dir` does
+/// not exist.
+pub fn list_shims(dir: &Path) -> Result<Vec<PathBuf>, String> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("read {}: {e} (torporctl must run as root)", dir.display())),
+    };
+    let mut v: Vec<PathBuf> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+        .collect();
+    v.sort();
+    Ok(v)
 }
 
 #[cfg(test)]

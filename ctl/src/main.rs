@@ -14,10 +14,9 @@ use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 use torpor_api::ids::ActorId;
 
-mod control;
 mod snapshots;
 
-use control::{CallError, Op, Probe};
+use torporctl::control::{self, list_shims, CallError, Op, Probe};
 
 const STATE_ROOT: &str = "/var/lib/torpor";
 
@@ -209,21 +208,6 @@ fn matches(status: &Value, name: &str) -> bool {
         || actor["containers"]
             .as_array()
             .is_some_and(|cs| cs.iter().filter_map(Value::as_str).any(prefix))
-}
-
-fn list_shims(dir: &Path) -> Result<Vec<PathBuf>, String> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(format!("read {}: {e} (torporctl must run as root)", dir.display())),
-    };
-    let mut v: Vec<PathBuf> = entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "sock"))
-        .collect();
-    v.sort();
-    Ok(v)
 }
 
 /// The first `n` characters of `s` (never a byte slice: names under the

@@ -266,7 +266,7 @@ async fn committing(shim_dir: &Path, actor: &ActorId) -> Option<(u64, String)> {
     socks.retain(|p| p.extension().is_some_and(|x| x == "sock"));
     socks.sort();
     for sock in socks {
-        if let crate::control::Probe::Status(v) = crate::control::status(&sock).await {
+        if let torporctl::control::Probe::Status(v) = torporctl::control::status(&sock).await {
             if v["actor"]["actor"].as_str() == Some(actor.as_str()) && is_committing(&v["actor"]) {
                 return Some((v["actor"]["generation"].as_u64().unwrap_or(0), v["shim"].as_str().unwrap_or("?").to_string()));
             }

@@ -213,6 +213,7 @@ if wanted kube-apiserver && start kube-apiserver "$TORPOR_K8S_BIN/kube-apiserver
 	--tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
 	--client-ca-file "$PKI/ca.crt" \
 	--authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+	--allow-privileged=true \
 	--service-account-issuer https://kubernetes.default.svc.cluster.local \
 	--service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
 	--service-cluster-ip-range "$TORPOR_CLUSTER_SERVICE_CIDR" \

@@ -151,6 +151,14 @@ stop_pid() {
 }
 
 # ---------------------------------------------------------- 2. stop containerd
+# Its restart loop first (TORPOR_RIG_PLAIN=1 up.sh), so that it stays down.
+if [ -f "$TORPOR_RIG_SUPERVISOR_PIDFILE" ]; then
+	spid="$(cat "$TORPOR_RIG_SUPERVISOR_PIDFILE" 2>/dev/null || true)"
+	if [ -n "$spid" ] && [ -d "/proc/$spid" ] && tr '\0' ' ' <"/proc/$spid/cmdline" 2>/dev/null | grep -qF -- "$TORPOR_RIG_DIR/supervise.sh"; then
+		stop_pid "containerd's restart loop" "$spid"
+	fi
+	rm -f "$TORPOR_RIG_SUPERVISOR_PIDFILE"
+fi
 if pid="$(rig_containerd_pid)"; then
 	stop_pid containerd "$pid"
 fi

@@ -86,6 +86,13 @@ export TORPOR_RIG_CONFIG="$TORPOR_RIG_STATE/containerd.toml"
 export TORPOR_RIG_LOG="$TORPOR_RIG_STATE/containerd.log"
 export TORPOR_RIG_PIDFILE="$TORPOR_RIG_STATE/containerd.pid"
 export TORPOR_RIG_ADDRESS="$TORPOR_RIG_STATE/containerd.sock"
+# TORPOR_RIG_PLAIN=1 (test/cluster, tests/k8s_native.rs): a plain containerd
+# without the torpor runtime nor the snapshotter; it imports the drop-ins of
+# TORPOR_RIG_DROPIN_DIR (where torpor's node installer writes its own) and
+# runs under a restart loop (test/rig/supervise.sh) so that the installer can
+# restart it as on a node without systemd.
+export TORPOR_RIG_DROPIN_DIR="$TORPOR_RIG_STATE/conf.d"
+export TORPOR_RIG_SUPERVISOR_PIDFILE="$TORPOR_RIG_STATE/containerd-supervisor.pid"
 
 # torpor-snapshotter (the proxy snapshotter `torpor`), run from the build tree.
 # Its root (metadata.db, snapshots/) is persistent like containerd's; its

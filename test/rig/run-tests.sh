@@ -18,12 +18,14 @@
 #   TORPOR_SKIP_SHIM_BUILD=1  do not build the shim first (e.g. runc-only runs)
 #   TORPOR_TEST_CLUSTER=0 without args: skip the end-to-end tests through kubectl
 #
-# Without cargo args, all tests but tests/k8s.rs run first; then the
-# Kubernetes test cluster (test/cluster/up.sh) comes up on the rig and
-# tests/k8s.rs runs against it, one test at a time, and the cluster goes down
+# Without cargo args, all tests but tests/k8s.rs and tests/k8s_native.rs run
+# first; then the Kubernetes test cluster (test/cluster/up.sh) comes up on the
+# rig and tests/k8s.rs runs against it, one test at a time, and the cluster goes down
 # again. (A kubelet kills the pods it does not know, so the crictl-driven
 # tests never run while the cluster is up.) `--test k8s` runs only those, with
-# the cluster.
+# the cluster. Last, tests/k8s_native.rs gets a rig and cluster of its own
+# whose containerds start plain (TORPOR_RIG_PLAIN=1: torpor is installed by
+# `kubectl apply -k deploy/kubernetes`); `--test k8s_native` runs only those.
 # Exit code: cargo's (the first failing phase's).
 set -uo pipefail
 
@@ -81,13 +83,24 @@ else
 	# With the test-only crash points (runtime/src/failpoint.rs); make build,
 	# the bench and the demo build it without them.
 	echo "rig/run-tests: building the shim (with failpoints), torporctl and the snapshotter" >&2
-	cargo build --release -p torpor-shim --features torpor-shim/failpoints -p torporctl -p torpor-snapshotter || exit $?
+	cargo build --release -p torpor-shim --features torpor-shim/failpoints -p torporctl -p torpor-snapshotter -p torpor-agent || exit $?
 fi
 
-"$RIG_DIR/up.sh" || exit $?
-
-# The end-to-end tests through kubectl (tests/k8s.rs) need the cluster.
+# The end-to-end tests through kubectl (tests/k8s.rs) need the cluster;
+# tests/k8s_native.rs a cluster on plain containerds.
 CLUSTER_TEST=k8s
+NATIVE_TEST=k8s_native
+case " ${cargo_args[*]} " in
+*" --test $NATIVE_TEST "* | *" --test=$NATIVE_TEST "*)
+	if [ "$rig_was_running" = 1 ]; then
+		echo "rig/run-tests: --test $NATIVE_TEST needs a plain rig of its own: tear the running one down first (test/rig/down.sh)" >&2
+		exit 1
+	fi
+	export TORPOR_RIG_PLAIN=1
+	;;
+esac
+
+"$RIG_DIR/up.sh" || exit $?
 start_cluster() {
 	echo "rig/run-tests: starting the Kubernetes test cluster (test/cluster/up.sh)" >&2
 	cluster_started=1
@@ -107,7 +120,7 @@ if [ "${#cargo_args[@]}" = 0 ]; then
 	targets=(--lib)
 	for f in "$TORPOR_REPO_ROOT"/test/tests/*.rs; do
 		t="$(basename "$f" .rs)"
-		[ "$t" = "$CLUSTER_TEST" ] || targets+=(--test "$t")
+		[ "$t" = "$CLUSTER_TEST" ] || [ "$t" = "$NATIVE_TEST" ] || targets+=(--test "$t")
 	done
 	cargo test -p torpor-tests --release "${targets[@]}" -- --test-threads="$THREADS" "${test_args[@]}"
 	rc=$?
@@ -115,11 +128,24 @@ if [ "${#cargo_args[@]}" = 0 ]; then
 		run_cluster_tests --test "$CLUSTER_TEST"
 		rc2=$?
 		[ "$rc" != 0 ] || rc=$rc2
+		# a plain rig and cluster of its own for tests/k8s_native.rs
+		if [ "$rig_was_running" = 1 ]; then
+			echo "rig/run-tests: the rig was running before: not replacing it with a plain one, $NATIVE_TEST skipped" >&2
+			[ "$rc" != 0 ] || rc=1
+		else
+			echo "rig/run-tests: a plain rig and cluster for $NATIVE_TEST" >&2
+			"$RIG_DIR/../cluster/down.sh" --rig || { [ "$rc" != 0 ] || rc=1; }
+			export TORPOR_RIG_PLAIN=1
+			"$RIG_DIR/up.sh" || exit $?
+			run_cluster_tests --test "$NATIVE_TEST"
+			rc2=$?
+			[ "$rc" != 0 ] || rc=$rc2
+		fi
 	fi
 	exit "$rc"
 fi
 case " ${cargo_args[*]} " in
-*" --test $CLUSTER_TEST "* | *" --test=$CLUSTER_TEST "*)
+*" --test $CLUSTER_TEST "* | *" --test=$CLUSTER_TEST "* | *" --test $NATIVE_TEST "* | *" --test=$NATIVE_TEST "*)
 	run_cluster_tests "${cargo_args[@]}"
 	exit $?
 	;;

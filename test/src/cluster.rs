@@ -672,3 +672,161 @@ impl Drop for PortForward {
         let _ = self.child.wait();
     }
 }
+
+// ------------------------------------------- torpor installed by kubectl
+// tests/k8s_native.rs: the cluster's containerds start plain
+// (TORPOR_RIG_PLAIN=1) and torpor is installed with `kubectl apply -k`
+// of deploy/kubernetes, through an overlay that gives the rig's per-node
+// paths (two nodes on one machine).
+
+/// The node image's name without its tag.
+pub const NODE_IMAGE: &str = "localhost/torpor/node";
+
+/// The repository's root.
+pub fn repo_root() -> String {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/..").to_string()
+}
+
+impl KubeNode {
+    /// The rig node's state dir (`/run/torpor-test`, `/run/torpor-test-b`).
+    pub fn state_dir(&self) -> String {
+        self.containerd.trim_end_matches("/containerd.sock").to_string()
+    }
+
+    /// The CRI runtime handlers the node's containerd has now (`crictl info`).
+    #[track_caller]
+    pub fn runtime_handlers(&self) -> Vec<String> {
+        let out = self.crictl(&["info"]);
+        let text = out.clone().ok();
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("crictl info on {}: not JSON ({e}): {out}", self.name));
+        // CRI's runtime handlers, and containerd's CRI config (its runtimes)
+        let mut names: Vec<String> = v["runtimeHandlers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|h| h["name"].as_str().map(str::to_string))
+            .filter(|n| !n.is_empty())
+            .collect();
+        if let Some(rts) = v["config"]["containerd"]["runtimes"].as_object() {
+            names.extend(rts.keys().filter(|k| !names.contains(k)).cloned().collect::<Vec<_>>());
+        }
+        names
+    }
+
+    /// The installer's settings for this node (deploy/kubernetes/node-env.yaml):
+    /// the rig node's paths.
+    pub fn node_env(&self) -> String {
+        let st = self.state_dir();
+        let shims = self
+            .torpor_env
+            .iter()
+            .find(|(k, _)| k == "TORPOR_SHIM_SOCKET_DIR")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| "/run/torpor/shims".into());
+        format!(
+            "TORPOR_PREFIX={st}/torpor-node\n\
+             TORPOR_CONTAINERD_DROPIN={st}/conf.d/torpor.toml\n\
+             TORPOR_CONTAINERD_SOCKET={st}/containerd.sock\n\
+             TORPOR_CONTAINERD_MATCH='--config {st}/containerd.toml'\n\
+             TORPOR_SNAPSHOTTER_SOCKET={st}/torpor/snapshotter.sock\n\
+             TORPOR_SNAPSHOTTER_CONFIG={st}/snapshotter.toml\n\
+             TORPOR_SHIM_SOCKET_DIR={shims}\n\
+             export AWS_ACCESS_KEY_ID={}\n\
+             export AWS_SECRET_ACCESS_KEY={}\n",
+            env_or("TORPOR_RIG_S3_ACCESS_KEY", "torpor-rig"),
+            env_or("TORPOR_RIG_S3_SECRET_KEY", "torpor-rig-secret-key"),
+        )
+    }
+}
+
+/// Builds the node image `NODE_IMAGE:tag` (deploy/kubernetes/image/build.sh)
+/// and imports it into both nodes' containerds.
+#[track_caller]
+pub fn build_node_image(tag: &str) {
+    let c = cluster();
+    let script = format!("{}/deploy/kubernetes/image/build.sh", repo_root());
+    let out_tar = format!("{}/torpor-node-{tag}.tar", c.state);
+    let mut args = vec!["--tag", tag, "--out", out_tar.as_str()];
+    for n in &c.nodes {
+        args.extend_from_slice(&["--import", n.containerd.as_str()]);
+    }
+    run_cmd(&script, &args, None, &[], COMMAND_LIMIT).ok();
+}
+
+/// Writes the rig's overlay of deploy/kubernetes (image tag, per-node
+/// settings) into the cluster's state dir; its path, for `kubectl apply -k`.
+pub fn write_overlay(tag: &str) -> String {
+    let c = cluster();
+    let dir = format!("{}/torpor-overlay", c.state);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("mkdir {dir}: {e}"));
+    let mut data = serde_json::Map::new();
+    for n in &c.nodes {
+        data.insert(format!("{}.env", n.name), Value::String(n.node_env()));
+    }
+    let patch = serde_json::json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "torpor-node-env", "namespace": "torpor-system"},
+        "data": data,
+    });
+    std::fs::write(format!("{dir}/node-env.json"), patch.to_string()).unwrap_or_else(|e| panic!("write the overlay: {e}"));
+    // a rig node has no other torpor on its host: the resync is quick so that
+    // the tests see other triggers' changes soon
+    // and the API server is where the cluster's nodes reach it (no
+    // kube-proxy here: the kubernetes Service's ClusterIP routes nowhere)
+    let port = env_or("TORPOR_CLUSTER_APISERVER_PORT", "16443");
+    let agent_patch = serde_json::json!([
+        {"op": "add", "path": "/spec/template/spec/containers/1/env/-", "value": {"name": "TORPOR_AGENT_RESYNC_S", "value": "2"}},
+        {"op": "add", "path": "/spec/template/spec/containers/1/env/-", "value": {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}},
+        {"op": "add", "path": "/spec/template/spec/containers/1/env/-", "value": {"name": "KUBERNETES_SERVICE_PORT", "value": port}}
+    ]);
+    std::fs::write(format!("{dir}/agent-resync.json"), agent_patch.to_string()).unwrap_or_else(|e| panic!("write the overlay: {e}"));
+    // kustomize takes a base by a relative path only
+    let canon = |p: &str| std::fs::canonicalize(p).unwrap_or_else(|e| panic!("canonicalize {p}: {e}")).to_string_lossy().into_owned();
+    let root = canon(&repo_root());
+    let depth = Path::new(&canon(&dir)).components().count() - 1;
+    let base = format!("{}{}/deploy/kubernetes", "../".repeat(depth), root.trim_start_matches('/'));
+    let k = format!(
+        "# Generated by torpor-tests (tests/k8s_native.rs): deploy/kubernetes for the rig.\n\
+         apiVersion: kustomize.config.k8s.io/v1beta1\n\
+         kind: Kustomization\n\
+         resources:\n  - {base}\n\
+         images:\n  - name: {NODE_IMAGE}\n    newTag: {tag}\n\
+         patches:\n  - path: node-env.json\n\
+         \x20 - path: agent-resync.json\n    target: {{kind: DaemonSet, name: torpor-node}}\n"
+    );
+    std::fs::write(format!("{dir}/kustomization.yaml"), k).unwrap_or_else(|e| panic!("write the overlay: {e}"));
+    dir
+}
+
+/// The torpor-node pod on `node` (Running and Ready), as JSON.
+pub fn node_pod(node: &str) -> Option<Value> {
+    let v = kubectl_json(&["-n", "torpor-system", "get", "pods", "-l", "app.kubernetes.io/name=torpor-node", "--field-selector", &format!("spec.nodeName={node}")]);
+    v["items"].as_array()?.iter().find(|p| pod_is_ready(p) && p["metadata"]["deletionTimestamp"].is_null()).cloned()
+}
+
+/// Waits until torpor-node runs the image `tag` and is Ready on both nodes,
+/// and both containerds have the torpor runtime handler.
+#[track_caller]
+pub fn wait_installed(tag: &str) {
+    let image = format!("{NODE_IMAGE}:{tag}");
+    for n in &cluster().nodes {
+        let start = Instant::now();
+        while node_pod(&n.name).filter(|p| p["spec"]["containers"][0]["image"] == image.as_str()).is_none() {
+            if start.elapsed() > LIVENESS {
+                let ns = ["-n", "torpor-system"];
+                let pods = kubectl(&[&ns[..], &["get", "pods", "-o", "wide"]].concat());
+                let desc = kubectl(&[&ns[..], &["describe", "pods"]].concat());
+                let mut logs = String::new();
+                for c in ["install", "snapshotter", "agent"] {
+                    let l = kubectl(&[&ns[..], &["logs", "-l", "app.kubernetes.io/name=torpor-node", "-c", c, "--tail=40", "--prefix"]].concat());
+                    logs.push_str(&format!("--- {c} ---\n{}{}\n", l.stdout, l.stderr));
+                }
+                panic!("torpor-node {image} not Ready on {} within {LIVENESS:?}\n{pods}\n{}\n{logs}", n.name, desc.stdout);
+            }
+            thread::sleep(Duration::from_millis(500));
+        }
+        wait_until(&format!("runtime handler torpor on {}", n.name), LIVENESS, || {
+            n.runtime_handlers().iter().any(|h| h == "torpor").then_some(())
+        });
+    }
+}

@@ -1,0 +1,340 @@
+//! The node agent: watches this node's pods (field selector
+//! `spec.nodeName`), and for each pod of RuntimeClass torpor brings its
+//! actor to the state its [`DESIRED`] annotation asks for, once per
+//! request, and reports the actor's state (label, condition, snapshot
+//! annotation, Events).
+//!
+//! Level and edge: what the agent did is recorded on the pod
+//! ([`APPLIED`], [`RESULT`]); a restarted agent reads it back and acts only
+//! on requests it had not applied yet, and an operation is only run when
+//! the actor is not in the asked state already, so a request is never
+//! carried out twice. A state change made by another trigger (a request
+//! waking a suspended actor, torporctl) is noticed on the next pass
+//! (every `resync`) and reported, not undone.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, ResourceExt};
+use serde_json::Value;
+use torporctl::control::Op;
+
+use crate::error::{Error, Result};
+use crate::node::{self, Actor};
+use crate::report::{self, MetaPatch, Writer};
+use crate::state::{self, Desired, Plan, ACTOR, APPLIED, DESIRED, RESULT, RUNTIME_CLASS, STATE_LABEL};
+
+/// The agent's settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// This node's name (the downward API's `spec.nodeName`).
+    pub node: String,
+    /// The shims' control sockets on this node.
+    pub socket_dir: PathBuf,
+    /// How often every pod's actor is looked at (state changes made by
+    /// other triggers are seen then).
+    pub resync: Duration,
+}
+
+/// What the agent last reported for a pod (by uid): so that a stale copy
+/// in the watch cache is not taken for a change made by someone else.
+#[derive(Debug, Clone, Default)]
+struct Seen {
+    label: Option<String>,
+    condition: Option<(String, String)>,
+}
+
+struct Agent {
+    cfg: Config,
+    writer: Writer,
+    seen: HashMap<String, Seen>,
+}
+
+/// Runs the agent until SIGTERM or SIGINT.
+pub async fn run(client: Client, cfg: Config) -> Result<()> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let wc = watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node));
+    let (reader, store_writer) = reflector::store::<Pod>();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<ObjectRef<Pod>>();
+    let stream = reflector::reflector(store_writer, watcher(api.clone(), wc)).default_backoff().applied_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(pod) => {
+                    if tx.send(ObjectRef::from_obj(&pod)).is_err() {
+                        return;
+                    }
+                }
+                Err(e) => tracing::warn!("watch of this node's pods: {e}"),
+            }
+        }
+    });
+    reader
+        .wait_until_ready()
+        .await
+        .map_err(|e| Error::Node(format!("the pod watch ended before its first list: {e}")))?;
+    tracing::info!(node = %cfg.node, socket_dir = %cfg.socket_dir.display(), "watching this node's pods");
+    let recorder = Recorder::new(client, Reporter { controller: state::MANAGER.into(), instance: Some(cfg.node.clone()) });
+    let mut agent = Agent { cfg, writer: Writer { api, recorder }, seen: HashMap::new() };
+    // the first pass over every pod: what a restarted agent resyncs
+    let pods = reader.state();
+    agent.pass(&pods).await;
+    tracing::info!(node = %agent.cfg.node, pods = pods.iter().filter(|p| is_torpor_pod(p)).count(), "resynced this node's torpor pods");
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|source| Error::Io { what: "install the SIGTERM handler".into(), source })?;
+    let mut tick = tokio::time::interval(agent.cfg.resync);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            r = rx.recv() => {
+                let Some(first) = r else { return Err(Error::Node("the pod watch ended".into())) };
+                let mut keys = HashSet::from([first]);
+                while let Ok(k) = rx.try_recv() {
+                    keys.insert(k);
+                }
+                let pods: Vec<_> = keys.iter().filter_map(|k| reader.get(k)).collect();
+                agent.pass(&pods).await;
+            }
+            _ = tick.tick() => {
+                let pods = reader.state();
+                agent.pass(&pods).await;
+                let live: HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
+                agent.seen.retain(|uid, _| live.contains(uid));
+            }
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+    tracing::info!("stopping");
+    Ok(())
+}
+
+/// Is the agent's DaemonSet gone, or being deleted? Also when the API
+/// refuses the agent's identity (its ServiceAccount or RBAC went first in
+/// a `kubectl delete -k`).
+pub async fn daemonset_gone(client: Client, namespace: &str, name: &str) -> Result<bool> {
+    let api: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(client, namespace);
+    match api.get_opt(name).await {
+        Ok(Some(ds)) => Ok(ds.metadata.deletion_timestamp.is_some()),
+        Ok(None) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 401 || s.code == 403 || s.code == 404 => Ok(true),
+        Err(e) => Err(Error::Kube { what: format!("get DaemonSet {namespace}/{name}"), source: e }),
+    }
+}
+
+/// Is this a pod the agent looks after?
+pub fn is_torpor_pod(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref()) == Some(RUNTIME_CLASS)
+}
+
+/// The actor id of a pod: its `torpor.dev/actor` annotation, else `<namespace>/<name>`.
+pub fn actor_id(pod: &Pod) -> String {
+    match pod.annotations().get(ACTOR) {
+        Some(a) if !a.is_empty() => a.clone(),
+        _ => format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()),
+    }
+}
+
+fn ms(v: &Value, k: &str) -> String {
+    v[k].as_u64().map_or_else(|| "-".into(), |m| format!("{m} ms"))
+}
+
+impl Agent {
+    async fn pass(&mut self, pods: &[std::sync::Arc<Pod>]) {
+        let pods: Vec<_> = pods.iter().filter(|p| is_torpor_pod(p)).collect();
+        if pods.is_empty() {
+            return;
+        }
+        let actors = match node::actors(&self.cfg.socket_dir).await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!("list the actors of this node: {e}");
+                return;
+            }
+        };
+        for pod in pods {
+            if let Err(e) = self.reconcile(pod, &actors).await {
+                tracing::warn!(pod = %format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()), "{e}");
+            }
+        }
+    }
+
+    async fn reconcile(&mut self, pod: &Pod, actors: &BTreeMap<String, Actor>) -> Result<()> {
+        let id = actor_id(pod);
+        let Some(actor) = actors.get(&id) else {
+            // not started yet, or its shim is gone
+            return Ok(());
+        };
+        let mut actor = actor.clone();
+        let mut meta = MetaPatch::default();
+        let mut acted = false;
+        let desired = pod.annotations().get(DESIRED).cloned();
+        let applied = pod.annotations().get(APPLIED).cloned();
+        if let Some(want) = desired.filter(|d| applied.as_ref() != Some(d)) {
+            match Desired::parse(&want) {
+                Err(problem) => {
+                    self.writer
+                        .event(pod, true, state::INVALID_DESIRED, "Validate", format!("{problem}: nothing done"))
+                        .await;
+                    meta.annotation(pod, APPLIED, Some(&want));
+                    meta.annotation(pod, RESULT, Some(&format!("invalid: {want:?} is not one of {}", Desired::VALUES)));
+                }
+                Ok(d) => {
+                    // None: between states, next pass
+                    if let Some((result, did)) = self.bring(pod, &mut actor, d).await {
+                        acted = did;
+                        meta.annotation(pod, APPLIED, Some(&want));
+                        meta.annotation(pod, RESULT, Some(&result));
+                    }
+                }
+            }
+        }
+        self.report(pod, &actor, meta, acted).await
+    }
+
+    /// Runs the operations that take `actor` to `d`. Some((result, whether
+    /// an operation ran)) when done (or failed), None to look again later.
+    async fn bring(&self, pod: &Pod, actor: &mut Actor, d: Desired) -> Option<(String, bool)> {
+        let mut did = Vec::new();
+        // at most two steps (frozen from suspended: resume, then freeze)
+        for _ in 0..3 {
+            match state::plan(d, actor.state()) {
+                Plan::Done => {
+                    let result = if did.is_empty() { format!("ok: already {}", d.as_str()) } else { format!("ok: {}", did.join(", ")) };
+                    return Some((result, !did.is_empty()));
+                }
+                Plan::Wait => return None,
+                Plan::Run(op) => {
+                    let from = actor.state().to_string();
+                    let (ok_reason, fail_reason) = state::event_reasons(op, &from);
+                    let t0 = Instant::now();
+                    let r = node::call(actor, op).await;
+                    let took = t0.elapsed().as_millis();
+                    match r {
+                        Ok(rec) => {
+                            actor.record = rec;
+                            let note = note_of(op, actor, took, d);
+                            tracing::info!(actor = %actor.id(), "{note}");
+                            self.writer.event(pod, false, ok_reason, op.name(), note).await;
+                            did.push(format!("{} in {took} ms", op.name()));
+                        }
+                        Err(e) => {
+                            let note = format!(
+                                "{} of actor {} (asked by {DESIRED}={}) failed after {took} ms: {e}",
+                                op.name(),
+                                actor.id(),
+                                d.as_str()
+                            );
+                            tracing::warn!("{note}");
+                            self.writer.event(pod, true, fail_reason, op.name(), note).await;
+                            // its state now, for the label
+                            if let Ok(all) = node::actors(&self.cfg.socket_dir).await {
+                                if let Some(a) = all.get(actor.id()) {
+                                    *actor = a.clone();
+                                }
+                            }
+                            return Some((format!("failed: {}: {e}", op.name()), true));
+                        }
+                    }
+                }
+            }
+        }
+        Some((format!("failed: {} not reached (state {})", d.as_str(), actor.state()), !did.is_empty()))
+    }
+
+    /// Brings the label, the snapshot annotation and the condition up to the
+    /// actor's state, with `meta` (the applied-state annotations) in the
+    /// same patch; reports a change that another trigger made.
+    async fn report(&mut self, pod: &Pod, actor: &Actor, mut meta: MetaPatch, acted: bool) -> Result<()> {
+        let uid = pod.uid().unwrap_or_default();
+        let seen = self.seen.entry(uid.clone()).or_insert_with(|| Seen {
+            label: pod.labels().get(STATE_LABEL).cloned(),
+            condition: report::condition(pod),
+        });
+        let label = state::label_value(actor.state());
+        let before = seen.label.clone();
+        if !acted {
+            if let Some(before) = before.as_deref().filter(|b| *b != label) {
+                let (reason, note) = match (before, label.as_str()) {
+                    ("suspended", "running") => (
+                        "Resumed",
+                        format!("actor {} resumed by another trigger (a request, torporctl): restore {}", actor.id(), ms(&actor.record, "last_resume_ms")),
+                    ),
+                    (_, "suspended") => (
+                        "Suspended",
+                        format!("actor {} suspended by another trigger (torporctl): {}", actor.id(), ms(&actor.record, "last_suspend_ms")),
+                    ),
+                    (b, l) => ("StateChanged", format!("actor {} went from {b} to {l}", actor.id())),
+                };
+                self.writer.event(pod, false, reason, "Observe", note).await;
+            }
+        }
+        let fresh = report::state_patch(pod, actor.state(), actor.snapshot().as_deref());
+        meta.labels.extend(fresh.labels);
+        meta.annotations.extend(fresh.annotations);
+        // the cached pod may be older than what was written last
+        if before.as_deref() != Some(label.as_str()) && !meta.labels.contains_key(STATE_LABEL) {
+            meta.labels.insert(STATE_LABEL.into(), Value::String(label.clone()));
+        }
+        self.writer.patch_meta(pod, &meta).await?;
+        let (status, reason) = report::condition_for(actor.state());
+        let want = (status.to_string(), reason);
+        let seen = self.seen.entry(uid).or_default();
+        seen.label = Some(label);
+        if seen.condition.as_ref() != Some(&want) {
+            let message = match actor.snapshot() {
+                Some(s) if status == "True" => format!("actor {} is suspended; its state is in snapshot {s}", actor.id()),
+                _ => format!("actor {} is {}", actor.id(), state::label_value(actor.state())),
+            };
+            self.writer.set_condition(pod, actor.state(), &message).await?;
+            seen.condition = Some(want);
+        }
+        Ok(())
+    }
+}
+
+/// The note of a successful operation's Event: the timings.
+fn note_of(op: Op, actor: &Actor, took: u128, d: Desired) -> String {
+    let r = &actor.record;
+    let shim = match op {
+        Op::Suspend => format!(", checkpoint {} in the shim", ms(r, "last_suspend_ms")),
+        Op::Resume => format!(", restore {} in the shim", ms(r, "last_resume_ms")),
+        Op::Freeze => String::new(),
+    };
+    let snap = actor.snapshot().map(|s| format!(", snapshot {s}")).unwrap_or_default();
+    format!(
+        "{} of actor {} (asked by {DESIRED}={}) took {took} ms{shim}; generation {}{snap}",
+        op.name(),
+        actor.id(),
+        d.as_str(),
+        r["generation"].as_u64().unwrap_or(0)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pods_and_actor_ids() {
+        let mut p = Pod::default();
+        p.metadata.name = Some("web".into());
+        p.metadata.namespace = Some("ns".into());
+        assert!(!is_torpor_pod(&p));
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec { runtime_class_name: Some("torpor".into()), ..Default::default() });
+        assert!(is_torpor_pod(&p));
+        assert_eq!(actor_id(&p), "ns/web");
+        p.metadata.annotations = Some([(ACTOR.to_string(), "shop/cart".to_string())].into());
+        assert_eq!(actor_id(&p), "shop/cart");
+    }
+}

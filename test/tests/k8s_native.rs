@@ -1,0 +1,411 @@
+//! torpor installed and driven through the Kubernetes API alone
+//! (deploy/kubernetes, torpor-agent, kubectl-torpor), on the test cluster
+//! whose containerds start plain: no torpor runtime, no torpor-snapshotter
+//! (TORPOR_RIG_PLAIN=1, see test/rig/env.sh). The first test that runs
+//! builds the node image and runs `kubectl apply -k` of deploy/kubernetes
+//! (through the rig's overlay: per-node paths, two nodes on one machine).
+//!
+//! Run by test/rig/run-tests.sh in its own cluster bring-up, one test at a
+//! time: `test/rig/run-tests.sh --test k8s_native`.
+
+use serde_json::{json, Value};
+use std::sync::OnceLock;
+use torpor_tests::cluster::*;
+
+const DESIRED: &str = "torpor.dev/desired-state";
+const STATE: &str = "torpor.dev/state";
+const CONDITION: &str = "torpor.dev/Suspended";
+const AGENT_SA: &str = "torpor-agent";
+
+/// What the nodes were before the install, and the overlay applied.
+struct Install {
+    /// (node, CRI runtime handlers) before `kubectl apply -k`.
+    before: Vec<(String, Vec<String>)>,
+    overlay: String,
+}
+
+/// Installs torpor with kubectl (once per test binary).
+fn installed() -> &'static Install {
+    static I: OnceLock<Install> = OnceLock::new();
+    I.get_or_init(|| {
+        require_cluster();
+        let before = cluster().nodes.iter().map(|n| (n.name.clone(), n.runtime_handlers())).collect();
+        build_node_image("t1");
+        let overlay = write_overlay("t1");
+        kubectl_ok(&["apply", "-k", &overlay]);
+        wait_installed("t1");
+        Install { before, overlay }
+    })
+}
+
+/// A counter pod of RuntimeClass torpor (or `class`) on `node`.
+fn pod(name: &str, node: &str, class: &str, labels: Value) -> String {
+    let mut spec = json!({
+        "nodeName": node,
+        "dnsPolicy": "Default",
+        "enableServiceLinks": false,
+        "terminationGracePeriodSeconds": 30,
+        "containers": [{"name": "actor", "image": ACTOR_IMAGE, "imagePullPolicy": "Never", "command": ["/actor"], "args": ["counter"]}],
+    });
+    if class == "torpor" {
+        spec["runtimeClassName"] = json!("torpor");
+    }
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels}, "spec": spec}).to_string()
+}
+
+/// The pod's IP.
+#[track_caller]
+fn ip(p: &Value) -> String {
+    p["status"]["podIP"].as_str().unwrap_or_else(|| panic!("no pod IP: {}", p["status"])).to_string()
+}
+
+#[track_caller]
+fn annotate(ns: &Namespace, pod: &str, value: &str) {
+    ns.kubectl_ok(&["annotate", "pod", pod, "--overwrite", &format!("{DESIRED}={value}")]);
+}
+
+/// Waits until the agent's label on the pod says `state`; the pod then.
+#[track_caller]
+fn wait_label(ns: &Namespace, pod: &str, state: &str) -> Value {
+    wait_until(&format!("{}/{pod} labelled {STATE}={state}", ns.name), LIVENESS, || {
+        let p = ns.pod(pod);
+        (p["metadata"]["labels"][STATE] == state).then_some(p)
+    })
+}
+
+/// The pod's torpor.dev/Suspended condition.
+fn condition(p: &Value) -> Value {
+    p["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| c["type"] == CONDITION)
+        .cloned()
+        .unwrap_or(Value::Null)
+}
+
+/// The Events of `reason` about pod `pod`.
+#[track_caller]
+fn events(ns: &Namespace, pod: &str, reason: &str) -> Vec<Value> {
+    let sel = format!("involvedObject.name={pod},reason={reason}");
+    kubectl_json(&["-n", &ns.name, "get", "events", "--field-selector", &sel])["items"].as_array().cloned().unwrap_or_default()
+}
+
+#[track_caller]
+fn wait_event(ns: &Namespace, pod: &str, reason: &str) -> Value {
+    wait_until(&format!("Event {reason} on {}/{pod}", ns.name), LIVENESS, || events(ns, pod, reason).pop())
+}
+
+/// `torporctl status` of the pod's actor on its node.
+#[track_caller]
+fn actor(ns: &Namespace, pod: &str, node: &str) -> Value {
+    let v = cluster().node(node).torporctl_json(&["status", &ns.actor(pod)]);
+    v[0]["actor"].clone()
+}
+
+/// Asks `suspended` by annotation and checks label, condition, Event and the actor.
+#[track_caller]
+fn suspend_by_annotation(ns: &Namespace, pod: &str, node: &str) {
+    annotate(ns, pod, "suspended");
+    let p = wait_label(ns, pod, "suspended");
+    assert_eq!(actor(ns, pod, node)["state"], "SUSPENDED", "the label follows the actor");
+    // the condition is a second patch (the status subresource)
+    let c = wait_until(&format!("condition {CONDITION}=True on {}/{pod}", ns.name), LIVENESS, || {
+        let c = condition(&ns.pod(pod));
+        (c["status"] == "True").then_some(c)
+    });
+    assert_eq!(c["reason"], "Suspended", "{c}");
+    let e = wait_event(ns, pod, "Suspended");
+    let msg = e["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("took") && msg.contains(" ms") && msg.contains("suspended"), "the Event has the timings: {e}");
+    assert_eq!(p["metadata"]["annotations"]["torpor.dev/applied-state"], "suspended");
+    // the snapshot is named once the suspend's dumps are committed to the store
+    let prefix = format!("{}@", ns.actor(pod));
+    wait_until(&format!("{}/{pod} annotated with its snapshot", ns.name), LIVENESS, || {
+        ns.pod(pod)["metadata"]["annotations"]["torpor.dev/snapshot"].as_str().filter(|s| s.starts_with(&prefix)).map(|_| ())
+    });
+}
+
+/// Asks `running` by annotation; the actor answers with its count.
+#[track_caller]
+fn resume_by_annotation(ns: &Namespace, pod: &str, node: &str, count: &str) {
+    annotate(ns, pod, "running");
+    let p = wait_label(ns, pod, "running");
+    assert_eq!(actor(ns, pod, node)["state"], "RUNNING");
+    wait_until(&format!("condition {CONDITION}=False on {}/{pod}", ns.name), LIVENESS, || {
+        (condition(&ns.pod(pod))["status"] == "False").then_some(())
+    });
+    let e = wait_event(ns, pod, "Resumed");
+    assert!(e["message"].as_str().unwrap_or_default().contains("took"), "{e}");
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "get"), count, "restored with its state");
+}
+
+#[test]
+fn install_on_plain_containerd_then_suspend_and_resume_on_both_nodes() {
+    let inst = installed();
+    for (node, handlers) in &inst.before {
+        assert!(!handlers.iter().any(|h| h == "torpor"), "{node} started plain, without torpor: {handlers:?}");
+    }
+    let ns = Namespace::new("native-install");
+    for n in &cluster().nodes {
+        let dropin = std::fs::read_to_string(format!("{}/conf.d/torpor.toml", n.state_dir())).unwrap_or_default();
+        assert!(dropin.contains("runtime_path") && dropin.contains("torpor-node"), "{}: the installer's drop-in: {dropin}", n.name);
+        assert!(n.runtime_handlers().iter().any(|h| h == "torpor"));
+        let name = format!("actor-{}", n.letter);
+        ns.apply(&pod(&name, &n.name, "torpor", json!({})));
+        let p = ns.wait_ready(&name);
+        assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "1");
+        // the label is there before anything is asked
+        wait_label(&ns, &name, "running");
+        suspend_by_annotation(&ns, &name, &n.name);
+        resume_by_annotation(&ns, &name, &n.name, "1");
+    }
+    // another trigger: a request wakes a suspended actor; the label follows
+    annotate(&ns, "actor-a", "suspended");
+    let p = wait_label(&ns, "actor-a", "suspended");
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "2", "a request woke it with its count");
+    wait_label(&ns, "actor-a", "running");
+    let woke = wait_until("Event of the wake by a request", LIVENESS, || {
+        events(&ns, "actor-a", "Resumed").into_iter().find(|e| e["message"].as_str().unwrap_or_default().contains("another trigger"))
+    });
+    assert!(woke["message"].as_str().unwrap_or_default().contains(&ns.actor("actor-a")), "{woke}");
+    // the agent does not undo it: the request was carried out once
+    assert_eq!(ns.pod("actor-a")["metadata"]["annotations"][DESIRED], "suspended");
+    assert_eq!(actor(&ns, "actor-a", "node-a")["state"], "RUNNING");
+}
+
+#[test]
+fn an_invalid_desired_state_is_an_event_naming_it() {
+    installed();
+    let ns = Namespace::new("native-invalid");
+    ns.apply(&pod("actor", "node-b", "torpor", json!({})));
+    ns.wait_ready("actor");
+    wait_label(&ns, "actor", "running");
+    annotate(&ns, "actor", "asleep");
+    let e = wait_event(&ns, "actor", "InvalidDesiredState");
+    let msg = e["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("\"asleep\"") && msg.contains("running, suspended, frozen"), "{e}");
+    assert_eq!(e["type"], "Warning");
+    let p = ns.pod("actor");
+    assert_eq!(p["metadata"]["labels"][STATE], "running", "nothing was done");
+    assert_eq!(p["metadata"]["annotations"]["torpor.dev/applied-state"], "asleep", "recorded: reported once");
+    assert_eq!(actor(&ns, "actor", "node-b")["state"], "RUNNING");
+}
+
+#[test]
+fn an_agent_restart_resyncs_without_acting_twice() {
+    installed();
+    let ns = Namespace::new("native-restart");
+    ns.apply(&pod("actor", "node-a", "torpor", json!({})));
+    let p = ns.wait_ready("actor");
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "1");
+    wait_label(&ns, "actor", "running");
+    suspend_by_annotation(&ns, "actor", "node-a");
+    let generation = actor(&ns, "actor", "node-a")["generation"].clone();
+    assert_eq!(events(&ns, "actor", "Suspended").len(), 1);
+
+    let old = node_pod("node-a").unwrap_or_else(|| panic!("no torpor-node pod on node-a"));
+    let old_name = old["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    kubectl_ok(&["-n", "torpor-system", "delete", "pod", &old_name, "--wait=true"]);
+    let new = wait_until("a new torpor-node pod on node-a", LIVENESS, || {
+        node_pod("node-a").filter(|p| p["metadata"]["name"] != old_name.as_str())
+    });
+    let new_name = new["metadata"]["name"].as_str().unwrap_or_default().to_string();
+    // the new agent's first pass over the node's pods is done
+    wait_until("the new agent's resync", LIVENESS, || {
+        let out = kubectl(&["-n", "torpor-system", "logs", &new_name, "-c", "agent"]);
+        out.stdout.contains("resynced this node's torpor pods").then_some(())
+    });
+    assert_eq!(events(&ns, "actor", "Suspended").len(), 1, "the request was not carried out again");
+    let a = actor(&ns, "actor", "node-a");
+    assert_eq!(a["state"], "SUSPENDED");
+    assert_eq!(a["generation"], generation, "no second checkpoint");
+    assert_eq!(ns.pod("actor")["metadata"]["labels"][STATE], "suspended");
+    // and the new agent acts on a new request
+    resume_by_annotation(&ns, "actor", "node-a", "1");
+}
+
+#[test]
+fn an_upgrade_leaves_suspended_actors_restorable() {
+    installed();
+    let ns = Namespace::new("native-upgrade");
+    for n in &cluster().nodes {
+        let name = format!("actor-{}", n.letter);
+        ns.apply(&pod(&name, &n.name, "torpor", json!({})));
+        let p = ns.wait_ready(&name);
+        assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "1");
+        wait_label(&ns, &name, "running");
+        suspend_by_annotation(&ns, &name, &n.name);
+    }
+    // a new image: kubectl apply -k again
+    build_node_image("t2");
+    let overlay = write_overlay("t2");
+    kubectl_ok(&["apply", "-k", &overlay]);
+    wait_installed("t2");
+    for n in &cluster().nodes {
+        let name = format!("actor-{}", n.letter);
+        assert_eq!(actor(&ns, &name, &n.name)["state"], "SUSPENDED", "{name} stayed suspended through the upgrade");
+        resume_by_annotation(&ns, &name, &n.name, "1");
+    }
+    // back to the image the other tests expect
+    kubectl_ok(&["apply", "-k", &write_overlay("t1")]);
+    wait_installed("t1");
+}
+
+/// A kubeconfig with a token of torpor-agent's ServiceAccount, bound to
+/// `bound_pod` (as the agent's own projected token is) unless None.
+fn agent_kubeconfig(bound_pod: Option<&Value>) -> String {
+    let c = cluster();
+    let mut args = vec!["-n", "torpor-system", "create", "token", AGENT_SA];
+    let (name, uid);
+    if let Some(p) = bound_pod {
+        name = p["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        uid = p["metadata"]["uid"].as_str().unwrap_or_default().to_string();
+        args.extend_from_slice(&["--bound-object-kind", "Pod", "--bound-object-name", &name, "--bound-object-uid", &uid]);
+    }
+    let token = kubectl_ok(&args).trim().to_string();
+    let path = format!("{}/agent-{}.kubeconfig", c.state, if bound_pod.is_some() { "bound" } else { "unbound" });
+    let server = kubectl_ok(&["config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}"]);
+    let ca = kubectl_ok(&["config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.certificate-authority}"]);
+    let kc = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\n\
+         users:\n- name: agent\n  user:\n    token: {token}\ncontexts:\n- name: agent\n  context:\n    cluster: c\n    user: agent\ncurrent-context: agent\n"
+    );
+    std::fs::write(&path, kc).unwrap_or_else(|e| panic!("write {path}: {e}"));
+    path
+}
+
+fn kubectl_as(kubeconfig: &str, args: &[&str]) -> Out {
+    let c = cluster();
+    let mut all = vec!["--kubeconfig", kubeconfig];
+    all.extend_from_slice(args);
+    run_cmd(&c.kubectl, &all, None, &[("KUBECACHEDIR".into(), format!("{}/kubectl-cache-agent", c.state))], COMMAND_LIMIT)
+}
+
+#[test]
+fn the_agent_cannot_touch_another_nodes_pods() {
+    installed();
+    let ns = Namespace::new("native-rbac");
+    ns.apply(&pod("on-a", "node-a", "runc", json!({})));
+    ns.apply(&pod("on-b", "node-b", "runc", json!({})));
+    ns.wait_ready("on-a");
+    ns.wait_ready("on-b");
+    let agent_a = node_pod("node-a").unwrap_or_else(|| panic!("no torpor-node pod on node-a"));
+    let kc = agent_kubeconfig(Some(&agent_a));
+    // the identity: torpor-agent, with node-a in its token
+    let who: Value = serde_json::from_str(&kubectl_as(&kc, &["auth", "whoami", "-o", "json"]).ok()).unwrap_or(Value::Null);
+    assert_eq!(who["status"]["userInfo"]["username"], format!("system:serviceaccount:torpor-system:{AGENT_SA}"), "{who}");
+    assert_eq!(who["status"]["userInfo"]["extra"]["authentication.kubernetes.io/node-name"], json!(["node-a"]), "{who}");
+
+    let annotate_as = |kc: &str, pod: &str| kubectl_as(kc, &["-n", &ns.name, "annotate", "pod", pod, "--overwrite", "torpor.dev/probe=1"]);
+    let status_as = |kc: &str, pod: &str| {
+        let patch = json!({"status": {"conditions": [{"type": CONDITION, "status": "False", "reason": "Probe"}]}}).to_string();
+        kubectl_as(kc, &["-n", &ns.name, "patch", "pod", pod, "--subresource=status", "--type=strategic", "-p", &patch])
+    };
+    let own = annotate_as(&kc, "on-a");
+    assert!(own.success(), "the agent patches its own node's pods: {own}");
+    let st = status_as(&kc, "on-a");
+    assert!(st.success(), "and their status: {st}");
+    for out in [annotate_as(&kc, "on-b"), status_as(&kc, "on-b")] {
+        assert!(!out.success(), "refused on node-b's pod: {out}");
+        assert!(out.stderr.contains("torpor-agent may only change pods of its own node (node-a), not of node node-b"), "{out}");
+    }
+    assert_eq!(ns.pod("on-b")["metadata"]["annotations"]["torpor.dev/probe"], Value::Null, "node-b's pod is untouched");
+    // a token of the agent that names no node may change no pod
+    let unbound = agent_kubeconfig(None);
+    let out = annotate_as(&unbound, "on-a");
+    assert!(!out.success() && out.stderr.contains("its token names no node"), "{out}");
+    // and RBAC gives it nothing else
+    for (verb, res, sub) in [("delete", "pods", ""), ("create", "pods", ""), ("get", "secrets", ""), ("patch", "nodes", ""), ("create", "pods", "exec"), ("delete", "daemonsets", "")] {
+        let subresource = format!("--subresource={sub}");
+        let mut args = vec!["auth", "can-i", verb, res, "-A"];
+        if !sub.is_empty() {
+            args.push(&subresource);
+        }
+        let out = kubectl_as(&kc, &args);
+        assert_eq!(out.stdout.trim(), "no", "torpor-agent may not {verb} {res} {sub}: {out}");
+    }
+    let out = kubectl_as(&kc, &["auth", "can-i", "patch", "pods", "-A"]);
+    assert_eq!(out.stdout.trim(), "yes", "{out}");
+}
+
+/// `kubectl torpor ARGS` (the plugin found in PATH, as kubectl finds plugins).
+fn kubectl_torpor(args: &[&str]) -> Out {
+    let c = cluster();
+    // kubectl takes no flags before a plugin's name: the kubeconfig comes from KUBECONFIG
+    let mut all = vec!["torpor"];
+    all.extend_from_slice(args);
+    let path = format!("{}/target/release:{}", repo_root(), std::env::var("PATH").unwrap_or_default());
+    let env = vec![
+        ("PATH".to_string(), path),
+        ("KUBECONFIG".to_string(), c.kubeconfig.clone()),
+        ("KUBECACHEDIR".to_string(), format!("{}/kubectl-cache", c.state)),
+    ];
+    run_cmd(&c.kubectl, &all, None, &env, COMMAND_LIMIT)
+}
+
+#[test]
+fn the_kubectl_plugin_suspends_resumes_and_reports() {
+    installed();
+    let ns = Namespace::new("native-plugin");
+    ns.apply(&pod("web", "node-b", "torpor", json!({"app": "plug"})));
+    let p = ns.wait_ready("web");
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "1");
+    wait_label(&ns, "web", "running");
+
+    let out = kubectl_torpor(&["suspend", "-n", &ns.name, "web", "--timeout", "180"]);
+    let table = out.clone().ok();
+    assert!(table.contains("web") && table.contains("suspended"), "{out}");
+    assert_eq!(actor(&ns, "web", "node-b")["state"], "SUSPENDED");
+
+    // (the snapshot is named once the suspend's dumps are committed)
+    let v = wait_until("kubectl torpor status names the snapshot", LIVENESS, || {
+        let v: Value = serde_json::from_str(&kubectl_torpor(&["status", "-n", &ns.name, "-o", "json"]).ok()).unwrap_or(Value::Null);
+        v[0]["snapshot"].is_string().then_some(v)
+    });
+    assert_eq!(v[0]["name"], "web", "{v}");
+    assert_eq!(v[0]["state"], "suspended", "{v}");
+    assert_eq!(v[0]["node"], "node-b", "{v}");
+    assert_eq!(v[0]["condition"]["status"], "True", "{v}");
+    assert!(v[0]["snapshot"].as_str().is_some_and(|s| s.starts_with(&format!("{}/web@", ns.name))), "{v}");
+
+    let all = kubectl_torpor(&["status", "-A", "-l", "app=plug"]).ok();
+    assert!(all.lines().any(|l| l.starts_with(&ns.name) && l.contains("suspended")), "{all}");
+    let snaps = kubectl_torpor(&["snapshots", "-n", &ns.name, "web"]).ok();
+    assert!(snaps.contains(&format!("{}/web@", ns.name)), "{snaps}");
+
+    // a second suspend request of a suspended pod is done at once
+    let again = kubectl_torpor(&["suspend", "-n", &ns.name, "web", "-o", "json"]);
+    let v: Value = serde_json::from_str(&again.clone().ok()).unwrap_or(Value::Null);
+    assert!(v[0]["result"].as_str().unwrap_or_default().contains("already suspended"), "{again}");
+    assert_eq!(events(&ns, "web", "Suspended").len(), 1, "not suspended twice");
+
+    let out = kubectl_torpor(&["resume", "-n", &ns.name, "-l", "app=plug", "-o", "json"]);
+    let v: Value = serde_json::from_str(&out.clone().ok()).unwrap_or(Value::Null);
+    assert_eq!(v[0]["state"], "running", "{out}");
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "get"), "1", "restored with its count");
+    // usage errors are errors
+    let none = kubectl_torpor(&["suspend", "-n", &ns.name]);
+    assert!(!none.success() && none.stderr.contains("name the pods"), "{none}");
+}
+
+#[test]
+fn z_delete_k_uninstalls_then_apply_k_installs_again() {
+    // named to run last (one test thread runs them in name order); it
+    // installs again at its end all the same
+    let inst = installed();
+    kubectl_ok(&["delete", "-k", &inst.overlay, "--wait=true", "--timeout=300s"]);
+    for n in &cluster().nodes {
+        wait_until(&format!("runtime handler torpor gone from {}", n.name), LIVENESS, || {
+            (!n.runtime_handlers().iter().any(|h| h == "torpor")).then_some(())
+        });
+        let st = n.state_dir();
+        assert!(!std::path::Path::new(&format!("{st}/conf.d/torpor.toml")).exists(), "{}: the drop-in is removed", n.name);
+        for b in ["bin/containerd-shim-torpor-v1", "bin/torporctl", "bin/torpor-snapshotter", "sbin/criu", "lib/torpor"] {
+            assert!(!std::path::Path::new(&format!("{st}/torpor-node/{b}")).exists(), "{}: {b} removed", n.name);
+        }
+    }
+    assert!(!kubectl(&["get", "runtimeclass", "torpor"]).success(), "the RuntimeClass is gone");
+    kubectl_ok(&["apply", "-k", &inst.overlay]);
+    wait_installed("t1");
+}
