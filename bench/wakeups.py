@@ -36,13 +36,11 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
-from bench import (BASELINE, BASELINE_RUNTIME_TYPE, TORPOR, BenchPod, RunError, TorporActor,  # noqa: E402
-                   actor_pids, check_counter, inc_first_byte, log, ms, netns_inode, now_ns, pct,
-                   remove_restore_dirs, wait_gone)
+from bench import (BASELINE, TORPOR, RunError, TorporActor, check_counter, inc_first_byte,  # noqa: E402
+                   log, ms, now_ns, pct, remove_restore_dirs, wait_gone)
+import suspend_resume  # noqa: E402
 
-NAMESPACE = "default"
-ID_PREFIX = "bench-wake-"
-IMAGE_PREFIX = "localhost/torpor-bench/wakeups/"
+NAMESPACE = suspend_resume.NAMESPACE
 GOAL = ">= 50 wakeups/s (absolute, 40 actors of 64 MiB on 2 cores)"
 GOAL_MIN = 50.0
 
@@ -70,41 +68,21 @@ class TorporSleeper(TorporActor):
         return None if us is None else float(us) / 1000
 
 
-class BaselineSleeper:
-    """The actor as a `ctr run` container of runc-v2 in a runc pod's netns."""
-
-    def __init__(self, mib: int):
-        self.mib = mib
-        self.pod = BenchPod(BASELINE, prefix="wake")
-        self.cid = f"{ID_PREFIX}{uuid.uuid4().hex[:10]}"
-        self.ref = None
-        try:
-            self.pod.run()
-            info = bench.crictl_json("inspectp", "-o", "json", self.pod.id)
-            self.ip = info["status"]["network"]["ip"]
-            nss = info["info"]["runtimeSpec"]["linux"]["namespaces"]
-            netns = next(n["path"] for n in nss if n["type"] == "network")
-            self.netns_ino = netns_inode(netns)
-            ctr("run", "-d", "--runtime", BASELINE_RUNTIME_TYPE, "--with-ns", f"network:{netns}",
-                "--cgroup", f"{bench.CGROUP_ROOT}/pod-{self.pod.name}/{self.cid}",
-                bench.ACTOR_IMAGE, self.cid,
-                "/actor", "counter", "--port", str(bench.ACTOR_PORT), "--alloc-mib", str(mib))
-            bench.wait_actor(self.ip, error=RunError)
-            self.counter = int(bench.actor_call(self.ip, ["get"], error=RunError)[0])
-        except BaseException:
-            self.remove()
-            raise
+class BaselineSleeper(suspend_resume.BaselineActor):
+    """suspend_resume's runc-v2 actor (a `ctr run` container in a runc pod's
+    netns), checkpointed and restored in two steps."""
 
     def suspend(self) -> None:
-        self.drop_image()
-        self.ref = f"{IMAGE_PREFIX}{self.cid}:{uuid.uuid4().hex[:8]}"
-        ctr("containers", "checkpoint", "--rw", "--task", self.cid, self.ref)
+        self.drop_images()
+        ref = f"{suspend_resume.IMAGE_PREFIX}{self.cid}:{uuid.uuid4().hex[:8]}"
+        self.refs.append(ref)
+        ctr("containers", "checkpoint", "--rw", "--task", self.cid, ref)
         ctr("tasks", "delete", "-f", self.cid)
         wait_gone(self.netns_ino, self.mib)
         ctr("containers", "rm", self.cid)
 
     def wake(self, t0: int) -> int:
-        ctr("containers", "restore", "--rw", "--live", self.cid, self.ref)
+        ctr("containers", "restore", "--rw", "--live", self.cid, self.refs[-1])
         _, t_first, got = inc_first_byte(self.ip, t0, retry_refused=True)
         check_counter(got, self.counter + 1)
         self.counter += 1
@@ -113,16 +91,11 @@ class BaselineSleeper:
     def cpu_ms(self):
         return None
 
-    def drop_image(self) -> None:
-        if self.ref:
-            ctr("images", "rm", "--sync", self.ref, check=False, timeout=120)
-            self.ref = None
+    def drop_images(self) -> None:
+        for ref in list(self.refs):
+            ctr("images", "rm", "--sync", ref, check=False, timeout=120)
+            self.refs.remove(ref)
         remove_restore_dirs(self.cid)
-
-    def remove(self) -> None:
-        bench.remove_container(NAMESPACE, self.cid)
-        self.drop_image()
-        self.pod.remove()
 
 
 def one_round(actors) -> dict:

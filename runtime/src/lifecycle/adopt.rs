@@ -37,6 +37,19 @@ pub struct Adopted {
 }
 
 impl Actor {
+    /// A restore by identity that cannot use its snapshot (`e`): the next
+    /// create asks the store again; nothing is started from bad data.
+    /// Returns `e` to fail the create with, once the record says so.
+    fn restore_refused(&self, e: Error) -> Result<Error> {
+        self.update(|r| {
+            r.restore_checked = false;
+            r.restore_snapshot = None;
+            r.cloned_from = None;
+            r.last_error = Some(e.to_string());
+        })?;
+        Ok(e)
+    }
+
     /// At the create of app container `id` of `identity`: the snapshot to
     /// restore it from, if the store has one. The first app container's
     /// create asks the store ([`identity::find_restorable`]) and records the
@@ -88,25 +101,12 @@ impl Actor {
                     },
                     (e, _) => e.context(&format!("restore of {identity} from snapshot {snap}")),
                 };
-                self.update(|r| {
-                    r.restore_checked = false;
-                    r.restore_snapshot = None;
-                    r.cloned_from = None;
-                    r.last_error = Some(e.to_string());
-                })?;
-                return Err(e);
+                return Err(self.restore_refused(e)?);
             }
         };
         if let Err(e) = super::verify_seal(&co.path, &rec.actor, &format!("snapshot {snap}")).await {
-            let e = e.context(&format!("restore of {identity} from snapshot {snap}"));
             self.store.release_logged(&co.lease).await;
-            self.update(|r| {
-                r.restore_checked = false;
-                r.restore_snapshot = None;
-                r.cloned_from = None;
-                r.last_error = Some(e.to_string());
-            })?;
-            return Err(e);
+            return Err(self.restore_refused(e.context(&format!("restore of {identity} from snapshot {snap}")))?);
         }
         let image = co.path.join(&identity.container);
         if !image.join("inventory.img").is_file() {
