@@ -52,6 +52,7 @@ struct FileStore {
     keep_local: Option<String>,
     upload_concurrency: Option<usize>,
     fetch_concurrency: Option<usize>,
+    stream_stall_timeout: Option<String>,
     retry_initial: Option<String>,
     retry_max: Option<String>,
     zstd_level: Option<i32>,
@@ -128,6 +129,7 @@ pub struct StoreConfig {
     pub keep_local: Option<Duration>,
     pub upload_concurrency: Option<usize>,
     pub fetch_concurrency: Option<usize>,
+    pub stream_stall_timeout: Option<Duration>,
     pub retry_initial: Option<Duration>,
     pub retry_max: Option<Duration>,
     pub zstd_level: Option<i32>,
@@ -222,6 +224,9 @@ impl Config {
         if let Some(n) = s.fetch_concurrency {
             c.fetch_concurrency = n;
         }
+        if let Some(d) = s.stream_stall_timeout {
+            c.stream_stall_timeout = d;
+        }
         if let Some(d) = s.retry_initial {
             c.retry.initial = d;
         }
@@ -269,6 +274,7 @@ impl Default for Config {
                 keep_local: None,
                 upload_concurrency: None,
                 fetch_concurrency: None,
+                stream_stall_timeout: None,
                 retry_initial: None,
                 retry_max: None,
                 zstd_level: None,
@@ -459,6 +465,7 @@ impl Config {
                 keep_local: dur(f.store.keep_local, "store.keep_local")?,
                 upload_concurrency: f.store.upload_concurrency,
                 fetch_concurrency: f.store.fetch_concurrency,
+                stream_stall_timeout: dur(f.store.stream_stall_timeout, "store.stream_stall_timeout")?,
                 retry_initial: dur(f.store.retry_initial, "store.retry_initial")?,
                 retry_max: dur(f.store.retry_max, "store.retry_max")?,
                 zstd_level: f.store.zstd_level,

@@ -213,8 +213,14 @@ pub async fn run(cfg: Config) -> Result<()> {
         .into_std()
         .map_err(|e| Error::io("store API socket", &cfg.store.address, e))?;
     let metrics = crate::metrics::Metrics::new(Some(&store));
+    // The page server (streamed checkouts' memory, for CRIU's lazy-pages
+    // daemons), on the data runtime, beside the store API's socket.
+    let pages_socket = crate::page_server::socket_beside(&cfg.store.address);
+    let pages_listener = bind_socket(&pages_socket)?;
+    let page_server = tokio::spawn(crate::page_server::serve(pages_listener, store.clone()));
     let service = crate::store_api::StoreService::with_data_runtime(store.clone(), cfg.store.gc_keep, tokio::runtime::Handle::current())
-        .with_metrics(metrics.clone());
+        .with_metrics(metrics.clone())
+        .with_page_server(pages_socket.clone());
     let address = cfg.store.address.clone();
     let mut store_server = api_rt
         .handle()
@@ -321,15 +327,18 @@ pub async fn run(cfg: Config) -> Result<()> {
     if let Some(t) = metrics_task {
         t.abort();
     }
+    page_server.abort();
     if let Err(e) = store_server.shutdown().await {
         warn!(error = %e, "store API shutdown");
     }
     store.shutdown().await;
     drop(api_rt);
-    match std::fs::remove_file(&cfg.store.address) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => warn!(socket = %cfg.store.address.display(), error = %e, "could not remove socket"),
+    for socket in [&cfg.store.address, &pages_socket] {
+        match std::fs::remove_file(socket) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => warn!(socket = %socket.display(), error = %e, "could not remove socket"),
+        }
     }
 
     // Close the database: the last reference goes with the snapshotter

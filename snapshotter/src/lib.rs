@@ -8,6 +8,7 @@ pub mod daemon;
 pub mod error;
 pub mod metrics;
 pub mod overlay;
+pub mod page_server;
 pub mod store;
 pub mod store_api;
 pub mod fuzzing;

@@ -36,6 +36,8 @@ pub struct StoreService {
     data: tokio::runtime::Handle,
     /// Failed requests counted, shims' lifecycle reports taken (none: metrics off).
     metrics: Option<Arc<crate::metrics::Metrics>>,
+    /// The page server's socket (none: no streamed checkouts).
+    page_server: Option<std::path::PathBuf>,
 }
 
 impl StoreService {
@@ -46,7 +48,13 @@ impl StoreService {
 
     /// Store operations on runtime `data`.
     pub fn with_data_runtime(store: Arc<Store>, gc_keep: usize, data: tokio::runtime::Handle) -> Self {
-        Self { store, gc_keep, transfers: Mutex::new(HashMap::new()), next: 0.into(), data, metrics: None }
+        Self { store, gc_keep, transfers: Mutex::new(HashMap::new()), next: 0.into(), data, metrics: None, page_server: None }
+    }
+
+    /// Streamed checkouts, their pages served by the page server on `socket`.
+    pub fn with_page_server(mut self, socket: std::path::PathBuf) -> Self {
+        self.page_server = Some(socket);
+        self
     }
 
     /// Counts failed requests and takes the shims' lifecycle reports into `metrics`.
@@ -143,6 +151,7 @@ fn status(op: &str, e: store::Error) -> ttrpc::Error {
         E::Conflict { .. } => Code::ABORTED,
         E::Corrupt { .. } => Code::DATA_LOSS,
         E::FetchFailed { source, .. } if matches!(**source, E::Corrupt { .. }) => Code::DATA_LOSS,
+        E::StreamFailed { corrupt: true, .. } => Code::DATA_LOSS,
         e if e.is_remote_unavailable() => Code::UNAVAILABLE,
         E::ShuttingDown | E::CommitInProgress { .. } => Code::UNAVAILABLE,
         _ => Code::INTERNAL,
@@ -256,6 +265,20 @@ impl api::Store for StoreService {
 
     async fn checkout(&self, _: &TtrpcContext, req: api::CheckoutRequest) -> ttrpc::Result<api::CheckoutResponse> {
         let id = snapshot_id(req.id.as_ref())?;
+        if let (true, Some(socket)) = (req.stream, &self.page_server) {
+            let id2 = id.clone();
+            let (co, stream) = self.detached(|s| async move { s.checkout_streamed(&id2).await }).await.map_err(|e| self.err("checkout", e))?;
+            info!(snapshot = %co.info.id, streamed = stream.is_some(), "snapshot checked out");
+            let mut r = api::CheckoutResponse::new();
+            r.info = protobuf::MessageField::some(to_api_info(&co.info));
+            r.path = co.path.to_string_lossy().into_owned();
+            r.lease = co.lease;
+            if stream.is_some() {
+                r.streamed = true;
+                r.page_server = socket.to_string_lossy().into_owned();
+            }
+            return Ok(r);
+        }
         let id2 = id.clone();
         let co = self
             .tracked("fetch", &id, |store, p| async move { store.checkout(&id2, Some(p)).await })
@@ -267,6 +290,25 @@ impl api::Store for StoreService {
         r.path = co.path.to_string_lossy().into_owned();
         r.lease = co.lease;
         Ok(r)
+    }
+
+    async fn wait_stream(&self, _: &TtrpcContext, req: api::WaitStreamRequest) -> ttrpc::Result<api::WaitStreamResponse> {
+        let lease = req.lease;
+        let s = self.detached(|s| async move { s.wait_stream(&lease).await }).await.map_err(|e| self.err("wait stream", e))?;
+        Ok(api::WaitStreamResponse {
+            fetched_bytes: s.fetched_bytes,
+            chunks: s.chunks,
+            chunks_before_restore: s.chunks_before_restore,
+            manifest_ms: s.manifest_ms,
+            ready_ms: s.ready_ms,
+            first_page_ms: s.first_page_ms.unwrap_or(0),
+            done_ms: s.done_ms,
+            pages_served: s.pages_served,
+            pages_waited: s.pages_waited,
+            working_set_chunks: s.working_set_chunks,
+            working_set_recorded: s.working_set_recorded,
+            ..Default::default()
+        })
     }
 
     async fn view_staging(&self, _: &TtrpcContext, req: api::ViewStagingRequest) -> ttrpc::Result<api::ViewStagingResponse> {
@@ -439,6 +481,14 @@ impl api::Store for StoreService {
                 t
             })
             .collect();
+        for (id, done, total) in self.store.streams_under_way() {
+            let mut t = api::Transfer::new();
+            t.kind = "fetch".into();
+            t.id = protobuf::MessageField::some(to_api_id(&id));
+            t.done_bytes = done;
+            t.total_bytes = total;
+            r.transfers.push(t);
+        }
         Ok(r)
     }
 }

@@ -83,7 +83,7 @@ else
 	# With the test-only crash points (runtime/src/failpoint.rs); make build,
 	# the bench and the demo build it without them.
 	echo "rig/run-tests: building the shim (with failpoints), torporctl and the snapshotter" >&2
-	cargo build --release -p torpor-shim --features torpor-shim/failpoints -p torporctl -p torpor-snapshotter -p torpor-agent || exit $?
+	cargo build --release -p torpor-shim --features torpor-shim/failpoints -p torporctl -p torpor-snapshotter --features torpor-snapshotter/failpoints -p torpor-agent || exit $?
 fi
 
 # The end-to-end tests through kubectl (tests/k8s.rs) need the cluster;

@@ -6,6 +6,8 @@
 #   test/rig/s3.sh start    start (idempotent), wait until it answers
 #   test/rig/s3.sh stop     SIGTERM, then SIGKILL after 5 s (idempotent)
 #   test/rig/s3.sh kill     SIGKILL at once (a crashed server)
+#   test/rig/s3.sh pause    SIGSTOP (a stalled server: connections hang)
+#   test/rig/s3.sh continue SIGCONT
 #   test/rig/s3.sh status   exit 0 when running and answering
 #   test/rig/s3.sh env      print the AWS_* variables a client needs
 #
@@ -71,6 +73,7 @@ stop() {
 	local sig=$1 pid
 	pid="$(s3_pid)" || { rm -f "$TORPOR_RIG_S3_PIDFILE"; return 0; }
 	kill "-$sig" "$pid" 2>/dev/null || true
+	kill -CONT "$pid" 2>/dev/null || true # a paused one stops too
 	for _ in $(seq 50); do
 		[ -d "/proc/$pid" ] || break
 		sleep 0.1
@@ -86,6 +89,8 @@ case "${1:-}" in
 start) start ;;
 stop) stop TERM ;;
 kill) stop KILL ;;
+pause) pid="$(s3_pid)" || die "not running"; kill -STOP "$pid" ;;
+continue) pid="$(s3_pid)" || die "not running"; kill -CONT "$pid" ;;
 status) s3_pid >/dev/null && answering ;;
 env)
 	echo "AWS_ACCESS_KEY_ID=$TORPOR_RIG_S3_ACCESS_KEY"
@@ -94,5 +99,5 @@ env)
 	echo "AWS_ENDPOINT=$TORPOR_RIG_S3_ENDPOINT"
 	echo "AWS_ALLOW_HTTP=true"
 	;;
-*) echo "usage: $0 start|stop|kill|status|env" >&2; exit 2 ;;
+*) echo "usage: $0 start|stop|kill|pause|continue|status|env" >&2; exit 2 ;;
 esac

@@ -226,6 +226,9 @@ remote_options = { endpoint = '$TORPOR_RIG_S3_ENDPOINT', region = '$TORPOR_RIG_S
 # retry a down object tier quickly (the tests stop and restart it)
 retry_initial = '500ms'
 retry_max = '3s'
+# a streamed resume gives up on a stalled object tier after this long (the
+# tests stall it)
+stream_stall_timeout = '3s'
 # this node's name in actor leases; a short lease so that the tests of a
 # dead node do not wait long for its expiry
 node_id = '${TORPOR_NODE_ID:-node-a}'

@@ -211,6 +211,123 @@ fn resume_fetches_an_evicted_snapshot_from_s3() {
     assert_eq!(snapshot(&name)["local"], true, "fetched back");
 }
 
+/// The `stream.*` phases of the last resume (milliseconds since its
+/// checkout began), by name.
+fn stream_phases(c: &Counter) -> std::collections::BTreeMap<String, u64> {
+    let st = c.status();
+    st["last_resume_phases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|p| Some((p["name"].as_str()?.strip_prefix("stream.")?.to_string(), p["us"].as_u64()? / 1000)))
+        .collect()
+}
+
+/// Uploads and evicts the counter's snapshot: it is only in S3.
+#[track_caller]
+fn only_in_s3(c: &Counter) -> String {
+    let name = c.suspend();
+    snapshots_ok(&["upload", &name]);
+    snapshots_ok(&["evict", &name]);
+    assert_eq!(snapshot(&name)["local"], false, "evicted");
+    name
+}
+
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn resume_from_s3_is_streamed_and_its_working_set_comes_first_the_next_time() {
+    torpor_only();
+    let _serial = serial();
+    let (c, sum, _g) = counter("store-stream", 128);
+    let name = only_in_s3(&c);
+    c.op("resume");
+    // Its first request faults on pages while the rest streams in: the
+    // working set the next streamed resume fetches first.
+    assert_eq!(c.cmd("get"), "3", "the counter continues from the snapshot");
+    // The restore started before the snapshot was local; it is local once
+    // the stream is done, and the phases say when each step was.
+    let phases = wait_for("the stream to finish", LIVENESS, || {
+        let p = stream_phases(&c);
+        p.contains_key("done_at").then_some(p)
+    });
+    eprintln!("streamed resume phases (ms since the checkout began): {phases:?}");
+    assert!(phases["ready_at"] <= phases["done_at"], "{phases:?}");
+    assert_eq!(snapshot(&name)["local"], true, "the streamed copy is the local copy now");
+    assert_eq!(c.cmd("sum"), sum, "the memory came back intact");
+    assert_eq!(c.cmd("inc"), "4");
+    // Its working set was recorded; the next streamed resume fetches it first.
+    let name = only_in_s3(&c);
+    c.op("resume");
+    wait_for("the second stream to finish", LIVENESS, || stream_phases(&c).contains_key("done_at").then_some(()));
+    assert_eq!(snapshot(&name)["local"], true);
+    let log = std::fs::read_to_string(env("TORPOR_RIG_SNAPSHOTTER_LOG")).unwrap_or_default();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("streamed from the object tier") && l.contains(&name))
+        .unwrap_or_else(|| panic!("the snapshotter logs the stream of {name}"));
+    eprintln!("{line}");
+    assert!(!line.contains("working_set_chunks=0 "), "the working set of the first resume came first: {line}");
+    assert_eq!(c.cmd("get"), "4", "the counter continues");
+    assert_eq!(c.cmd("sum"), sum, "the memory came back intact");
+}
+
+/// A stream that loses its object tier (`break_s3`) after the restore: the
+/// actor is stopped and SUSPENDED with the reason, its snapshot intact;
+/// the next trigger, with S3 back, resumes it whole.
+fn stream_broken_mid_way(prefix: &str, break_s3: &str, mend_s3: &str) {
+    let (c, sum, _g) = counter(prefix, 128);
+    let name = only_in_s3(&c);
+    let held = arm_failpoint("snapshotter", "stream-hold");
+    c.op("resume");
+    assert_eq!(c.state(), "RUNNING", "restored while its memory streams");
+    assert_eq!(snapshot(&name)["local"], false, "the stream is still under way");
+    let out = run(&s3_sh(), [break_s3]);
+    assert!(out.success(), "s3.sh {break_s3}: {out}");
+    let _mend = Cleanup::new("S3 mended", {
+        let mend = mend_s3.to_string();
+        move || {
+            let _ = run(&s3_sh(), [mend.as_str()]);
+            let _ = run(&s3_sh(), ["start"]);
+        }
+    });
+    drop(held);
+    let st = wait_for("the actor to be stopped and SUSPENDED again", LIVENESS, || {
+        let st = c.status();
+        (st["state"] == "SUSPENDED").then_some(st)
+    });
+    eprintln!("after the broken stream: {}", st["last_error"]);
+    let why = st["last_error"].as_str().unwrap_or_default();
+    assert!(why.contains("stream") && why.contains(&name), "the reason names the stream and the snapshot: {st}");
+    assert!(c.processes().is_empty(), "the restored process was stopped: {:?}", c.processes());
+    assert_eq!(container_state(&c.container), "CONTAINER_RUNNING", "to CRI it still runs");
+    let out = run(&s3_sh(), [mend_s3]);
+    assert!(out.success(), "s3.sh {mend_s3}: {out}");
+    let out = run(&s3_sh(), ["start"]);
+    assert!(out.success(), "s3.sh start: {out}");
+    let s = snapshot(&name);
+    assert_eq!(s["durable"], true, "the snapshot is intact in S3: {s}");
+    // The next request is the next trigger: streamed again, whole.
+    assert_continues(&c, &sum);
+    assert_eq!(c.status()["state"], "RUNNING");
+}
+
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn s3_down_mid_stream_stops_the_actor_and_the_next_trigger_retries() {
+    torpor_only();
+    let _serial = serial();
+    stream_broken_mid_way("store-streamdown", "stop", "start");
+}
+
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn s3_stalled_mid_stream_stops_the_actor_and_the_next_trigger_retries() {
+    torpor_only();
+    let _serial = serial();
+    stream_broken_mid_way("store-streamstall", "pause", "continue");
+}
+
 #[test]
 #[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn s3_down_suspend_succeeds_and_the_upload_retries() {
@@ -251,7 +368,22 @@ fn corrupt_chunk_in_s3_refuses_the_resume() {
     let chunk = chunk_object(&name, &digest);
     let len = std::fs::metadata(&chunk).unwrap().len();
     flip(&chunk, len / 2);
-    assert_refused(&c, &name);
+    // The chunk holds memory: the resume is streamed and the restore may
+    // start before the chunk arrives; then it is found bad as it arrives,
+    // before a byte of it reaches the process, which is stopped.
+    let out = torporctl(&["--json", "resume", c.shim()]);
+    if out.success() {
+        let st = wait_for("the actor to be stopped and SUSPENDED again", LIVENESS, || {
+            let st = c.status();
+            (st["state"] == "SUSPENDED").then_some(st)
+        });
+        let why = st["last_error"].as_str().unwrap_or_default();
+        eprintln!("refused while streaming: {why}");
+        assert!(why.contains(&name) && (why.contains("corrupt") || why.contains("digest")), "the reason names the snapshot and the bad data: {st}");
+        assert!(c.processes().is_empty(), "stopped: {:?}", c.processes());
+    } else {
+        assert_refused_as(&c, &name, out);
+    }
     // Repaired, the same snapshot resumes: nothing was lost.
     flip(&chunk, len / 2);
     let out = torporctl(&["--json", "resume", c.shim()]);
@@ -286,7 +418,11 @@ fn corrupt_local_copy_refuses_the_resume() {
 /// A resume from bad data is refused, naming the snapshot; nothing starts.
 #[track_caller]
 fn assert_refused(c: &Counter, name: &str) {
-    let out = torporctl(&["--json", "resume", c.shim()]);
+    assert_refused_as(c, name, torporctl(&["--json", "resume", c.shim()]));
+}
+
+#[track_caller]
+fn assert_refused_as(c: &Counter, name: &str, out: Output) {
     assert!(!out.success(), "a resume from corrupt data must be refused: {out}");
     assert!(out.stderr.contains(name), "the error names the snapshot {name}: {out}");
     assert!(out.stderr.to_lowercase().contains("corrupt") || out.stderr.contains("mismatch") || out.stderr.contains("digest"), "the error says the data is bad: {out}");
@@ -370,10 +506,19 @@ fn daemon_killed_mid_upload_and_mid_fetch() {
     });
     kill_daemon();
     let out = resume.join().expect("resume thread");
-    assert!(!out.success(), "the resume cannot succeed without the daemon: {out}");
-    eprintln!("resume with the daemon killed: {}", out.stderr.trim());
+    if out.success() {
+        // Streamed: restored before the daemon died; its memory can no
+        // longer come, so the processes are stopped.
+        let st = wait_for("the actor to be stopped and SUSPENDED again", LIVENESS, || {
+            let st = c.status();
+            (st["state"] == "SUSPENDED").then_some(st)
+        });
+        eprintln!("streamed resume with the daemon killed: {}", st["last_error"]);
+    } else {
+        eprintln!("resume with the daemon killed: {}", out.stderr.trim());
+    }
     assert_eq!(c.status()["state"], "SUSPENDED");
-    assert!(c.processes().is_empty(), "nothing started: {:?}", c.processes());
+    assert!(c.processes().is_empty(), "nothing runs: {:?}", c.processes());
     start_daemon();
     let out = torporctl(&["--json", "resume", c.shim()]);
     assert!(out.success(), "resume after the daemon's restart: {out}");

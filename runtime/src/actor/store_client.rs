@@ -63,6 +63,22 @@ pub struct Checkout {
     pub snapshot: SnapshotRef,
     pub path: PathBuf,
     pub lease: String,
+    /// A streamed checkout: its memory is served by this page server
+    /// until [`SnapshotStore::wait_stream`] says it is all local.
+    pub page_server: Option<PathBuf>,
+}
+
+/// What a streamed checkout did (milliseconds from its start).
+#[derive(Debug, Clone, Default)]
+pub struct StreamDone {
+    pub fetched_bytes: u64,
+    pub chunks: u64,
+    pub ready_ms: u64,
+    pub first_page_ms: u64,
+    pub done_ms: u64,
+    pub pages_served: u64,
+    pub pages_waited: u64,
+    pub working_set_chunks: u64,
 }
 
 /// Client of the node's snapshot store: one per shim, long-lived. It
@@ -206,12 +222,44 @@ impl SnapshotStore {
     }
 
     pub async fn checkout(&self, snap: &SnapshotRef) -> Result<Checkout> {
+        self.checkout_as(snap, false).await
+    }
+
+    /// A checkout that may be streamed: when the snapshot is only in the
+    /// object tier, it answers once all but the lazily restored memory is
+    /// local (see [`Checkout::page_server`]).
+    pub async fn checkout_streamed(&self, snap: &SnapshotRef) -> Result<Checkout> {
+        self.checkout_as(snap, true).await
+    }
+
+    async fn checkout_as(&self, snap: &SnapshotRef, stream: bool) -> Result<Checkout> {
         let mut req = api::CheckoutRequest::new();
         req.id = protobuf::MessageField::some(id(snap));
+        req.stream = stream;
         let op = format!("checkout {snap}");
         let req = &req;
         let r = self.call(&op, StoreErrorKind::FailedPrecondition, |c| async move { c.checkout(ctx(LONG), req).await }).await?;
-        Ok(Checkout { snapshot: snap.clone(), path: PathBuf::from(r.path), lease: r.lease })
+        let page_server = (r.streamed && !r.page_server.is_empty()).then(|| PathBuf::from(&r.page_server));
+        Ok(Checkout { snapshot: snap.clone(), path: PathBuf::from(r.path), lease: r.lease, page_server })
+    }
+
+    /// Waits until the streamed checkout `lease` is all local; the store's
+    /// reason when it failed (the snapshot is intact in the object tier).
+    pub async fn wait_stream(&self, lease: &str) -> Result<StreamDone> {
+        let mut req = api::WaitStreamRequest::new();
+        req.lease = lease.to_string();
+        let req = &req;
+        let r = self.call("wait for the streamed checkout", StoreErrorKind::FailedPrecondition, |c| async move { c.wait_stream(ctx(LONG), req).await }).await?;
+        Ok(StreamDone {
+            fetched_bytes: r.fetched_bytes,
+            chunks: r.chunks,
+            ready_ms: r.ready_ms,
+            first_page_ms: r.first_page_ms,
+            done_ms: r.done_ms,
+            pages_served: r.pages_served,
+            pages_waited: r.pages_waited,
+            working_set_chunks: r.working_set_chunks,
+        })
     }
 
     /// The files of `staging` (committed in the background), pinned for a
@@ -336,7 +384,7 @@ impl SnapshotStore {
     /// completes). `NotFound` once the commit is done.
     pub async fn view_staging_as(&self, staging: &Staging, snap: &SnapshotRef) -> Result<Checkout> {
         let (path, lease) = self.view_staging(staging).await?;
-        Ok(Checkout { snapshot: snap.clone(), path, lease })
+        Ok(Checkout { snapshot: snap.clone(), path, lease, page_server: None })
     }
 
     /// This node still holds `actor`'s lease (for shim `owner`): until
@@ -374,7 +422,7 @@ impl SnapshotStore {
 
     /// Releases a checkout lease; logged, never fails.
     pub async fn release_logged(&self, lease: &str) {
-        let co = Checkout { snapshot: SnapshotRef { actor: String::new(), generation: 0 }, path: PathBuf::new(), lease: lease.to_string() };
+        let co = Checkout { snapshot: SnapshotRef { actor: String::new(), generation: 0 }, path: PathBuf::new(), page_server: None, lease: lease.to_string() };
         match self.release(&co).await {
             Ok(()) => {}
             Err(e) if e.is_store(StoreErrorKind::NotFound) => {}

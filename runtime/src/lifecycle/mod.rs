@@ -81,6 +81,9 @@ pub struct Actor {
     wake: mpsc::UnboundedSender<()>,
     /// Lazy-pages daemons still serving a restored actor's memory.
     lazy: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    /// Changed when the restored processes were stopped under their
+    /// lazy-pages daemons (a failed stream): the daemons are stopped too.
+    lazy_stop: Arc<tokio::sync::watch::Sender<u64>>,
     /// The node-local claim on the actor, held while the shim runs it.
     claim: Arc<Mutex<Option<Claim>>>,
     /// The background commit of the last suspend's snapshot.
@@ -114,6 +117,7 @@ impl Actor {
             held_target: Arc::default(),
             wake,
             lazy: Arc::default(),
+            lazy_stop: Arc::new(tokio::sync::watch::channel(0).0),
             claim: Arc::default(),
             commit: Arc::default(),
             adoptions: Arc::default(),

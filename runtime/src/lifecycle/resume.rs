@@ -7,9 +7,9 @@
 use std::path::Path;
 use std::time::Instant;
 
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
-use crate::actor::record::{self, Lifecycle, Record};
+use crate::actor::record::{self, Lifecycle, Phase, Record};
 use crate::actor::report::{self, Op};
 use crate::actor::store_client::SnapshotRef;
 use crate::error::{Error, IoContext, Result, StoreErrorKind};
@@ -109,6 +109,9 @@ impl Actor {
                 }
                 r => r,
             },
+            // Streamed when only the object tier has it (lazy pages only:
+            // its memory is served while it arrives).
+            _ if lazy_pages_enabled() => self.store.checkout_streamed(&snap).await,
             _ => self.store.checkout(&snap).await,
         };
         t.mark(if rec.snapshot.is_none() { "view_staging" } else { "checkout" });
@@ -154,7 +157,8 @@ impl Actor {
         // What `last_error` says once RUNNING: nothing, or that the actor
         // was started cold after its restore failed.
         let mut ran_cold = None;
-        let mut result = self.restore_all(&dir, &rec, &co.path, &mut t).await;
+        let pages = co.page_server.as_deref().map(|socket| PageSource { socket, lease: &co.lease });
+        let mut result = self.restore_all(&dir, &rec, &co.path, pages, &mut t).await;
         report::phase("criu_restore");
         if let Err(e) = &result {
             if self.cold_start_wanted(&rec) {
@@ -193,6 +197,9 @@ impl Actor {
             self.store.release_logged(&co.lease).await;
             let _ = self.update(|r| r.leases.retain(|l| *l != co.lease));
             return Err(e);
+        }
+        if co.page_server.is_some() {
+            self.watch_stream(co.lease.clone());
         }
         // The checkout is released once the lazy-pages daemons are done
         // with it; the store's gc and retention remove the snapshot.
@@ -271,7 +278,7 @@ impl Actor {
     /// those restored before it are suspended again (a pod is never half
     /// running under a SUSPENDED record) and the actor is SUSPENDED, with
     /// the reason.
-    async fn restore_all(&self, dir: &record::Store, rec: &Record, images: &Path, t: &mut Timing) -> Result<()> {
+    async fn restore_all(&self, dir: &record::Store, rec: &Record, images: &Path, pages: Option<PageSource<'_>>, t: &mut Timing) -> Result<()> {
         let mut restored: Vec<&str> = Vec::new();
         for id in &rec.containers {
             if !self.tasks.is_suspended(id) {
@@ -283,7 +290,7 @@ impl Actor {
             let restored_one = if failpoint::fails(&dir.key(), failpoint::RESTORE_FAILS, name) {
                 Err(Error::FailedPrecondition(format!("restore of container {name} failed (failpoint {})", failpoint::RESTORE_FAILS)))
             } else {
-                self.restore_one(dir, rec.generation, id, &image, t).await
+                self.restore_one(dir, rec.generation, id, &image, pages, t).await
             };
             if let Err(e) = restored_one {
                 warn!(actor = rec.actor.as_str(), container = id.as_str(), "resume failed: {e}");
@@ -311,8 +318,31 @@ impl Actor {
     /// lazy-pages` daemon, the rest prefetched in the background), falling
     /// back to a full restore when that cannot be used. CRIU's work
     /// directories are the shim's, outside the (read-only) snapshot.
-    pub(crate) async fn restore_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path, t: &mut Timing) -> Result<i32> {
+    ///
+    /// From a streamed checkout (`pages`), the daemon gets its pages from
+    /// the store's page server, and there is no full restore to fall back
+    /// to (the page images are not all local yet): a failure is the
+    /// resume's.
+    pub(crate) async fn restore_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path, pages: Option<PageSource<'_>>, t: &mut Timing) -> Result<i32> {
         let image = image.to_path_buf();
+        if let Some(pages) = pages {
+            let work = dir.work_dir(generation, id, "lazy");
+            let container_dir = image.file_name().and_then(|n| n.to_str()).ok_or_else(|| Error::FailedPrecondition(format!("image directory {image:?} has no name")))?;
+            let daemon = LazyDaemon::start_streamed(&image, &work, pages, container_dir).await?;
+            t.mark("lazy_pages_start");
+            let restored = self.tasks.restore(id, &RestoreFrom { image, work, lazy: true }).await;
+            t.mark("runc_restore");
+            return match restored {
+                Ok(pid) => {
+                    lock(&self.lazy).push(daemon.finish(self.lazy_stop.subscribe()));
+                    Ok(pid)
+                }
+                Err(e) => {
+                    daemon.kill();
+                    Err(e)
+                }
+            };
+        }
         if lazy_pages_enabled() {
             let work = dir.work_dir(generation, id, "lazy");
             let started = LazyDaemon::start(&image, &work).await;
@@ -324,7 +354,7 @@ impl Actor {
                     t.mark("runc_restore");
                     match restored {
                         Ok(pid) => {
-                            lock(&self.lazy).push(daemon.finish());
+                            lock(&self.lazy).push(daemon.finish(self.lazy_stop.subscribe()));
                             return Ok(pid);
                         }
                         Err(e) => {
@@ -342,6 +372,59 @@ impl Actor {
         restored
     }
 
+    /// Watches the streamed checkout `lease` the actor was just restored
+    /// from: once it is all local, the phases say when; when it fails, the
+    /// restored processes are stopped before their lazy-pages daemons (a
+    /// process whose daemon is gone would read zeros for its missing
+    /// pages) and the actor is SUSPENDED again, its snapshot intact in the
+    /// object tier, with the reason. Suspends wait for it like for the
+    /// daemons.
+    fn watch_stream(&self, lease: String) {
+        let me = self.clone();
+        lock(&self.lazy).push(tokio::spawn(async move {
+            match me.store.wait_stream(&lease).await {
+                Ok(done) => {
+                    info!(lease = lease.as_str(), ms = done.done_ms, ready_ms = done.ready_ms, first_page_ms = done.first_page_ms, bytes = done.fetched_bytes, chunks = done.chunks, pages_served = done.pages_served, pages_waited = done.pages_waited, working_set_chunks = done.working_set_chunks, "streamed checkout complete: the snapshot is local");
+                    let _ = me.update_if(|r| {
+                        for (name, ms) in [("stream.ready_at", done.ready_ms), ("stream.first_page_at", done.first_page_ms), ("stream.done_at", done.done_ms)] {
+                            r.last_resume_phases.retain(|p| p.name != name);
+                            r.last_resume_phases.push(Phase { name: name.to_string(), us: ms.saturating_mul(1000) });
+                        }
+                        None::<()>
+                    });
+                }
+                Err(e) => me.stream_failed(&lease, e).await,
+            }
+        }));
+    }
+
+    /// See [`Actor::watch_stream`].
+    async fn stream_failed(&self, lease: &str, why: Error) {
+        let why = why.context("streaming its memory from the object tier after the restore");
+        warn!(lease, "the restored actor is stopped and SUSPENDED again: {why}");
+        let rec = match self.record() {
+            Some(r) if r.state == Lifecycle::Running && r.leases.iter().any(|l| l == lease) => r,
+            _ => return,
+        };
+        for id in &rec.containers {
+            if !self.tasks.is_suspended(id) {
+                if let Err(e) = self.tasks.unrestore(id).await {
+                    warn!(actor = rec.actor.as_str(), container = id.as_str(), "stop of the restored container after a failed stream: {e}");
+                }
+            }
+        }
+        self.lazy_stop.send_modify(|n| *n += 1);
+        let _gate = self.gate.lock().await;
+        let saved = self.update(|r| {
+            r.state = Lifecycle::Suspended;
+            r.last_error = Some(why.to_string());
+        });
+        if let Err(e) = saved {
+            warn!(actor = rec.actor.as_str(), "SUSPENDED after a failed stream, but the record could not be saved: {e}");
+        }
+        self.rearm_held_ports();
+    }
+
     /// Waits until every lazy-pages daemon has served all its pages (a
     /// process with pages still missing cannot be dumped again).
     pub(crate) async fn wait_lazy_daemons(&self) {
@@ -355,6 +438,14 @@ impl Actor {
 /// Lazy-pages restore is on unless `TORPOR_LAZY_PAGES=0`.
 fn lazy_pages_enabled() -> bool {
     std::env::var("TORPOR_LAZY_PAGES").map(|v| v != "0").unwrap_or(true)
+}
+
+/// Where a streamed checkout's memory comes from: the store's page server
+/// and the checkout's lease.
+#[derive(Clone, Copy)]
+pub(crate) struct PageSource<'a> {
+    pub socket: &'a Path,
+    pub lease: &'a str,
 }
 
 /// How long a lazy-pages daemon may take to serve all of a restored
@@ -371,7 +462,6 @@ impl LazyDaemon {
     /// Starts the daemon and waits until it listens in `work`.
     async fn start(image: &Path, work: &Path) -> Result<LazyDaemon> {
         std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
-        let exit = reaper::subscribe();
         let mut cmd = std::process::Command::new("criu");
         cmd.arg("lazy-pages")
             .arg("--images-dir")
@@ -382,6 +472,12 @@ impl LazyDaemon {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
+        Self::spawn_and_wait(cmd, work).await
+    }
+
+    /// Spawns the daemon `cmd` and waits until it listens in `work`.
+    async fn spawn_and_wait(mut cmd: std::process::Command, work: &Path) -> Result<LazyDaemon> {
+        let exit = reaper::subscribe();
         reaper::tag(&mut cmd);
         let child = cmd.spawn().io_context(|| "spawn criu lazy-pages".into())?;
         let pid = child.id() as i32;
@@ -406,22 +502,93 @@ impl LazyDaemon {
         Err(Error::InvalidArgument("criu lazy-pages did not start listening".into()))
     }
 
+    /// Starts a daemon that gets its pages from the store's page server
+    /// (a streamed checkout): the connection is made and named here, then
+    /// handed to CRIU (`--page-server --ps-socket`).
+    async fn start_streamed(image: &Path, work: &Path, pages: PageSource<'_>, container_dir: &str) -> Result<LazyDaemon> {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
+        let refused = |why: String| Error::store(StoreErrorKind::Unavailable, format!("the store's page server ({}): {why}", pages.socket.display()));
+        let mut conn = tokio::net::UnixStream::connect(pages.socket).await.map_err(|e| refused(format!("connect: {e}")))?;
+        conn.write_all(format!("torpor-pages/1 {} {container_dir}\n", pages.lease).as_bytes()).await.map_err(|e| refused(format!("handshake: {e}")))?;
+        let mut line = String::new();
+        {
+            let mut rd = tokio::io::BufReader::new(&mut conn);
+            match tokio::time::timeout(std::time::Duration::from_secs(10), rd.read_line(&mut line)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => return Err(refused(format!("handshake: {e}"))),
+                Err(_) => return Err(refused("no answer to the handshake within 10 s".into())),
+            }
+        }
+        if line.trim_end() != "ok" {
+            return Err(refused(format!("refused: {}", line.trim_end())));
+        }
+        let conn = conn.into_std().io_context(|| "page server connection".into())?;
+        conn.set_nonblocking(false).io_context(|| "page server connection".into())?;
+        let fd = std::os::fd::OwnedFd::from(conn);
+        let mut cmd = std::process::Command::new("criu");
+        cmd.arg("lazy-pages")
+            .arg("--images-dir")
+            .arg(image)
+            .arg("--work-dir")
+            .arg(work)
+            .args(["--page-server", "--ps-socket", "3"])
+            .args(["--log-file", "lazy-pages.log"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        pass_fd_as_3(&mut cmd, fd);
+        Self::spawn_and_wait(cmd, work).await
+    }
+
     /// A task that ends when the daemon has served every page and exited,
-    /// or when it was killed at [`LAZY_DEADLINE`] (a daemon that never
-    /// exits would keep the next suspend waiting; the restored process
-    /// then faults on the pages it still lacks, which CRIU reports).
-    fn finish(mut self) -> tokio::task::JoinHandle<()> {
+    /// when it was killed at [`LAZY_DEADLINE`] (a daemon that never exits
+    /// would keep the next suspend waiting; the restored process then
+    /// faults on the pages it still lacks, which CRIU reports), or when
+    /// `stop` changes (its processes were stopped: a failed stream).
+    fn finish(mut self, mut stop: tokio::sync::watch::Receiver<u64>) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             let pid = self.pid;
-            if tokio::time::timeout(LAZY_DEADLINE, self.exit.wait_for(pid)).await.is_err() {
-                warn!(pid, deadline = ?LAZY_DEADLINE, "criu lazy-pages did not finish serving its pages in time: killed");
-                self.kill();
-                let _ = self.exit.wait_for(pid).await;
+            tokio::select! {
+                r = tokio::time::timeout(LAZY_DEADLINE, self.exit.wait_for(pid)) => {
+                    if r.is_ok() {
+                        return;
+                    }
+                    warn!(pid, deadline = ?LAZY_DEADLINE, "criu lazy-pages did not finish serving its pages in time: killed");
+                }
+                _ = stop.changed() => debug!(pid, "criu lazy-pages stopped: its processes were"),
             }
+            self.kill();
+            let _ = self.exit.wait_for(pid).await;
         })
     }
 
     fn kill(&self) {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// `fd` becomes fd 3 of the child `cmd` spawns (inherited: not
+/// close-on-exec there); the parent's copy is closed once it has spawned.
+fn pass_fd_as_3(cmd: &mut std::process::Command, fd: std::os::fd::OwnedFd) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let raw = fd.as_raw_fd();
+    // SAFETY: between fork and exec only async-signal-safe calls (dup2,
+    // fcntl) are made, on a descriptor that stays open until the child
+    // has spawned (`fd` is moved into the closure, dropped with `cmd`).
+    unsafe {
+        cmd.pre_exec(move || {
+            let _keep = &fd;
+            if raw == 3 {
+                let flags = libc::fcntl(3, libc::F_GETFD);
+                if flags < 0 || libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(raw, 3) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }

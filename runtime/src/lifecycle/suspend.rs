@@ -400,7 +400,7 @@ impl Actor {
         let Some(e) = failure else { return Ok(()) };
         // Roll back: restore what was dumped, thaw what was only frozen.
         for (id, image) in &dumped {
-            if let Err(re) = self.restore_one(dir, generation, id, image, &mut Timing::start()).await {
+            if let Err(re) = self.restore_one(dir, generation, id, image, None, &mut Timing::start()).await {
                 warn!(container = id.as_str(), "rollback restore after a failed suspend: {re}");
             }
         }

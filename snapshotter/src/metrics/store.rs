@@ -115,6 +115,9 @@ pub fn error_kind(e: &Error) -> &'static str {
         Error::Db { .. } | Error::DbRecord { .. } => "db",
         e @ Error::Remote { .. } if e.is_remote_unavailable() => "remote_unavailable",
         Error::Remote { .. } | Error::Inconsistent { .. } => "remote",
+        Error::Stalled { .. } => "remote_unavailable",
+        Error::StreamFailed { corrupt: true, .. } => "corrupt",
+        Error::StreamFailed { .. } => "remote_unavailable",
         Error::SweepIncomplete(_) => "sweep",
         Error::FetchFailed { source, .. } | Error::UploadFailed { source, .. } => match error_kind(source) {
             k @ ("corrupt" | "remote_unavailable" | "lease_lost" | "unknown_key") => k,

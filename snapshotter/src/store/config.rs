@@ -99,6 +99,11 @@ pub struct StoreConfig {
     pub upload_concurrency: usize,
     /// Chunk GETs in flight per fetch.
     pub fetch_concurrency: usize,
+    /// A streamed checkout (memory served while it is fetched) fails when
+    /// one chunk GET gets no complete answer within this long: the restored
+    /// process is then stopped and the actor stays suspended, rather than
+    /// wait on a stalled object tier.
+    pub stream_stall_timeout: Duration,
     /// How long a committed snapshot stays local-only before it is uploaded
     /// (unless the commit says otherwise, or disk pressure, or on demand).
     pub default_keep_local: Duration,
@@ -169,6 +174,7 @@ impl StoreConfig {
             remote_retry_timeout: Duration::from_secs(30),
             upload_concurrency: 8,
             fetch_concurrency: 16,
+            stream_stall_timeout: Duration::from_secs(10),
             default_keep_local: Duration::from_secs(300),
             retry: RetryConfig::default(),
             chunking: ChunkingConfig::default(),
@@ -191,6 +197,9 @@ impl StoreConfig {
         }
         if self.upload_concurrency == 0 || self.upload_concurrency > 256 {
             return bad(format!("upload_concurrency {} must be in 1..=256", self.upload_concurrency));
+        }
+        if self.stream_stall_timeout.is_zero() {
+            return bad("stream_stall_timeout must be more than 0".to_string());
         }
         if self.fetch_concurrency == 0 || self.fetch_concurrency > 256 {
             return bad(format!("fetch_concurrency {} must be in 1..=256", self.fetch_concurrency));
@@ -219,6 +228,7 @@ impl StoreConfig {
             ("scan_interval", self.scan_interval),
             ("remote_retry_timeout", self.remote_retry_timeout),
             ("commit_wait", self.commit_wait),
+            ("stream_stall_timeout", self.stream_stall_timeout),
         ] {
             if d > MAX_DURATION {
                 return bad(format!("{name} {d:?} is longer than 3650 days"));

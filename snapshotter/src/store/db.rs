@@ -27,6 +27,9 @@ pub const LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("leases");
 /// actor → JSON [`super::actor_lease::Held`]: actor leases this node holds
 /// in the object tier (renewed by the daemon, also after a restart).
 pub const ACTOR_LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("actor_leases");
+/// actor → JSON list of [`super::stream::WsPage`]: the pages its last
+/// streamed resume faulted on first (fetched first by the next one).
+pub const WORKING_SETS: TableDefinition<&str, &[u8]> = TableDefinition::new("working_sets");
 /// store-wide facts: "format", "remote_url".
 pub const META: TableDefinition<&str, &str> = TableDefinition::new("meta");
 
@@ -121,6 +124,7 @@ pub fn open(path: &Path) -> Result<Database> {
         tx.open_table(LEASES).map_err(|e| Error::db("open table", e))?;
         tx.open_table(META).map_err(|e| Error::db("open table", e))?;
         tx.open_table(ACTOR_LEASES).map_err(|e| Error::db("open table", e))?;
+        tx.open_table(WORKING_SETS).map_err(|e| Error::db("open table", e))?;
     }
     tx.commit().map_err(|e| Error::db("commit", e))?;
     Ok(db)
@@ -325,4 +329,24 @@ pub fn actor_leases(db: &Database) -> Result<Vec<super::actor_lease::Held>> {
         out.push(decode("list actor leases", k.value(), v.value())?);
     }
     Ok(out)
+}
+
+/// The working set recorded for `actor` (empty if none).
+pub fn working_set(db: &Database, actor: &ActorName) -> Result<Vec<super::stream::WsPage>> {
+    let tx = db.begin_read().map_err(|e| Error::db("begin read", e))?;
+    let t = tx.open_table(WORKING_SETS).map_err(|e| Error::db("open table", e))?;
+    match t.get(actor.as_str()).map_err(|e| Error::db("get working set", e))? {
+        Some(v) => decode("read working set", actor.as_str(), v.value()),
+        None => Ok(Vec::new()),
+    }
+}
+
+/// Records `actor`'s working set (replacing the one before).
+pub fn put_working_set(db: &Database, actor: &ActorName, pages: &[super::stream::WsPage]) -> Result<()> {
+    let tx = Tx::begin(db)?;
+    {
+        let mut t = tx.0.open_table(WORKING_SETS).map_err(|e| Error::db("open table", e))?;
+        t.insert(actor.as_str(), encode(&pages)?.as_slice()).map_err(|e| Error::db("insert working set", e))?;
+    }
+    tx.commit()
 }

@@ -100,12 +100,22 @@ pub enum Error {
     #[error("chunk sweep incomplete: {0}")]
     SweepIncomplete(String),
 
+    /// An object tier request that got no answer in time (a stalled server).
+    #[error("object tier {op} {path}: no answer within {after:?}")]
+    Stalled { op: &'static str, path: String, after: std::time::Duration },
+
     #[error("fetch of snapshot {id} from the object tier failed: {source}")]
     FetchFailed {
         id: SnapshotId,
         #[source]
         source: Box<Error>,
     },
+
+    /// A streamed checkout could not get all its chunks (the snapshot is
+    /// intact in the object tier). `corrupt`: a chunk failed verification;
+    /// otherwise the object tier was unreachable, stalled or failing.
+    #[error("streamed fetch of snapshot {id} from the object tier failed: {why}")]
+    StreamFailed { id: SnapshotId, why: String, corrupt: bool },
 
     #[error("upload of snapshot {id} failed (it stays local and queued): {source}")]
     UploadFailed {
@@ -151,6 +161,8 @@ impl Error {
                     | object_store::Error::InvalidPath { .. }
                     | object_store::Error::NotSupported { .. }
             ),
+            Error::Stalled { .. } => true,
+            Error::StreamFailed { corrupt, .. } => !corrupt,
             Error::FetchFailed { source, .. } | Error::UploadFailed { source, .. } => source.is_remote_unavailable(),
             _ => false,
         }

@@ -283,6 +283,7 @@ impl Store {
 
     /// Drop a pin taken by [`Store::checkout`].
     pub async fn release(&self, lease: &str) -> Result<()> {
+        lock(&self.streams).remove(lease);
         let view = lock(&self.views).remove(lease);
         if let Some(view) = view {
             let trash = self.paths.trash.clone();

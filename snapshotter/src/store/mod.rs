@@ -35,11 +35,13 @@ mod fetch;
 pub mod id;
 mod local;
 pub mod manifest;
+mod pagemap;
 mod pin;
 mod recovery;
 pub mod remote;
 mod retention;
 mod stats;
+pub mod stream;
 mod sweep;
 mod upload;
 mod worker;
@@ -129,7 +131,7 @@ pub struct Checkout {
 struct KeyLock {
     /// Shared: reading the local copy (checkout of a local copy, upload).
     /// Exclusive: creating or deleting it (fetch, evict, remove).
-    files: tokio::sync::RwLock<()>,
+    files: Arc<tokio::sync::RwLock<()>>,
     /// One upload of a snapshot at a time.
     upload: tokio::sync::Mutex<()>,
 }
@@ -159,6 +161,8 @@ pub struct Store {
     pins: Mutex<HashMap<String, pin::PinState>>,
     /// lease → view directory of a staging ([`Store::view_staging`]).
     views: Mutex<HashMap<String, PathBuf>>,
+    /// lease → its streamed checkout ([`Store::checkout_streamed`]).
+    streams: Mutex<HashMap<String, Arc<stream::Stream>>>,
     /// Stagings committed since the daemon started → their snapshot (a
     /// second commit of one answers what the first made).
     committed: Mutex<HashMap<String, SnapshotId>>,
@@ -245,6 +249,7 @@ impl Store {
             stagings: Mutex::new(HashMap::new()),
             placing: Arc::new(Mutex::new(())),
             views: Mutex::new(HashMap::new()),
+            streams: Mutex::new(HashMap::new()),
             pins: Mutex::new(HashMap::new()),
             committed: Mutex::new(HashMap::new()),
             commit_done: Notify::new(),

@@ -1,0 +1,777 @@
+//! Streamed checkouts: a snapshot that is only in the object tier is
+//! restored before its last byte arrives.
+//!
+//! [`Store::checkout_streamed`] fetches what the restore reads itself:
+//! every file but the tasks' page images, then the runs of those page
+//! images that are not lazy ([`super::pagemap`]). It then returns a
+//! checkout whose page images are still partly holes, and the rest keeps
+//! coming in the background, the actor's recorded *working set* first
+//! (the pages its last streamed resume touched in its first moments).
+//! CRIU's lazy-pages daemon asks the node daemon's page server
+//! (`crate::page_server`) for the pages the restored process faults on;
+//! the page server asks [`Stream::want`] for the chunks that hold them,
+//! which jump the queue. Every chunk is verified (digest and, sealed,
+//! AEAD) before a byte of it is written, so nothing unverified reaches a
+//! process.
+//!
+//! When all chunks are in, the copy is finished like a fetch (modes,
+//! fsync, manifest) and renamed into place: the snapshot is local. A chunk
+//! that cannot be had (the object tier down, stalled past
+//! `stream_stall_timeout`, or answering corrupt data) fails the stream:
+//! [`Store::wait_stream`] says why, the partial copy is removed and the
+//! snapshot stays in the object tier, intact. The shim then stops the
+//! restored processes and the actor is SUSPENDED again.
+
+use std::collections::HashMap;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use super::crypto::Key;
+use super::db::{self, LocalState, Tx};
+use super::error::{Error, Result};
+use super::id::{ActorName, SnapshotId};
+use super::manifest::{EntryKind, Manifest, MANIFEST_FILE};
+use super::pagemap::{Pagemap, PAGE_SIZE};
+use super::remote::ChunkName;
+use super::{blocking, chunk, local, lock, random_id, Checkout, Store};
+
+/// Pages faulted on within this long after the first one form the working
+/// set the next streamed resume fetches first.
+pub const WORKING_SET_WINDOW: Duration = Duration::from_secs(1);
+
+/// At most this many working-set pages are kept per actor.
+pub const MAX_WORKING_SET: usize = 16_384;
+
+/// A page of an actor's working set: `pid`'s page at `vaddr` in the
+/// images of container directory `dir`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct WsPage {
+    pub dir: String,
+    pub pid: u32,
+    pub vaddr: u64,
+}
+
+/// What a stream did, once it ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamSummary {
+    /// Bytes of chunk objects fetched (compressed, sealed).
+    pub fetched_bytes: u64,
+    pub chunks: u64,
+    /// Fetched before the restore could start (metadata, eager pages).
+    pub chunks_before_restore: u64,
+    /// Milliseconds from the checkout's start: the manifest read, the
+    /// checkout answered (the restore starts), the first page served, the
+    /// last chunk in.
+    pub manifest_ms: u64,
+    pub ready_ms: u64,
+    pub first_page_ms: Option<u64>,
+    pub done_ms: u64,
+    /// Pages the page server served, and of them those whose chunk was
+    /// not in yet when asked (a fault that waited on the object tier).
+    pub pages_served: u64,
+    pub pages_waited: u64,
+    /// Working-set chunks fetched first, and pages recorded for the next resume.
+    pub working_set_chunks: u64,
+    pub working_set_recorded: u64,
+}
+
+#[derive(Clone, Debug)]
+enum Outcome {
+    Running,
+    Done(StreamSummary),
+    /// Why, and whether a chunk was corrupt.
+    Failed(String, bool),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Slot {
+    Absent,
+    Fetching,
+    Done,
+}
+
+struct ChunkSlot {
+    digest: String,
+    size: u32,
+    /// (manifest entry, offset) of every place the chunk's bytes go.
+    places: Vec<(usize, u64)>,
+}
+
+/// One streamed checkout (see the module doc).
+pub struct Stream {
+    /// The checkout's lease (set once the lease is taken).
+    lease: std::sync::OnceLock<String>,
+    pub id: SnapshotId,
+    /// Where its files are being written (the checkout's path).
+    pub root: PathBuf,
+    key: Option<Arc<Key>>,
+    /// Relative path → manifest entry.
+    entries: HashMap<String, usize>,
+    files: Vec<Option<Arc<std::fs::File>>>,
+    /// Per manifest entry: its chunks as (offset, size, chunk), by offset.
+    layout: Vec<Vec<(u64, u32, usize)>>,
+    chunks: Vec<ChunkSlot>,
+    slots: Mutex<Vec<Slot>>,
+    /// Bumped when a chunk is in or the stream ends.
+    changed: watch::Sender<u64>,
+    outcome: Mutex<Outcome>,
+    /// (container dir, pid) → its page map (read once the maps are in).
+    pagemaps: std::sync::OnceLock<HashMap<(String, u32), Pagemap>>,
+    started: Instant,
+    /// Bytes of files written so far, of `total` (the transfer's progress).
+    written: std::sync::atomic::AtomicU64,
+    total: u64,
+    stats: Mutex<StreamSummary>,
+    first_fault: Mutex<Option<Instant>>,
+    working_set: Mutex<Vec<WsPage>>,
+    store: std::sync::Weak<Store>,
+}
+
+/// Where the page server finds `nr` pages of a task: the pages file (a
+/// manifest entry), the byte offset, the pages it can serve from there.
+#[derive(Clone, Copy, Debug)]
+pub struct PageSpan {
+    entry: usize,
+    pub offset: u64,
+    pub pages: u64,
+}
+
+impl Stream {
+    pub fn lease(&self) -> &str {
+        self.lease.get().map_or("", |l| l.as_str())
+    }
+
+    fn pagemaps(&self) -> impl Iterator<Item = (&(String, u32), &Pagemap)> {
+        self.pagemaps.get().into_iter().flatten()
+    }
+
+    /// The bytes of `span`, once every chunk under them is in (asked for
+    /// first if not): `Err` with the reason when the stream failed.
+    pub async fn read(self: &Arc<Self>, span: PageSpan) -> std::result::Result<Vec<u8>, String> {
+        let len = span.pages * PAGE_SIZE;
+        let wanted = self.chunks_under(span.entry, span.offset, len);
+        let waited = self.want(&wanted);
+        self.wait_for(&wanted).await?;
+        {
+            let mut st = lock(&self.stats);
+            st.pages_served += span.pages;
+            if waited {
+                st.pages_waited += span.pages;
+            }
+            if st.first_page_ms.is_none() {
+                st.first_page_ms = Some(self.started.elapsed().as_millis() as u64);
+            }
+        }
+        let f = self.files.get(span.entry).and_then(|f| f.clone()).ok_or("page read of a directory")?;
+        let off = span.offset;
+        tokio::task::spawn_blocking(move || {
+            let mut buf = vec![0u8; len as usize];
+            f.read_exact_at(&mut buf, off).map(|_| buf).map_err(|e| format!("read of {len} bytes at {off} of the pages file: {e}"))
+        })
+        .await
+        .map_err(|e| format!("page read task: {e}"))?
+    }
+
+    /// Where `nr` pages of task `pid` from `vaddr` are, in the images of
+    /// container directory `dir`. `Err` names what is wrong.
+    pub fn locate(&self, dir: &str, pid: u32, vaddr: u64, nr: u64) -> std::result::Result<PageSpan, String> {
+        let pm = self.pagemaps.get().and_then(|m| m.get(&(dir.to_string(), pid))).ok_or_else(|| format!("no page map of task {pid} in {dir:?}"))?;
+        let (offset, pages) = pm.locate(vaddr, nr).ok_or_else(|| format!("task {pid} has no saved page at {vaddr:#x}"))?;
+        let path = format!("{dir}/pages-{}.img", pm.pages_id);
+        let entry = *self.entries.get(&path).ok_or_else(|| format!("{path} is not in the snapshot"))?;
+        Ok(PageSpan { entry, offset, pages })
+    }
+
+    /// A page the restored process faulted on (`nr` 1: CRIU's lazy-pages
+    /// daemon asks for single pages on faults, larger runs in the
+    /// background): kept for the working set while within its window.
+    pub fn note_request(&self, dir: &str, pid: u32, vaddr: u64, nr: u64) {
+        if nr != 1 {
+            return;
+        }
+        let now = Instant::now();
+        let first = *lock(&self.first_fault).get_or_insert(now);
+        if now.duration_since(first) > WORKING_SET_WINDOW {
+            return;
+        }
+        let mut ws = lock(&self.working_set);
+        if ws.len() < MAX_WORKING_SET {
+            ws.push(WsPage { dir: dir.to_string(), pid, vaddr });
+        }
+    }
+
+    /// Fails the stream for a reason found outside it (a page request the
+    /// snapshot cannot answer).
+    pub fn abandon(&self, why: String) {
+        self.fail(why);
+    }
+
+    /// The reason it failed, if it did.
+    pub fn failure(&self) -> Option<String> {
+        match &*lock(&self.outcome) {
+            Outcome::Failed(why, _) => Some(why.clone()),
+            _ => None,
+        }
+    }
+
+    /// Waits until the stream has ended.
+    pub async fn wait(&self) -> Result<StreamSummary> {
+        let mut rx = self.changed.subscribe();
+        loop {
+            match &*lock(&self.outcome) {
+                Outcome::Done(s) => return Ok(s.clone()),
+                Outcome::Failed(why, corrupt) => return Err(Error::StreamFailed { id: self.id.clone(), why: why.clone(), corrupt: *corrupt }),
+                Outcome::Running => {}
+            }
+            if rx.changed().await.is_err() {
+                return Err(Error::Internal("the stream was dropped".into()));
+            }
+        }
+    }
+
+    fn chunks_under(&self, entry: usize, offset: u64, len: u64) -> Vec<usize> {
+        let Some(l) = self.layout.get(entry) else { return Vec::new() };
+        let first = l.partition_point(|(o, size, _)| o + *size as u64 <= offset);
+        l[first..].iter().take_while(|(o, _, _)| *o < offset + len).map(|(_, _, c)| *c).collect()
+    }
+
+    /// Starts fetching those of `wanted` nobody fetches yet, ahead of the
+    /// background; whether any of them was not in yet.
+    fn want(self: &Arc<Self>, wanted: &[usize]) -> bool {
+        let mut missing = false;
+        let mut start = Vec::new();
+        {
+            let mut slots = lock(&self.slots);
+            for &c in wanted {
+                match slots[c] {
+                    Slot::Done => {}
+                    Slot::Fetching => missing = true,
+                    Slot::Absent => {
+                        slots[c] = Slot::Fetching;
+                        missing = true;
+                        start.push(c);
+                    }
+                }
+            }
+        }
+        if let Some(store) = self.store.upgrade() {
+            for c in start {
+                let (store, s) = (store.clone(), self.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = store.stream_chunk(&s, c).await {
+                        s.fail_with(&e);
+                    }
+                });
+            }
+        }
+        missing
+    }
+
+    /// Claims chunk `c` for the background; false if it is taken or in.
+    fn claim(&self, c: usize) -> bool {
+        let mut slots = lock(&self.slots);
+        if slots[c] == Slot::Absent {
+            slots[c] = Slot::Fetching;
+            return true;
+        }
+        false
+    }
+
+    async fn wait_for(&self, wanted: &[usize]) -> std::result::Result<(), String> {
+        let mut rx = self.changed.subscribe();
+        loop {
+            if let Some(why) = self.failure() {
+                return Err(why);
+            }
+            if wanted.iter().all(|c| lock(&self.slots)[*c] == Slot::Done) {
+                return Ok(());
+            }
+            if rx.changed().await.is_err() {
+                return Err("the stream was dropped".into());
+            }
+        }
+    }
+
+    /// (bytes written, bytes in all) while it runs; `None` once it ended.
+    pub fn progress(&self) -> Option<(u64, u64)> {
+        matches!(*lock(&self.outcome), Outcome::Running).then(|| (self.written.load(std::sync::atomic::Ordering::Relaxed), self.total))
+    }
+
+    fn done(&self, c: usize, fetched: u64) {
+        let slot = &self.chunks[c];
+        self.written.fetch_add(slot.size as u64 * slot.places.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        lock(&self.slots)[c] = Slot::Done;
+        {
+            let mut st = lock(&self.stats);
+            st.fetched_bytes += fetched;
+            st.chunks += 1;
+        }
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Ends the stream as failed (the first reason wins).
+    fn fail(&self, why: String) {
+        self.failed(why, false);
+    }
+
+    fn fail_with(&self, e: &Error) {
+        let corrupt = matches!(e, Error::Corrupt { .. });
+        self.failed(e.to_string(), corrupt);
+    }
+
+    fn failed(&self, why: String, corrupt: bool) {
+        {
+            let mut o = lock(&self.outcome);
+            if !matches!(*o, Outcome::Running) {
+                return;
+            }
+            warn!(snapshot = %self.id, lease = self.lease(), "streamed checkout failed: {why}");
+            *o = Outcome::Failed(why, corrupt);
+        }
+        self.changed.send_modify(|n| *n += 1);
+    }
+}
+
+/// Test-only (`failpoints` builds): while `$TORPOR_FAILPOINTS_DIR/snapshotter`
+/// says `stream-hold`, a stream's background part waits (pages asked for
+/// are still fetched): a stream that is still under way when a test
+/// breaks the object tier.
+#[cfg(feature = "failpoints")]
+async fn background_held() {
+    let Some(dir) = std::env::var_os("TORPOR_FAILPOINTS_DIR") else { return };
+    let armed = Path::new(&dir).join("snapshotter");
+    while std::fs::read_to_string(&armed).is_ok_and(|s| s.trim() == "stream-hold") {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[cfg(not(feature = "failpoints"))]
+async fn background_held() {}
+
+/// `<dir>/pagemap-<pid>.img` (a task's page map, not a shared-memory one).
+fn task_pagemap(path: &str) -> Option<(String, u32)> {
+    let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+    let pid = name.strip_prefix("pagemap-")?.strip_suffix(".img")?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((dir.to_string(), pid.parse().ok()?))
+}
+
+fn is_pages_file(path: &str) -> bool {
+    let name = path.rsplit_once('/').map_or(path, |(_, n)| n);
+    name.starts_with("pages-") && name.ends_with(".img")
+}
+
+impl Store {
+    /// A checkout of `id` that may answer before the snapshot is local:
+    /// like [`Store::checkout`] when there is a local copy; otherwise
+    /// fetched as a [`Stream`] (see the module doc), which is returned too.
+    pub async fn checkout_streamed(self: &Arc<Self>, id: &SnapshotId) -> Result<(Checkout, Option<Arc<Stream>>)> {
+        self.record_or_import(id).await?;
+        let kl = self.key_lock(id);
+        {
+            let _shared = kl.files.read().await;
+            let rec = db::record(&self.db, id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
+            if rec.removing {
+                return Err(Error::NotFound(id.clone()));
+            }
+            if rec.local == LocalState::Present {
+                return Ok((self.pin_local(rec, None).await?, None));
+            }
+        }
+        let excl = kl.files.clone().write_owned().await;
+        let rec = db::record(&self.db, id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
+        if rec.removing {
+            return Err(Error::NotFound(id.clone()));
+        }
+        match rec.local {
+            LocalState::Present => Ok((self.pin_local(rec, None).await?, None)),
+            LocalState::Absent => {
+                let staging_id = random_id();
+                let staging = self.paths.staging.join(&staging_id);
+                {
+                    let tx = Tx::begin(&self.db)?;
+                    let mut r = rec.clone();
+                    r.local = LocalState::Fetching { staging: staging_id };
+                    tx.put(&r)?;
+                    tx.commit()?;
+                }
+                match self.start_stream(&rec.id(), rec.key_id.as_deref(), &rec.manifest_digest, &staging).await {
+                    Ok((stream, pin)) => {
+                        let lease = stream.lease().to_string();
+                        lock(&self.streams).insert(lease.clone(), stream.clone());
+                        let info = self.info(&db::record(&self.db, id)?.ok_or_else(|| Error::NotFound(id.clone()))?)?;
+                        let store = self.clone();
+                        let s = stream.clone();
+                        tokio::spawn(async move {
+                            let _excl = excl;
+                            store.finish_stream(&s, &pin).await;
+                        });
+                        Ok((Checkout { info, path: staging, lease, fetched: true, verified_bytes: 0 }, Some(stream)))
+                    }
+                    Err((e, pin)) => {
+                        if let Some(pin) = pin {
+                            self.drop_pin(&pin).await;
+                        }
+                        self.stream_discarded(id, &staging);
+                        warn!(snapshot = %id, error = %e, "streamed fetch failed before the restore");
+                        Err(match e {
+                            e @ (Error::Corrupt { .. } | Error::NotFound(_) | Error::UnknownKey { .. }) => e,
+                            other => Error::FetchFailed { id: id.clone(), source: Box::new(other) },
+                        })
+                    }
+                }
+            }
+            ref other => Err(Error::Internal(format!("snapshot {id} is in local state {other:?} outside any operation"))),
+        }
+    }
+
+    /// Streams under way: (snapshot, bytes written, bytes in all).
+    pub fn streams_under_way(&self) -> Vec<(SnapshotId, u64, u64)> {
+        lock(&self.streams).values().filter_map(|s| s.progress().map(|(d, t)| (s.id.clone(), d, t))).collect()
+    }
+
+    /// The stream of checkout `lease`, while it is known.
+    pub fn stream(&self, lease: &str) -> Option<Arc<Stream>> {
+        lock(&self.streams).get(lease).cloned()
+    }
+
+    /// Waits until the stream of checkout `lease` ended: what it did, or
+    /// why it failed (the snapshot is then still in the object tier).
+    pub async fn wait_stream(&self, lease: &str) -> Result<StreamSummary> {
+        let s = self.stream(lease).ok_or_else(|| Error::LeaseNotFound(lease.to_string()))?;
+        s.wait().await
+    }
+
+    /// The working set recorded for `actor` (empty if none).
+    pub fn working_set(&self, actor: &ActorName) -> Result<Vec<WsPage>> {
+        db::working_set(&self.db, actor)
+    }
+
+    /// Up to the point where the restore can start: the manifest and its
+    /// pin, then the metadata images and the eager page runs, all in and
+    /// verified. Returns the pin with the error once it was written.
+    async fn start_stream(self: &Arc<Self>, id: &SnapshotId, key_id: Option<&str>, digest: &str, staging: &Path) -> std::result::Result<(Arc<Stream>, String), (Error, Option<String>)> {
+        let started = Instant::now();
+        let mpath = self.remote.manifest_path(id);
+        let bytes = match self.remote.get_manifest(id).await {
+            Ok(Some(b)) => b,
+            Ok(None) => return Err((Error::Corrupt { id: id.clone(), what: format!("manifest missing from the object tier at {mpath}") }, None)),
+            Err(e) => return Err((e, None)),
+        };
+        let (bytes, key) = self.open_for_restore(id, &bytes).map_err(|e| (e, None))?;
+        if let Some(was) = key_id {
+            if key.as_ref().map(|k| k.id()) != Some(was) {
+                return Err((Error::Corrupt { id: id.clone(), what: format!("uploaded sealed under key {was:?}, the object tier's manifest ({mpath}) is not") }, None));
+            }
+        }
+        let m = self.check_manifest(id, &bytes, digest, "object tier").map_err(|e| (e, None))?;
+        let manifest_ms = started.elapsed().as_millis() as u64;
+        let names: Vec<ChunkName> = m.unique_chunks().into_iter().map(|c| ChunkName::of(key.as_deref(), &c.digest)).collect();
+        let pin = self.write_pin(id, key.as_ref(), &names).await.map_err(|e| (e, None))?;
+        let with_pin = |e: Error| (e, Some(pin.clone()));
+        match self.remote.manifest_exists(id).await {
+            Ok(true) => {}
+            Ok(false) => return Err(with_pin(Error::NotFound(id.clone()))),
+            Err(e) => return Err(with_pin(e)),
+        }
+        let stream = self.open_stream(id, staging, &m, key, started).await.map_err(with_pin)?;
+        lock(&stream.stats).manifest_ms = manifest_ms;
+        // 1. Everything but the page images (CRIU's metadata, the seal).
+        let meta: Vec<usize> = m
+            .entries
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.kind == EntryKind::File && !is_pages_file(&e.path))
+            .flat_map(|(i, _)| stream.layout[i].iter().map(|(_, _, c)| *c))
+            .collect();
+        self.stream_chunks(&stream, meta).await.map_err(with_pin)?;
+        // 2. The page maps, then the page runs the restore reads itself
+        //    (not lazy), and the page images no task map names (shared
+        //    memory): whole.
+        self.read_pagemaps(&stream, &m).map_err(with_pin)?;
+        let mut eager = Vec::new();
+        let mut named = std::collections::HashSet::new();
+        for ((dir, _), pm) in stream.pagemaps() {
+            let path = format!("{dir}/pages-{}.img", pm.pages_id);
+            let Some(&entry) = stream.entries.get(&path) else { continue };
+            named.insert(entry);
+            for (start, end) in pm.eager_ranges() {
+                eager.extend(stream.chunks_under(entry, start, end - start));
+            }
+        }
+        for (i, e) in m.entries.iter().enumerate() {
+            if e.kind == EntryKind::File && is_pages_file(&e.path) && !named.contains(&i) {
+                eager.extend(stream.layout[i].iter().map(|(_, _, c)| *c));
+            }
+        }
+        self.stream_chunks(&stream, eager).await.map_err(with_pin)?;
+        let lease = self.add_lease(id, None, Some(pin.clone())).map_err(with_pin)?;
+        let _ = stream.lease.set(lease);
+        {
+            let mut st = lock(&stream.stats);
+            st.chunks_before_restore = st.chunks;
+            st.ready_ms = started.elapsed().as_millis() as u64;
+        }
+        info!(snapshot = %id, ms = started.elapsed().as_millis() as u64, chunks = lock(&stream.stats).chunks, of = stream.chunks.len(), "streamed checkout ready: the restore can start");
+        Ok((stream, pin))
+    }
+
+    /// The stream's tables and its skeleton of sparse files.
+    async fn open_stream(self: &Arc<Self>, id: &SnapshotId, staging: &Path, m: &Manifest, key: Option<Arc<Key>>, started: Instant) -> Result<Arc<Stream>> {
+        local::create_private_dir(staging).map_err(|e| Error::io("create fetch staging", staging, e))?;
+        let (root, m2) = (staging.to_path_buf(), m.clone());
+        let paths = blocking(move || local::materialize_skeleton(&root, &m2)).await?;
+        let mut files = Vec::with_capacity(paths.len());
+        let mut layout = Vec::with_capacity(paths.len());
+        let mut entries = HashMap::new();
+        let mut chunks: Vec<ChunkSlot> = Vec::new();
+        let mut by_digest: HashMap<String, usize> = HashMap::new();
+        for (i, e) in m.entries.iter().enumerate() {
+            entries.insert(e.path.clone(), i);
+            let mut l = Vec::new();
+            if e.kind == EntryKind::File {
+                let f = std::fs::OpenOptions::new().read(true).write(true).open(&paths[i]).map_err(|err| Error::io("open", &paths[i], err))?;
+                files.push(Some(Arc::new(f)));
+                let mut off = 0u64;
+                for c in &e.chunks {
+                    let n = *by_digest.entry(c.digest.clone()).or_insert_with(|| {
+                        chunks.push(ChunkSlot { digest: c.digest.clone(), size: c.size, places: Vec::new() });
+                        chunks.len() - 1
+                    });
+                    chunks[n].places.push((i, off));
+                    l.push((off, c.size, n));
+                    off += c.size as u64;
+                }
+            } else {
+                files.push(None);
+            }
+            layout.push(l);
+        }
+        let n = chunks.len();
+        Ok(Arc::new(Stream {
+            lease: std::sync::OnceLock::new(),
+            id: id.clone(),
+            root: staging.to_path_buf(),
+            key,
+            entries,
+            files,
+            layout,
+            chunks,
+            slots: Mutex::new(vec![Slot::Absent; n]),
+            changed: watch::channel(0).0,
+            outcome: Mutex::new(Outcome::Running),
+            pagemaps: std::sync::OnceLock::new(),
+            started,
+            written: 0.into(),
+            total: m.logical_bytes,
+            stats: Mutex::new(StreamSummary::default()),
+            first_fault: Mutex::new(None),
+            working_set: Mutex::new(Vec::new()),
+            store: Arc::downgrade(self),
+        }))
+    }
+
+    /// Reads and checks every task's page map (already in).
+    fn read_pagemaps(&self, s: &Stream, m: &Manifest) -> Result<()> {
+        let corrupt = |what: String| Error::Corrupt { id: s.id.clone(), what };
+        let mut maps = HashMap::new();
+        for e in &m.entries {
+            let Some((dir, pid)) = task_pagemap(&e.path) else { continue };
+            let p = s.root.join(&e.path);
+            let img = std::fs::read(&p).map_err(|err| Error::io("read page map", &p, err))?;
+            // The pages file's size bounds the map's runs; a map naming a
+            // pages file the snapshot does not have is refused.
+            let probe = Pagemap::parse(&img, u64::MAX).map_err(|what| corrupt(format!("{}: {what}", e.path)))?;
+            let pages = format!("{dir}/pages-{}.img", probe.pages_id);
+            let size = m
+                .entries
+                .iter()
+                .find(|x| x.path == pages)
+                .map(|x| x.size)
+                .ok_or_else(|| corrupt(format!("{} names {pages}, which the snapshot does not have", e.path)))?;
+            let pm = Pagemap::parse(&img, size).map_err(|what| corrupt(format!("{}: {what}", e.path)))?;
+            maps.insert((dir, pid), pm);
+        }
+        let _ = s.pagemaps.set(maps);
+        Ok(())
+    }
+
+    /// Fetches `wanted` (those nobody fetches yet), `fetch_concurrency` at
+    /// a time, and waits for all of them.
+    async fn stream_chunks(self: &Arc<Self>, s: &Arc<Stream>, wanted: Vec<usize>) -> Result<()> {
+        let claimed: Vec<usize> = wanted.iter().copied().filter(|c| s.claim(*c)).collect();
+        let mut fetches = futures::stream::iter(claimed.into_iter().map(|c| self.stream_chunk(s, c))).buffer_unordered(self.cfg.fetch_concurrency);
+        while let Some(r) = fetches.next().await {
+            if let Err(e) = r {
+                s.fail_with(&e);
+                return Err(e);
+            }
+        }
+        drop(fetches);
+        s.wait_for(&wanted).await.map_err(|why| Error::StreamFailed { id: s.id.clone(), why, corrupt: false })
+    }
+
+    /// GETs chunk `c` (bounded by `stream_stall_timeout`), verifies it and
+    /// writes it into its places; the chunk object's size.
+    async fn stream_chunk(&self, s: &Stream, c: usize) -> Result<u64> {
+        let slot = &s.chunks[c];
+        let name = ChunkName::of(s.key.as_deref(), &slot.digest);
+        let path = self.remote.chunk_path(&name);
+        let after = self.cfg.stream_stall_timeout;
+        let object = match tokio::time::timeout(after, self.remote.get_chunk(&name)).await {
+            Err(_) => return Err(Error::Stalled { op: "get chunk", path: path.to_string(), after }),
+            Ok(Err(Error::Remote { source, .. })) if matches!(*source, object_store::Error::NotFound { .. }) => {
+                return Err(Error::Corrupt { id: s.id.clone(), what: format!("chunk sha256:{} is missing from the object tier ({path})", slot.digest) })
+            }
+            Ok(r) => r?,
+        };
+        let fetched = object.len() as u64;
+        let data = match &s.key {
+            None => chunk::decode(&object, &slot.digest, slot.size),
+            Some(k) => chunk::decode_sealed(&object, &slot.digest, slot.size, k, name.hex()),
+        }
+        .map_err(|what| Error::Corrupt { id: s.id.clone(), what: format!("chunk sha256:{} in the object tier ({path}): {what}", slot.digest) })?;
+        for (entry, off) in &slot.places {
+            let f = s.files[*entry].as_ref().ok_or_else(|| Error::Internal("chunk of a directory".into()))?;
+            f.write_all_at(&data, *off).map_err(|e| Error::io("write fetched chunk", s.root.join(format!("#{entry}")), e))?;
+        }
+        self.stats.update(|st| st.fetched_bytes += fetched);
+        s.done(c, fetched);
+        Ok(fetched)
+    }
+
+    /// The background part: the working set first, then the rest; then
+    /// the copy is finished and renamed into place, or removed on failure.
+    async fn finish_stream(self: &Arc<Self>, s: &Arc<Stream>, pin: &str) {
+        background_held().await;
+        let mut order: Vec<usize> = Vec::new();
+        let ws = self.working_set(&s.id.actor).unwrap_or_else(|e| {
+            warn!(actor = %s.id.actor, error = %e, "working set unreadable: streamed in file order");
+            Vec::new()
+        });
+        for p in &ws {
+            if let Ok(span) = s.locate(&p.dir, p.pid, p.vaddr, 1) {
+                order.extend(s.chunks_under(span.entry, span.offset, PAGE_SIZE));
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        order.retain(|c| seen.insert(*c));
+        lock(&s.stats).working_set_chunks = order.iter().filter(|c| lock(&s.slots)[**c] == Slot::Absent).count() as u64;
+        order.extend(0..s.chunks.len());
+        let claimed = order.into_iter().filter(|c| s.claim(*c));
+        let mut fetches = futures::stream::iter(claimed.map(|c| self.stream_chunk(s, c))).buffer_unordered(self.cfg.fetch_concurrency);
+        while let Some(r) = fetches.next().await {
+            if let Err(e) = r {
+                s.fail_with(&e);
+                break;
+            }
+            if let Err(e) = self.renew_pin_if_due(pin, &s.id).await {
+                s.fail_with(&e);
+                break;
+            }
+            if s.failure().is_some() {
+                break;
+            }
+        }
+        drop(fetches);
+        let all: Vec<usize> = (0..s.chunks.len()).collect();
+        let res = match s.wait_for(&all).await {
+            Err(why) => Err(why),
+            Ok(()) => self.place_streamed(s).await.map_err(|e| e.to_string()),
+        };
+        match res {
+            Ok(()) => {
+                let summary = {
+                    let mut st = lock(&s.stats);
+                    st.done_ms = s.started.elapsed().as_millis() as u64;
+                    st.working_set_recorded = lock(&s.working_set).len() as u64;
+                    st.clone()
+                };
+                let recorded = std::mem::take(&mut *lock(&s.working_set));
+                if !recorded.is_empty() {
+                    if let Err(e) = db::put_working_set(&self.db, &s.id.actor, &recorded) {
+                        warn!(actor = %s.id.actor, error = %e, "working set not saved");
+                    }
+                }
+                self.stats.fetched(s.started.elapsed());
+                self.wake.notify_one();
+                info!(snapshot = %s.id, ms = summary.done_ms, ready_ms = summary.ready_ms, first_page_ms = summary.first_page_ms, bytes = summary.fetched_bytes, pages_served = summary.pages_served, pages_waited = summary.pages_waited, working_set_chunks = summary.working_set_chunks, working_set_recorded = summary.working_set_recorded, "streamed from the object tier");
+                *lock(&s.outcome) = Outcome::Done(summary);
+                s.changed.send_modify(|n| *n += 1);
+            }
+            Err(why) => {
+                s.fail(why);
+                self.stream_discarded(&s.id, &s.root);
+            }
+        }
+    }
+
+    /// All chunks in: finished like a fetch and renamed into place.
+    async fn place_streamed(&self, s: &Stream) -> Result<()> {
+        let id = s.id.clone();
+        let bytes = self.remote.get_manifest(&id).await?.ok_or_else(|| Error::NotFound(id.clone()))?;
+        let (bytes, _) = self.open_for_restore(&id, &bytes)?;
+        let rec = db::record(&self.db, &id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
+        let m = self.check_manifest(&id, &bytes, &rec.manifest_digest, "object tier")?;
+        let (root, target) = (s.root.clone(), self.snapshot_dir(&id));
+        blocking(move || {
+            local::finish_tree(&root, &m)?;
+            local::write_atomic(&root.join(MANIFEST_FILE), &bytes)?;
+            let parent = target.parent().ok_or_else(|| Error::Internal("snapshot dir has no parent".into()))?;
+            local::create_dir_all_durable(parent)?;
+            std::fs::rename(&root, &target).map_err(|e| Error::io("rename fetched snapshot into place", &target, e))?;
+            local::fsync_dir(parent)
+        })
+        .await?;
+        let tx = Tx::begin(&self.db)?;
+        if let Some(mut r) = tx.get(&id)? {
+            r.local = LocalState::Present;
+            tx.put(&r)?;
+        }
+        tx.commit()
+    }
+
+    /// A stream that did not finish: its partial copy removed, the
+    /// snapshot recorded as not local (it is whole in the object tier).
+    fn stream_discarded(&self, id: &SnapshotId, staging: &Path) {
+        if let Err(e) = local::remove_tree(staging, &self.paths.trash) {
+            warn!(snapshot = %id, error = %e, "partial streamed copy not removed (recovery removes it)");
+        }
+        let r = Tx::begin(&self.db).and_then(|tx| {
+            if let Some(mut r) = tx.get(id)? {
+                r.local = LocalState::Absent;
+                tx.put(&r)?;
+            }
+            tx.commit()
+        });
+        if let Err(e) = r {
+            warn!(snapshot = %id, error = %e, "snapshot not recorded as absent after a failed stream (recovery does it)");
+        }
+        debug!(snapshot = %id, "partial streamed copy discarded");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_of_page_images() {
+        assert_eq!(task_pagemap("web/pagemap-12.img"), Some(("web".to_string(), 12)));
+        assert_eq!(task_pagemap("pagemap-1.img"), Some((String::new(), 1)));
+        assert_eq!(task_pagemap("web/pagemap-shmem-4.img"), None);
+        assert_eq!(task_pagemap("web/pagemap-.img"), None);
+        assert!(is_pages_file("web/pages-3.img"));
+        assert!(!is_pages_file("web/pagemap-3.img"));
+        assert!(!is_pages_file("web/mm-3.img"));
+    }
+}
