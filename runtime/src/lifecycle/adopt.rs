@@ -17,6 +17,7 @@ use crate::actor::record::Lifecycle;
 use crate::actor::report::{self, Op};
 use crate::actor::store_client::{Checkout, SnapshotRef};
 use crate::error::{Error, Result, StoreErrorKind};
+use crate::lifecycle::resume::PageSource;
 use crate::lifecycle::{lock, Actor};
 use crate::oci::annotations::{RestoreSource, RESTORE_FROM};
 use crate::oci::bundle;
@@ -89,7 +90,8 @@ impl Actor {
             return Ok(None);
         }
         let cloning = rec.cloned_from.is_some();
-        let co = match self.store.checkout(&snap).await {
+        let co = if super::resume::lazy_pages_enabled() { self.store.checkout_streamed(&snap).await } else { self.store.checkout(&snap).await };
+        let co = match co {
             Ok(co) => co,
             Err(e) => {
                 // Asked again by the next create; never started from bad data.
@@ -174,8 +176,12 @@ impl Actor {
     async fn start_restored_unreported(&self, id: &str, image: &Path, bundle_dir: &Path) -> Result<i32> {
         let adopted = lock(&self.adoptions).remove(id);
         let started = std::time::Instant::now();
-        let from = RestoreFrom { image: image.to_path_buf(), work: criu_work(bundle_dir), lazy: false };
-        let restored = self.tasks.restore(id, &from).await;
+        // From a streamed checkout: its memory is served while it arrives.
+        let streamed = adopted.as_ref().and_then(|a| a.checkout.page_server.as_deref().map(|socket| PageSource { socket, lease: &a.checkout.lease }));
+        let restored = match streamed {
+            Some(pages) => self.restore_streamed(id, image, &criu_work(bundle_dir).join("lazy"), pages).await,
+            None => self.tasks.restore(id, &RestoreFrom { image: image.to_path_buf(), work: criu_work(bundle_dir), lazy: false }).await,
+        };
         report::phase("criu_restore");
         if let Some(a) = adopted {
             if let Err(e) = bundle::recovery_criu_config(bundle_dir, false) {
@@ -213,10 +219,15 @@ impl Actor {
     /// the dead shims' records of the actor are superseded, and the actor
     /// is RUNNING once no other container waits for its restore.
     pub(crate) async fn recovered(&self, id: &str, adopted: &Adopted, pending: bool, ms: u64) -> Result<()> {
-        self.store.release_logged(&adopted.checkout.lease).await;
+        let streamed = adopted.checkout.page_server.is_some();
+        if !streamed {
+            self.store.release_logged(&adopted.checkout.lease).await;
+        }
         let Some(actor) = self.update_if(|rec| {
             rec.restored_names.insert(adopted.identity.container.clone());
-            rec.leases.retain(|l| *l != adopted.checkout.lease);
+            if !streamed {
+                rec.leases.retain(|l| *l != adopted.checkout.lease);
+            }
             if !pending {
                 rec.state = Lifecycle::Running;
                 rec.last_error = None;
@@ -227,6 +238,10 @@ impl Actor {
         else {
             return Ok(());
         };
+        if streamed {
+            // Released once its memory is all here (or its stream failed).
+            self.release_when_served(adopted.checkout.lease.clone(), true);
+        }
         let gone = identity::supersede(&self.state_root, &actor);
         info!(actor = actor.as_str(), container = id, from = %adopted.snapshot, ms, superseded = ?gone, "{} restored from its snapshot", adopted.identity);
         Ok(())

@@ -198,21 +198,7 @@ impl Actor {
             let _ = self.update(|r| r.leases.retain(|l| *l != co.lease));
             return Err(e);
         }
-        if co.page_server.is_some() {
-            self.watch_stream(co.lease.clone());
-        }
-        // The checkout is released once the lazy-pages daemons are done
-        // with it; the store's gc and retention remove the snapshot.
-        let pending: Vec<_> = std::mem::take(&mut *lock(&self.lazy));
-        let me = self.clone();
-        let lease = co.lease.clone();
-        lock(&self.lazy).push(tokio::spawn(async move {
-            for h in pending {
-                let _ = h.await;
-            }
-            me.store.release_logged(&lease).await;
-            me.forget_lease(&lease);
-        }));
+        self.release_when_served(co.lease.clone(), co.page_server.is_some());
         // Kept in memory (status shows it), saved with the next change.
         let _ = self.update_if(|r| {
             r.last_resume_phases = t.phases();
@@ -327,21 +313,9 @@ impl Actor {
         let image = image.to_path_buf();
         if let Some(pages) = pages {
             let work = dir.work_dir(generation, id, "lazy");
-            let container_dir = image.file_name().and_then(|n| n.to_str()).ok_or_else(|| Error::FailedPrecondition(format!("image directory {image:?} has no name")))?;
-            let daemon = LazyDaemon::start_streamed(&image, &work, pages, container_dir).await?;
-            t.mark("lazy_pages_start");
-            let restored = self.tasks.restore(id, &RestoreFrom { image, work, lazy: true }).await;
+            let restored = self.restore_streamed(id, &image, &work, pages).await;
             t.mark("runc_restore");
-            return match restored {
-                Ok(pid) => {
-                    lock(&self.lazy).push(daemon.finish(self.lazy_stop.subscribe()));
-                    Ok(pid)
-                }
-                Err(e) => {
-                    daemon.kill();
-                    Err(e)
-                }
-            };
+            return restored;
         }
         if lazy_pages_enabled() {
             let work = dir.work_dir(generation, id, "lazy");
@@ -370,6 +344,64 @@ impl Actor {
         let restored = self.tasks.restore(id, &RestoreFrom { image, work, lazy: false }).await;
         t.mark("runc_restore");
         restored
+    }
+
+    /// The checkout `lease` is released once the lazy-pages daemons are
+    /// done with it (and, `streamed`, once its stream ended: see
+    /// [`Actor::watch_stream`]); the store's gc and retention remove the
+    /// snapshot.
+    pub(crate) fn release_when_served(&self, lease: String, streamed: bool) {
+        if streamed {
+            self.watch_stream(lease.clone());
+        }
+        let pending: Vec<_> = std::mem::take(&mut *lock(&self.lazy));
+        let me = self.clone();
+        lock(&self.lazy).push(tokio::spawn(async move {
+            for h in pending {
+                let _ = h.await;
+            }
+            me.store.release_logged(&lease).await;
+            me.forget_lease(&lease);
+        }));
+    }
+
+    /// `runc restore --lazy-pages` of container `id` from `image` of a
+    /// streamed checkout (`pages`), CRIU's work in `work`.
+    pub(crate) async fn restore_streamed(&self, id: &str, image: &Path, work: &Path, pages: PageSource<'_>) -> Result<i32> {
+        let container_dir = image.file_name().and_then(|n| n.to_str()).ok_or_else(|| Error::FailedPrecondition(format!("image directory {image:?} has no name")))?;
+        let mut daemon = LazyDaemon::start_streamed(image, work, pages, container_dir).await?;
+        let from = RestoreFrom { image: image.to_path_buf(), work: work.to_path_buf(), lazy: true };
+        let restore = self.tasks.restore(id, &from);
+        tokio::pin!(restore);
+        let pid = daemon.pid;
+        let restored = tokio::select! {
+            r = &mut restore => r,
+            _ = daemon.exit.wait_for(pid) => {
+                // Its page server went away during the restore (CRIU's
+                // daemon does not outlive that): the half-restored tasks
+                // wait on their missing pages for ever, so they are killed
+                // and the restore fails.
+                let why = format!("criu lazy-pages ended during the restore (its page server {} went away; see {:?})", pages.socket.display(), work.join("lazy-pages.log"));
+                warn!(container = id, "{why}: the restore is stopped");
+                if let Some(cg) = self.record().and_then(|r| r.cgroups.get(id).cloned()) {
+                    crate::system::cgroup::kill_cgroup(&cg).await;
+                }
+                if restore.await.is_ok() {
+                    let _ = self.tasks.unrestore(id).await;
+                }
+                return Err(Error::store(StoreErrorKind::Unavailable, why));
+            }
+        };
+        match restored {
+            Ok(pid) => {
+                lock(&self.lazy).push(daemon.finish(self.lazy_stop.subscribe()));
+                Ok(pid)
+            }
+            Err(e) => {
+                daemon.kill();
+                Err(e)
+            }
+        }
     }
 
     /// Watches the streamed checkout `lease` the actor was just restored
@@ -418,6 +450,11 @@ impl Actor {
         let saved = self.update(|r| {
             r.state = Lifecycle::Suspended;
             r.last_error = Some(why.to_string());
+            // Restored by identity (a new pod): its snapshot is the one it
+            // was adopted from.
+            if r.snapshot.is_none() {
+                r.snapshot = r.restore_snapshot.clone();
+            }
         });
         if let Err(e) = saved {
             warn!(actor = rec.actor.as_str(), "SUSPENDED after a failed stream, but the record could not be saved: {e}");
@@ -436,7 +473,7 @@ impl Actor {
 }
 
 /// Lazy-pages restore is on unless `TORPOR_LAZY_PAGES=0`.
-fn lazy_pages_enabled() -> bool {
+pub(crate) fn lazy_pages_enabled() -> bool {
     std::env::var("TORPOR_LAZY_PAGES").map(|v| v != "0").unwrap_or(true)
 }
 
