@@ -76,10 +76,25 @@ class Round:
         self.a = a
         self.actor = actor
         self.gen = 0
+        # Per streamed resume: its stream.* phases (Round.stream_phases).
+        self.phases = []
+
+    def stream_phases(self) -> dict:
+        """The last resume's stream.* phases (ms since its checkout began),
+        once its stream is done (the lazy-pages daemons are gone by then)."""
+        deadline = time.monotonic() + 120
+        while True:
+            phases = {p["name"][len("stream."):]: p["us"] / 1000 for p in self.a.status().get("last_resume_phases") or []
+                      if p["name"].startswith("stream.")}
+            if "done_at" in phases or time.monotonic() > deadline:
+                return phases
+            time.sleep(0.01)
 
     def suspend_upload_evict(self) -> dict:
         a = self.a
         a.wait_settled()
+        if self.gen:
+            self.phases.append(self.stream_phases())
         reply = a.ctl("suspend", a.pod.id)
         if str(reply[0]["actor"].get("state")).lower() not in ("suspended", "committing"):
             raise RunError(f"after torporctl suspend the actor is {reply[0]['actor'].get('state')!r}")
@@ -116,7 +131,7 @@ def measure(runs: int, budget_s: float) -> list:
     resumes, failures = [], []
     err = None
     extra = {}
-    a = None
+    a = r = None
     try:
         # A pattern of its own: no chunk of an earlier run's snapshots (still
         # in the object tier) deduplicates this run's full upload.
@@ -172,13 +187,24 @@ def measure(runs: int, budget_s: float) -> list:
         baseline_na=True, baseline_error="containerd-shim-runc-v2 has no object tier",
         **extra))
     p50, p99 = pct(resumes, 50), pct(resumes, 99)
+    # The phase split of the streamed resumes (ms since the checkout
+    # began): the restore starts at ready_at (metadata and eager pages
+    # in), the first page is served at first_page_at, the last chunk is in
+    # at done_at.
+    kept = r.phases[2:] if r else []
+    split = {}
+    if kept:
+        split["stream_phases_p50_ms"] = {k: bench.rnd(pct([p[k] for p in kept if k in p], 50), 1)
+                                         for k in ("ready_at", "first_page_at", "done_at")}
+        split["stream_phases_p99_ms"] = {k: bench.rnd(pct([p[k] for p in kept if k in p], 99), 1)
+                                         for k in ("ready_at", "first_page_at", "done_at")}
     entries.append(bench.entry(
         "resume_remote_256mib_ms", "ms", p50, None,
         goal="p99 <= 500 ms (absolute)", goal_met=(p99 is not None and p99 <= 500 and not failures),
         torpor_p99=p99, torpor_runs=len(resumes), torpor_samples=[bench.rnd(x, 1) for x in resumes],
         torpor_failures=failures or None,
         error=err if (err or failures) else None,
-        baseline_na=True, baseline_error="containerd-shim-runc-v2 has no object tier"))
+        baseline_na=True, baseline_error="containerd-shim-runc-v2 has no object tier", **split))
     return entries
 
 

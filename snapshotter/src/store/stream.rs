@@ -77,7 +77,10 @@ pub struct StreamSummary {
     /// not in yet when asked (a fault that waited on the object tier).
     pub pages_served: u64,
     pub pages_waited: u64,
-    /// Working-set chunks fetched first, and pages recorded for the next resume.
+    /// The recorded working set this stream fetched first: its pages and
+    /// the chunks that hold them (those not in yet went first), and the
+    /// pages recorded for the next resume.
+    pub working_set_pages: u64,
     pub working_set_chunks: u64,
     pub working_set_recorded: u64,
 }
@@ -665,7 +668,11 @@ impl Store {
         }
         let mut seen = std::collections::HashSet::new();
         order.retain(|c| seen.insert(*c));
-        lock(&s.stats).working_set_chunks = order.iter().filter(|c| lock(&s.slots)[**c] == Slot::Absent).count() as u64;
+        {
+            let mut st = lock(&s.stats);
+            st.working_set_pages = ws.len() as u64;
+            st.working_set_chunks = order.len() as u64;
+        }
         order.extend(0..s.chunks.len());
         let claimed = order.into_iter().filter(|c| s.claim(*c));
         let mut fetches = futures::stream::iter(claimed.map(|c| self.stream_chunk(s, c))).buffer_unordered(self.cfg.fetch_concurrency);
@@ -704,7 +711,7 @@ impl Store {
                 }
                 self.stats.fetched(s.started.elapsed());
                 self.wake.notify_one();
-                info!(snapshot = %s.id, ms = summary.done_ms, ready_ms = summary.ready_ms, first_page_ms = summary.first_page_ms, bytes = summary.fetched_bytes, pages_served = summary.pages_served, pages_waited = summary.pages_waited, working_set_chunks = summary.working_set_chunks, working_set_recorded = summary.working_set_recorded, "streamed from the object tier");
+                info!(snapshot = %s.id, ms = summary.done_ms, ready_ms = summary.ready_ms, first_page_ms = summary.first_page_ms, bytes = summary.fetched_bytes, pages_served = summary.pages_served, pages_waited = summary.pages_waited, working_set_pages = summary.working_set_pages, working_set_chunks = summary.working_set_chunks, working_set_recorded = summary.working_set_recorded, "streamed from the object tier");
                 *lock(&s.outcome) = Outcome::Done(summary);
                 s.changed.send_modify(|n| *n += 1);
             }
