@@ -283,7 +283,10 @@ impl Store {
 
     /// Drop a pin taken by [`Store::checkout`].
     pub async fn release(&self, lease: &str) -> Result<()> {
-        lock(&self.streams).remove(lease);
+        let stream = lock(&self.streams).remove(lease);
+        if let Some(s) = stream {
+            self.stream_released(&s);
+        }
         let view = lock(&self.views).remove(lease);
         if let Some(view) = view {
             let trash = self.paths.trash.clone();

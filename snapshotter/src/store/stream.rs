@@ -135,6 +135,18 @@ pub struct Stream {
     first_fault: Mutex<Option<Instant>>,
     working_set: Mutex<Vec<WsPage>>,
     store: std::sync::Weak<Store>,
+    /// `root` stays until the checkout is released (CRIU reads it by path
+    /// until then): the finished copy is placed as hard links beside it.
+    root_state: Mutex<RootState>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum RootState {
+    InUse,
+    /// The local copy is placed; `root` goes at the release.
+    Placed,
+    /// The checkout was released; `root` goes once placed.
+    Released,
 }
 
 /// Where the page server finds `nr` pages of a task: the pages file (a
@@ -580,6 +592,7 @@ impl Store {
             first_fault: Mutex::new(None),
             working_set: Mutex::new(Vec::new()),
             store: Arc::downgrade(self),
+            root_state: Mutex::new(RootState::InUse),
         }))
     }
 
@@ -730,12 +743,17 @@ impl Store {
         let rec = db::record(&self.db, &id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
         let m = self.check_manifest(&id, &bytes, &rec.manifest_digest, "object tier")?;
         let (root, target) = (s.root.clone(), self.snapshot_dir(&id));
+        let links = self.paths.staging.join(random_id());
         blocking(move || {
             local::finish_tree(&root, &m)?;
             local::write_atomic(&root.join(MANIFEST_FILE), &bytes)?;
+            // The checkout still reads `root` by path: the local copy is
+            // its hard links, renamed into place.
+            local::link_tree(&root, &links)?;
+            local::fsync_dir(&links)?;
             let parent = target.parent().ok_or_else(|| Error::Internal("snapshot dir has no parent".into()))?;
             local::create_dir_all_durable(parent)?;
-            std::fs::rename(&root, &target).map_err(|e| Error::io("rename fetched snapshot into place", &target, e))?;
+            std::fs::rename(&links, &target).map_err(|e| Error::io("rename fetched snapshot into place", &target, e))?;
             local::fsync_dir(parent)
         })
         .await?;
@@ -744,7 +762,37 @@ impl Store {
             r.local = LocalState::Present;
             tx.put(&r)?;
         }
-        tx.commit()
+        tx.commit()?;
+        let released = {
+            let mut st = lock(&s.root_state);
+            let was = *st;
+            *st = RootState::Placed;
+            was == RootState::Released
+        };
+        if released {
+            self.remove_stream_root(s);
+        }
+        Ok(())
+    }
+
+    /// The checkout of stream `s` was released: its directory goes once
+    /// the local copy is placed (now, if it is).
+    pub(super) fn stream_released(&self, s: &Stream) {
+        let placed = {
+            let mut st = lock(&s.root_state);
+            let was = *st;
+            *st = RootState::Released;
+            was == RootState::Placed
+        };
+        if placed {
+            self.remove_stream_root(s);
+        }
+    }
+
+    fn remove_stream_root(&self, s: &Stream) {
+        if let Err(e) = local::remove_tree(&s.root, &self.paths.trash) {
+            warn!(snapshot = %s.id, error = %e, "streamed checkout's directory not removed (recovery removes it)");
+        }
     }
 
     /// A stream that did not finish: its partial copy removed, the
