@@ -106,7 +106,7 @@ impl Pagemap {
             };
             let pages = e.nr_pages.unwrap_or(e.compat_nr_pages as u64);
             let run = Run { vaddr: e.vaddr, pages, flags, offset };
-            if pages == 0 || e.vaddr % PAGE_SIZE != 0 || e.vaddr.checked_add(pages.saturating_mul(PAGE_SIZE)).is_none() {
+            if pages == 0 || !e.vaddr.is_multiple_of(PAGE_SIZE) || e.vaddr.checked_add(pages.saturating_mul(PAGE_SIZE)).is_none() {
                 return Err(format!("page map run #{n} ({:#x}, {pages} pages) is malformed", e.vaddr));
             }
             if let Some(prev) = runs.last() {
@@ -131,7 +131,7 @@ impl Pagemap {
     pub fn locate(&self, vaddr: u64, nr: u64) -> Option<(u64, u64)> {
         let i = self.runs.partition_point(|r| r.end() <= vaddr);
         let run = self.runs.get(i).filter(|r| r.vaddr <= vaddr && r.present())?;
-        if vaddr % PAGE_SIZE != 0 || nr == 0 {
+        if !vaddr.is_multiple_of(PAGE_SIZE) || nr == 0 {
             return None;
         }
         let skip = (vaddr - run.vaddr) / PAGE_SIZE;
