@@ -499,6 +499,11 @@ impl LazyDaemon {
     /// Starts the daemon and waits until it listens in `work`.
     async fn start(image: &Path, work: &Path) -> Result<LazyDaemon> {
         std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
+        Self::spawn_and_wait(Self::command(image, work), work).await
+    }
+
+    /// `criu lazy-pages` for `image`, logging in `work`.
+    fn command(image: &Path, work: &Path) -> std::process::Command {
         let mut cmd = std::process::Command::new("criu");
         cmd.arg("lazy-pages")
             .arg("--images-dir")
@@ -509,7 +514,7 @@ impl LazyDaemon {
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
-        Self::spawn_and_wait(cmd, work).await
+        cmd
     }
 
     /// Spawns the daemon `cmd` and waits until it listens in `work`.
@@ -563,17 +568,8 @@ impl LazyDaemon {
         let conn = conn.into_std().io_context(|| "page server connection".into())?;
         conn.set_nonblocking(false).io_context(|| "page server connection".into())?;
         let fd = std::os::fd::OwnedFd::from(conn);
-        let mut cmd = std::process::Command::new("criu");
-        cmd.arg("lazy-pages")
-            .arg("--images-dir")
-            .arg(image)
-            .arg("--work-dir")
-            .arg(work)
-            .args(["--page-server", "--ps-socket", "3"])
-            .args(["--log-file", "lazy-pages.log"])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
+        let mut cmd = Self::command(image, work);
+        cmd.args(["--page-server", "--ps-socket", "3"]);
         pass_fd_as_3(&mut cmd, fd);
         Self::spawn_and_wait(cmd, work).await
     }

@@ -29,6 +29,19 @@ impl Store {
     /// verified, into staging, then renamed into place); a local copy is
     /// verified against the manifest (unless `verify_local_on_checkout` is off).
     pub async fn checkout(&self, id: &SnapshotId, progress: Option<Progress>) -> Result<Checkout> {
+        let (_excl, rec) = match self.pin_or_lock(id, progress.clone()).await? {
+            Ok(co) => return Ok(co),
+            Err(locked) => locked,
+        };
+        match rec.local {
+            LocalState::Absent => self.fetch(rec, progress).await,
+            ref other => Err(Error::Internal(format!("snapshot {id} is in local state {other:?} outside any operation"))),
+        }
+    }
+
+    /// The local copy of `id`, pinned, if there is one; otherwise the
+    /// snapshot's exclusive file lock and its record, to fetch it under.
+    pub(super) async fn pin_or_lock(&self, id: &SnapshotId, progress: Option<Progress>) -> Result<std::result::Result<Checkout, (tokio::sync::OwnedRwLockWriteGuard<()>, Record)>> {
         self.record_or_import(id).await?;
         let kl = self.key_lock(id);
         {
@@ -38,19 +51,18 @@ impl Store {
                 return Err(Error::NotFound(id.clone()));
             }
             if rec.local == LocalState::Present {
-                return self.pin_local(rec, progress).await;
+                return self.pin_local(rec, progress).await.map(Ok);
             }
         }
-        let _excl = kl.files.write().await;
+        let excl = kl.files.clone().write_owned().await;
         let rec = db::record(&self.db, id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
         if rec.removing {
             return Err(Error::NotFound(id.clone()));
         }
-        match rec.local {
-            LocalState::Present => self.pin_local(rec, progress).await,
-            LocalState::Absent => self.fetch(rec, progress).await,
-            ref other => Err(Error::Internal(format!("snapshot {id} is in local state {other:?} outside any operation"))),
+        if rec.local == LocalState::Present {
+            return self.pin_local(rec, progress).await.map(Ok);
         }
+        Ok(Err((excl, rec)))
     }
 
     pub(super) async fn pin_local(&self, rec: Record, progress: Option<Progress>) -> Result<Checkout> {

@@ -390,25 +390,11 @@ impl Store {
     /// like [`Store::checkout`] when there is a local copy; otherwise
     /// fetched as a [`Stream`] (see the module doc), which is returned too.
     pub async fn checkout_streamed(self: &Arc<Self>, id: &SnapshotId) -> Result<(Checkout, Option<Arc<Stream>>)> {
-        self.record_or_import(id).await?;
-        let kl = self.key_lock(id);
-        {
-            let _shared = kl.files.read().await;
-            let rec = db::record(&self.db, id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
-            if rec.removing {
-                return Err(Error::NotFound(id.clone()));
-            }
-            if rec.local == LocalState::Present {
-                return Ok((self.pin_local(rec, None).await?, None));
-            }
-        }
-        let excl = kl.files.clone().write_owned().await;
-        let rec = db::record(&self.db, id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
-        if rec.removing {
-            return Err(Error::NotFound(id.clone()));
-        }
+        let (excl, rec) = match self.pin_or_lock(id, None).await? {
+            Ok(co) => return Ok((co, None)),
+            Err(locked) => locked,
+        };
         match rec.local {
-            LocalState::Present => Ok((self.pin_local(rec, None).await?, None)),
             LocalState::Absent => {
                 let staging_id = random_id();
                 let staging = self.paths.staging.join(&staging_id);
