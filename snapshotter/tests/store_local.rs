@@ -866,3 +866,43 @@ async fn a_surrender_whose_snapshot_never_uploads_lets_go_after_its_timeout() {
     let g = b.acquire(&x, "s2").await.unwrap();
     assert!(g.previous.is_some_and(|p| p.released && p.node == "node-a"));
 }
+
+/// The actor's pod left node A (a drain, a delete): its surrender marks the
+/// lease `leaving` while the newest snapshot uploads, and node B's acquire
+/// (the actor's next pod) waits for the handover instead of being refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_waits_for_a_node_that_is_letting_go() {
+    let e = env();
+    let mut ca = config(&e.root, &e.objects);
+    ca.node_id = "node-a".into();
+    let mut cb = config(&e.root.with_file_name("store-b"), &e.objects);
+    cb.node_id = "node-b".into();
+    let a = Store::open(ca).await.unwrap();
+    let b = Store::open(cb).await.unwrap();
+    let x = actor("ns/mover");
+    a.acquire(&x, "s1").await.unwrap();
+    let s = commit_tree(&a, "ns/mover", 1, 200_000).await;
+    let lease = || -> serde_json::Value {
+        serde_json::from_slice(&std::fs::read(e.objects.join("actors/ns/mover/lease.json")).unwrap()).unwrap()
+    };
+    // Running there: refused at once, naming the node.
+    let err = b.acquire(&x, "s2").await.unwrap_err();
+    assert!(matches!(err, Error::LeaseHeld { .. }) && err.to_string().contains("node-a"), "{err}");
+    assert!(lease()["leaving"].is_null(), "not written while the actor stays: {}", lease());
+
+    a.surrender(&x, "s1").await.unwrap();
+    assert_eq!(lease()["leaving"], true, "{}", lease());
+    let (b2, x2) = (b.clone(), x.clone());
+    let waiting = tokio::spawn(async move { b2.acquire(&x2, "s2").await });
+    while !a.list(Some(&x)).await.unwrap()[0].durable {
+        a.run_background_pass().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!waiting.is_finished(), "node B waits while node A still holds the lease");
+    a.lease_pass().await; // A lets go: its newest snapshot is durable
+    let g = waiting.await.unwrap().unwrap();
+    assert_eq!((g.epoch, g.durable_generation), (2, 1));
+    assert!(g.previous.as_ref().is_some_and(|p| p.released && p.node == "node-a"), "{:?}", g.previous);
+    assert!(lease()["leaving"].is_null(), "{}", lease());
+    assert_eq!(b.latest(&x).await.unwrap().unwrap().id, s.id, "node B restores what node A left");
+}

@@ -22,6 +22,9 @@ use crate::error::{Error, Result, StoreErrorKind};
 
 /// Calls that only touch the daemon's metadata.
 const QUICK: Duration = Duration::from_secs(30);
+/// An acquire of an actor's lease: the daemon waits up to a minute for
+/// another node that is letting go of it (its pod was just removed there).
+const ACQUIRE: Duration = Duration::from_secs(90);
 /// A lease confirmation: short, the fence decides on a missing answer.
 const CONFIRM: Duration = Duration::from_secs(3);
 /// A lifecycle report (fire-and-forget: dropped when late).
@@ -281,13 +284,15 @@ impl SnapshotStore {
     }
 
     /// Takes `actor`'s lease in the object tier for this node (`owner`: the
-    /// shim). `FailedPrecondition` naming the holder while another node has it.
+    /// shim). `FailedPrecondition` naming the holder while another node has
+    /// it; waited for (up to a minute, by the daemon) while that node is
+    /// letting go of it.
     pub async fn acquire(&self, actor: &str, owner: &str) -> Result<u64> {
         let mut req = api::AcquireRequest::new();
         req.actor = actor.to_string();
         req.owner = owner.to_string();
         let req = &req;
-        let r = self.call("acquire of the actor lease", StoreErrorKind::LeaseHeld, |c| async move { c.acquire(ctx(QUICK), req).await }).await?;
+        let r = self.call("acquire of the actor lease", StoreErrorKind::LeaseHeld, |c| async move { c.acquire(ctx(ACQUIRE), req).await }).await?;
         Ok(r.epoch)
     }
 

@@ -59,6 +59,13 @@ pub struct LeaseDoc {
     pub expires_unix_ms: u64,
     /// The holder let go (its pod was removed; its newest snapshot is durable).
     pub released: bool,
+    /// The holder is letting go: the actor's pod was removed there and its
+    /// newest snapshot is being uploaded before the lease is released. An
+    /// acquire on another node waits for that ([`LEAVING_WAIT`]) instead of
+    /// refusing the actor's next pod. Absent (false) in the objects of
+    /// nodes from before it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leaving: bool,
     /// The newest generation of the actor uploaded by any holder.
     pub durable_generation: u64,
 }
@@ -156,6 +163,12 @@ impl LeaseTable {
 /// lease) give up after this many rounds.
 const ROUNDS: usize = 8;
 
+/// How long an acquire waits for another node that is [`LeaseDoc::leaving`]
+/// the actor to release it (its upload of the actor's newest snapshot, then
+/// its next lease pass) before it is refused as held. Well inside the
+/// shim's deadline for the call, which is inside kubelet's for the start.
+pub const LEAVING_WAIT: Duration = Duration::from_secs(60);
+
 impl Store {
     fn node(&self) -> &str {
         &self.cfg.node_id
@@ -213,7 +226,10 @@ impl Store {
         let one = self.leases.lock(actor);
         let _one = one.lock().await;
         let path = self.remote.lease_path(actor).to_string();
-        for _ in 0..ROUNDS {
+        let leaving_until = std::time::Instant::now() + LEAVING_WAIT;
+        let mut pause = Duration::from_millis(100);
+        let mut rounds = 0;
+        while rounds < ROUNDS {
             let now = now_ms();
             let current = self.remote.get_lease(actor).await?;
             let (previous, expect) = match current {
@@ -222,6 +238,17 @@ impl Store {
             };
             if let Some(p) = &previous {
                 let free = p.released || p.expires_unix_ms <= now || p.node == self.node();
+                if !free && p.leaving && std::time::Instant::now() < leaving_until {
+                    // The actor's pod left that node a moment ago (a drain,
+                    // a delete): its next pod here waits for the handover
+                    // rather than failing its start.
+                    if pause == Duration::from_millis(100) {
+                        info!(actor = %actor, from = %p.node, "actor leaving node {}: waiting for its lease (its newest snapshot is being uploaded there)", p.node);
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                    continue;
+                }
                 if !free {
                     return Err(Error::LeaseHeld {
                         actor: actor.clone(),
@@ -252,10 +279,14 @@ impl Store {
                 acquired_unix_ms: if ours { previous.as_ref().map_or(now, |p| p.acquired_unix_ms) } else { now },
                 expires_unix_ms: now.saturating_add(millis(self.lease_ttl())),
                 released: false,
+                leaving: false,
                 durable_generation: durable_generation.max(self.durable_generation(actor)?),
             };
             match self.remote.put_lease(actor, encode(&doc)?, expect, &self.leases.fallback).await? {
-                Err(_) => continue,
+                Err(_) => {
+                    rounds += 1;
+                    continue;
+                }
                 Ok(v) => {
                     let held = Held { doc: doc.clone(), e_tag: v.e_tag, version: v.version, surrendering: false, surrender_since_ms: None };
                     {
@@ -368,6 +399,7 @@ impl Store {
             }
         }
         doc.released = release;
+        doc.leaving = held.surrendering && !release;
         doc.expires_unix_ms = if release { now } else { now.saturating_add(millis(self.lease_ttl())) };
         match self.remote.put_lease(actor, encode(&doc)?, Some(held.version()), &self.leases.fallback).await? {
             Ok(v) => {
