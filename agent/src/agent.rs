@@ -29,7 +29,7 @@ use torporctl::control::Op;
 use crate::error::{Error, Result};
 use crate::node::{self, Actor};
 use crate::report::{self, MetaPatch, Writer};
-use crate::state::{self, Desired, Plan, ACTOR, APPLIED, DESIRED, RESULT, RUNTIME_CLASS, STATE_LABEL};
+use crate::state::{self, Desired, Plan, ACTOR, APPLIED, DESIRED, MOVED_FROM, RESULT, RUNTIME_CLASS, STATE_LABEL};
 
 /// The agent's settings.
 #[derive(Debug, Clone)]
@@ -278,6 +278,18 @@ impl Agent {
                 };
                 self.writer.event(pod, false, reason, "Observe", note).await;
             }
+        }
+        let r = &actor.record;
+        let reported = pod.annotations().get(MOVED_FROM).map(String::as_str);
+        if let Some(from) = state::moved_from(actor.state(), r["moved_from"].as_str(), r["recovered_from"].as_str(), reported) {
+            let note = format!(
+                "actor {} moved here from node {from} with its state: restored from snapshot {} {}",
+                actor.id(),
+                r["recovered_from"].as_str().unwrap_or("-"),
+                ms(r, "last_resume_ms")
+            );
+            self.writer.event(pod, false, "Moved", "Restore", note).await;
+            meta.annotation(pod, MOVED_FROM, Some(from));
         }
         let fresh = report::state_patch(pod, actor.state(), actor.snapshot().as_deref());
         meta.labels.extend(fresh.labels);

@@ -13,6 +13,9 @@ pub const APPLIED: &str = "torpor.dev/applied-state";
 pub const RESULT: &str = "torpor.dev/applied-result";
 /// The actor's snapshot in the node's store (`<actor>@<generation>`), when it has one.
 pub const SNAPSHOT: &str = "torpor.dev/snapshot";
+/// The node the pod's actor moved here from, with its state (the agent
+/// writes it with the `Moved` Event, once).
+pub const MOVED_FROM: &str = "torpor.dev/moved-from";
 /// The actor id of a pod, when set (else `<namespace>/<pod>`).
 pub const ACTOR: &str = "torpor.dev/actor";
 /// The pod label with the actor's state (`kubectl get pods -L torpor.dev/state`).
@@ -107,6 +110,18 @@ pub fn event_reasons(op: Op, from: &str) -> (&'static str, &'static str) {
     }
 }
 
+/// The node an actor moved here from, with its state, when that is not
+/// reported on the pod yet (`reported`: its [`MOVED_FROM`] annotation):
+/// its lease came from another node (`moved_from`) and it was restored
+/// from a snapshot by identity (`recovered_from`), not started cold, and
+/// that restore is over (`state` is not RESUMING: a failed one clears
+/// `recovered_from`).
+pub fn moved_from<'a>(state: &str, moved_from: Option<&'a str>, recovered_from: Option<&str>, reported: Option<&str>) -> Option<&'a str> {
+    let from = moved_from.filter(|n| !n.is_empty() && state != "RESUMING")?;
+    recovered_from?;
+    (reported != Some(from)).then_some(from)
+}
+
 /// Event reason of an unknown [`DESIRED`] value.
 pub const INVALID_DESIRED: &str = "InvalidDesiredState";
 
@@ -139,6 +154,19 @@ mod tests {
         assert_eq!(plan(Desired::Frozen, "SUSPENDED"), Plan::Run(Op::Resume));
         assert_eq!(plan(Desired::Frozen, "FROZEN"), Plan::Done);
         assert_eq!(plan(Desired::Running, "UNKNOWN(42)"), Plan::Wait);
+    }
+
+    #[test]
+    fn a_move_is_reported_once_and_only_with_its_state() {
+        let r = "RUNNING";
+        assert_eq!(moved_from(r, Some("node-a"), Some("ns/x@3"), None), Some("node-a"));
+        assert_eq!(moved_from("SUSPENDED", Some("node-a"), Some("ns/x@3"), None), Some("node-a"), "and suspended since");
+        assert_eq!(moved_from("RESUMING", Some("node-a"), Some("ns/x@3"), None), None, "its restore is not over yet");
+        assert_eq!(moved_from(r, Some("node-a"), Some("ns/x@3"), Some("node-a")), None, "reported already");
+        assert_eq!(moved_from(r, Some("node-b"), Some("ns/x@5"), Some("node-a")), Some("node-b"), "moved again");
+        assert_eq!(moved_from(r, Some("node-a"), None, None), None, "started cold: nothing came with it");
+        assert_eq!(moved_from(r, None, Some("ns/x@3"), None), None, "restored on the node it ran on");
+        assert_eq!(moved_from(r, Some(""), Some("ns/x@3"), None), None);
     }
 
     #[test]

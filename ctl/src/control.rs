@@ -207,6 +207,7 @@ pub fn actor_json(a: &api::Actor) -> Value {
         "committed_at_ms": a.committed_at_ms,
         "orphaned": a.orphaned,
         "recovered_from": a.recovered_from,
+        "moved_from": a.moved_from,
         "explicit_actor": a.explicit_actor,
         "staging": a.staging.as_ref().map(|s| json!({"id": s.id, "path": s.path})),
         "snapshot": snapshot_json(a.snapshot.as_ref()),
@@ -265,7 +266,7 @@ mod tests {
         assert_eq!(v["state"], "SUSPENDED");
         assert_eq!(v["snapshot"], json!({"actor": "ns/web", "generation": 4}));
         assert_eq!(v["last_suspend_ms"], 80);
-        for absent in ["last_error", "last_resume_ms", "staging", "fenced", "cloned_from", "recovered_from", "restore_snapshot", "freeze_tier"] {
+        for absent in ["last_error", "last_resume_ms", "staging", "fenced", "cloned_from", "recovered_from", "moved_from", "restore_snapshot", "freeze_tier"] {
             assert!(v[absent].is_null(), "{absent}: {v}");
         }
         let mut t = api::FreezeTier::new();

@@ -368,6 +368,7 @@ pub fn actor_message(r: &Record) -> api::Actor {
     a.committed_at_ms = r.committed_at_ms;
     a.orphaned = r.orphaned;
     a.recovered_from = r.recovered_from.clone();
+    a.moved_from = r.moved_from.clone();
     a.explicit_actor = r.explicit_actor;
     a.staging = r
         .staging

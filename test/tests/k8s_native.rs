@@ -252,6 +252,42 @@ fn an_upgrade_leaves_suspended_actors_restorable() {
     wait_installed("t1");
 }
 
+/// A suspended actor whose pod is deleted on node A and made again on node
+/// B continues there; node B's agent reports the move once: a `Moved`
+/// Event naming node A and the annotation `torpor.dev/moved-from`.
+#[test]
+fn a_move_to_another_node_is_reported_once() {
+    installed();
+    let ns = Namespace::new("native-move");
+    ns.apply(&pod("mover", "node-a", "torpor", json!({})));
+    let p = ns.wait_ready("mover");
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "1");
+    wait_label(&ns, "mover", "running");
+    suspend_by_annotation(&ns, "mover", "node-a");
+    assert!(events(&ns, "mover", "Moved").is_empty(), "nothing moved yet");
+    ns.kubectl_ok(&["delete", "pod", "mover", "--wait=true", "--timeout=300s"]);
+
+    // the same actor (same namespace and pod name) on node B
+    ns.apply(&pod("mover", "node-b", "torpor", json!({})));
+    let q = ns.wait_ready("mover");
+    assert_eq!(counter(&format!("{}:8080", ip(&q)), "inc"), "2", "it continued on node-b with its count");
+    let a = actor(&ns, "mover", "node-b");
+    assert_eq!(a["moved_from"], "node-a", "{a}");
+    let e = wait_event(&ns, "mover", "Moved");
+    let msg = e["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("node-a") && msg.contains(&format!("{}@", ns.actor("mover"))), "the Event names the node and the snapshot: {e}");
+    let annotated = wait_until("the moved-from annotation", LIVENESS, || {
+        ns.pod("mover")["metadata"]["annotations"]["torpor.dev/moved-from"].as_str().map(str::to_string)
+    });
+    assert_eq!(annotated, "node-a");
+    // later passes of the agent (every 2 s here) do not report it again
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    let moved = events(&ns, "mover", "Moved");
+    assert_eq!(moved.len(), 1, "reported once: {moved:?}");
+    assert!(moved[0]["count"].as_u64().unwrap_or(1) <= 1 && moved[0]["series"].is_null(), "not repeated into a series: {}", moved[0]);
+    assert_eq!(ns.pod("mover")["status"]["containerStatuses"][0]["restartCount"], 0);
+}
+
 /// A kubeconfig with a token of torpor-agent's ServiceAccount, bound to
 /// `bound_pod` (as the agent's own projected token is) unless None.
 fn agent_kubeconfig(bound_pod: Option<&Value>) -> String {

@@ -101,6 +101,10 @@ pub struct Record {
     /// identity, when a new pod of the actor was created.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recovered_from: Option<String>,
+    /// The node that held the actor before this one: its lease came from
+    /// there (the actor moved here, with `recovered_from` its state).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_from: Option<String>,
     /// The actor id was set explicitly (`torpor.dev/actor`), not defaulted
     /// to the pod: its snapshots outlive the removal of a running actor.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -209,6 +213,7 @@ impl Record {
             committed_at_ms: None,
             orphaned: false,
             recovered_from: None,
+            moved_from: None,
             explicit_actor: false,
             staging: None,
             snapshot: None,

@@ -60,6 +60,16 @@ pub struct Staging {
     pub path: PathBuf,
 }
 
+/// An actor's lease, taken by this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// Bumped at every change of hands.
+    pub epoch: u64,
+    /// The node that held the actor before this one (it moved here), when
+    /// the lease came from another node.
+    pub previous_node: Option<String>,
+}
+
 /// A checked-out snapshot: its files (read only) stay until [`SnapshotStore::release`].
 #[derive(Debug, Clone)]
 pub struct Checkout {
@@ -287,13 +297,13 @@ impl SnapshotStore {
     /// shim). `FailedPrecondition` naming the holder while another node has
     /// it; waited for (up to a minute, by the daemon) while that node is
     /// letting go of it.
-    pub async fn acquire(&self, actor: &str, owner: &str) -> Result<u64> {
+    pub async fn acquire(&self, actor: &str, owner: &str) -> Result<Grant> {
         let mut req = api::AcquireRequest::new();
         req.actor = actor.to_string();
         req.owner = owner.to_string();
         let req = &req;
         let r = self.call("acquire of the actor lease", StoreErrorKind::LeaseHeld, |c| async move { c.acquire(ctx(ACQUIRE), req).await }).await?;
-        Ok(r.epoch)
+        Ok(Grant { epoch: r.epoch, previous_node: (!r.previous_node.is_empty()).then(|| r.previous_node.clone()) })
     }
 
     /// `actor` may go on running here (shim `owner`): this node holds its

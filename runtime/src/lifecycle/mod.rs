@@ -179,8 +179,9 @@ impl Actor {
         let claim = Claim::take(&rec.actor, group)?;
         // One node runs the actor: its lease in the object tier (refused,
         // naming the holder, while another node has it).
-        let epoch = self.store.acquire(&rec.actor, group).await.map_err(|e| e.context(&format!("actor {}", rec.actor)))?;
-        info!(actor = rec.actor.as_str(), epoch, "actor lease held by this node");
+        let grant = self.store.acquire(&rec.actor, group).await.map_err(|e| e.context(&format!("actor {}", rec.actor)))?;
+        info!(actor = rec.actor.as_str(), epoch = grant.epoch, from = ?grant.previous_node, "actor lease held by this node");
+        rec.moved_from = grant.previous_node;
         if let Err(e) = store.save(&rec) {
             self.store.surrender_logged(&rec.actor, group).await;
             return Err(e);
