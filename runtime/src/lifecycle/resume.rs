@@ -374,34 +374,53 @@ impl Actor {
         let restore = self.tasks.restore(id, &from);
         tokio::pin!(restore);
         let pid = daemon.pid;
+        // The daemon served everything and ended before the restore did.
+        let mut served = false;
         let restored = tokio::select! {
             r = &mut restore => r,
-            _ = daemon.exit.wait_for(pid) => {
-                // Its page server went away during the restore (CRIU's
-                // daemon does not outlive that): the half-restored tasks
-                // wait on their missing pages for ever, so they are killed
-                // and the restore fails.
-                let why = format!("criu lazy-pages ended during the restore (its page server {} went away; see {:?})", pages.socket.display(), work.join("lazy-pages.log"));
-                warn!(container = id, "{why}: the restore is stopped");
-                if let Some(cg) = self.record().and_then(|r| r.cgroups.get(id).cloned()) {
-                    crate::system::cgroup::kill_cgroup(&cg).await;
+            status = daemon.exit.wait_for(pid) => {
+                if status == 0 {
+                    // It served every page there was to serve lazily and
+                    // ended (a small actor whose memory came in with the
+                    // eager runs has none): runc's restore goes on.
+                    debug!(container = id, "criu lazy-pages done before the end of the restore");
+                    served = true;
+                    restore.await
+                } else {
+                    return Err(self.stop_streamed_restore(id, restore, pages, work, status).await);
                 }
-                if restore.await.is_ok() {
-                    let _ = self.tasks.unrestore(id).await;
-                }
-                return Err(Error::store(StoreErrorKind::Unavailable, why));
             }
         };
         match restored {
             Ok(pid) => {
-                lock(&self.lazy).push(daemon.finish(self.lazy_stop.subscribe()));
+                if !served {
+                    lock(&self.lazy).push(daemon.finish(self.lazy_stop.subscribe()));
+                }
                 Ok(pid)
             }
             Err(e) => {
-                daemon.kill();
+                if !served {
+                    daemon.kill();
+                }
                 Err(e)
             }
         }
+    }
+
+    /// The lazy-pages daemon of a streamed restore failed (`status`) before
+    /// the restore ended: its page server went away (CRIU's daemon does not
+    /// outlive that), and the half-restored tasks would wait on their
+    /// missing pages for ever, so they are killed and the restore fails.
+    async fn stop_streamed_restore(&self, id: &str, restore: impl std::future::Future<Output = Result<i32>>, pages: PageSource<'_>, work: &Path, status: i32) -> Error {
+        let why = format!("criu lazy-pages ended with status {status} during the restore (its page server {} went away; see {:?})", pages.socket.display(), work.join("lazy-pages.log"));
+        warn!(container = id, "{why}: the restore is stopped");
+        if let Some(cg) = self.record().and_then(|r| r.cgroups.get(id).cloned()) {
+            crate::system::cgroup::kill_cgroup(&cg).await;
+        }
+        if restore.await.is_ok() {
+            let _ = self.tasks.unrestore(id).await;
+        }
+        Error::store(StoreErrorKind::Unavailable, why)
     }
 
     /// Watches the streamed checkout `lease` the actor was just restored
