@@ -75,7 +75,7 @@ APT_PACKAGES=(
 	# CRIU's run-time libraries (bookworm versions)
 	libbsd0 libgnutls30 libnftables1 libprotobuf-c1 libnl-3-200 libnet1 libuuid1
 	# CRIU's build dependencies (Debian's Build-Depends, less docs and python)
-	gcc make pkg-config python3 libbsd-dev libcap-dev libgnutls28-dev libnet1-dev
+	gcc libc6-dev make pkg-config python3 libbsd-dev libcap-dev libgnutls28-dev libnet1-dev
 	libnftables-dev libnl-3-dev libprotobuf-c-dev libprotobuf-dev
 	protobuf-c-compiler protobuf-compiler uuid-dev
 	# the cgroup v2 guest of test/vm/run.sh (make test)

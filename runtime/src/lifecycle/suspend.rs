@@ -336,6 +336,9 @@ impl Actor {
         if let Err(e) = saved {
             warn!(staging = staging.id.as_str(), "save the actor record after a commit: {e}");
         }
+        // What the suspend and its commit allocated is garbage now, and the
+        // shim may sleep with its actor for long: give it back.
+        crate::system::heap::release_free();
     }
 
     /// Waits for the attempt of a background commit under way; an error if

@@ -12,10 +12,12 @@
 //! - [`rootfs`]: a container's rootfs changes as an OCI layer changeset;
 //! - [`netns`]: ports, iptables and CRIU's network lock in the pod's netns;
 //! - [`held_ports`]: listeners held for a sleeping actor, probes answered,
-//!   connections handed over.
+//!   connections handed over;
+//! - [`heap`]: the process's own allocator, kept small while actors sleep.
 
 pub mod cgroup;
 pub mod criu;
+pub mod heap;
 pub mod held_ports;
 pub mod netns;
 pub mod reaper;
