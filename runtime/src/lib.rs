@@ -26,7 +26,7 @@ pub mod task;
 pub mod trigger;
 
 pub use error::{Error, Result, StoreErrorKind};
-pub use lifecycle::cleanup::after_shim_death;
+pub use lifecycle::cleanup::{after_shim_death, container_gone};
 pub use oci::spec::{group_of, read_spec};
 pub use pod::{CreateRequest, Runtime};
 pub use system::reaper::set_tag;

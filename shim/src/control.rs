@@ -135,6 +135,12 @@ pub fn remove(id: &str) {
     let _ = std::fs::remove_file(socket_path(id));
 }
 
+/// Does shim `id` still serve (its control socket takes a connection)? A
+/// dead shim's socket file refuses it, or is gone.
+pub fn serving(id: &str) -> bool {
+    std::os::unix::net::UnixStream::connect(socket_path(id)).is_ok()
+}
+
 /// The first byte of a connection, without taking it; `None` at EOF.
 async fn peek_first(stream: &UnixStream) -> std::io::Result<Option<u8>> {
     loop {

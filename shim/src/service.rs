@@ -79,13 +79,22 @@ impl Shim for Service {
         let bundle = std::env::current_dir()
             .map_err(|e| containerd_shim::Error::Other(format!("get bundle dir: {e}")))?;
         let shim = group_of(&bundle, &self.id);
-        info!(container = self.id.as_str(), shim = shim.as_str(), "cleaning up after the shim died");
-        torpor_runtime::after_shim_death(&self.namespace, &shim, &self.id, &bundle).await;
+        if crate::control::serving(&shim) {
+            // containerd also runs this when it closes its connection for
+            // one task of a shim that lives on (its start failed, say): that
+            // container alone goes; the actor, its record, its lease and the
+            // control socket are the live shim's.
+            info!(container = self.id.as_str(), shim = shim.as_str(), "cleaning up one container of a shim that still serves its pod");
+            torpor_runtime::container_gone(&self.namespace, &self.id, &bundle).await;
+        } else {
+            info!(container = self.id.as_str(), shim = shim.as_str(), "cleaning up after the shim died");
+            torpor_runtime::after_shim_death(&self.namespace, &shim, &self.id, &bundle).await;
+            crate::control::remove(&shim);
+        }
         let rootfs = bundle.join("rootfs");
         if let Err(e) = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0) {
             warn!("cleanup: unmount {rootfs:?}: {e}");
         }
-        crate::control::remove(&shim);
         let pid = torpor_runtime::read_pid(&bundle.join("init.pid")).unwrap_or(0);
         Ok(DeleteResponse {
             pid: pid as u32,

@@ -331,3 +331,50 @@ fn kept_checkpoint_is_restored_once_by_actor_id() {
     );
     assert_eq!(c.new.cmd("get"), "5", "the restored one keeps its state");
 }
+
+/// containerd also runs `containerd-shim-torpor-v1 delete` for one task of
+/// a shim that lives on (containerd 2.x does when it closes its connection
+/// for a task, e.g. one whose start failed): that container goes, as under
+/// runc-v2, but the live shim's actor keeps its record, its lease and its
+/// control socket (before, the cleanup took the shim for dead: it settled
+/// the record, surrendered the lease and removed the socket).
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn a_cleanup_of_one_task_leaves_the_live_shims_actor_alone() {
+    let a = counter(0).start(Pod::run_with("cleanup-live", PodOptions::default()));
+    a.count_to(3);
+    let out = torporctl(&["--json", "suspend", a.shim()]);
+    assert!(out.success(), "{out}");
+    assert_eq!(a.status()["state"], "SUSPENDED");
+    let pid = shim_pid(a.shim()).unwrap_or_else(|| panic!("no shim process for {}", a.shim()));
+    let lease = |actor: &str| -> Option<Value> {
+        let bucket = std::env::var("TORPOR_RIG_S3_BUCKET").unwrap_or_else(|_| "torpor".into());
+        let text = std::fs::read_to_string(format!("{}/s3/{bucket}/objects/actors/{actor}/lease.json", Node::a().root)).ok()?;
+        serde_json::from_str(&text).ok()
+    };
+    let before = lease(&a.actor).unwrap_or_else(|| panic!("the actor {} has a lease", a.actor));
+
+    // what containerd runs when it lets go of one task of the shim
+    let bundle = format!("{}/containerd/io.containerd.runtime.v2.task/k8s.io/{}", rig().state_dir, a.container);
+    let bin = format!("{}/../target/release/containerd-shim-torpor-v1", env!("CARGO_MANIFEST_DIR"));
+    let out = std::process::Command::new(&bin)
+        .args(["-namespace", "k8s.io", "-address", &rig().address, "-id", &a.container, "-bundle", &bundle, "delete"])
+        .current_dir(&bundle)
+        .envs(Node::a().torpor_env())
+        .output()
+        .unwrap_or_else(|e| panic!("run {bin} delete: {e}"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the shim's delete: {stderr}");
+    assert!(stderr.contains("still serves its pod"), "it saw the shim alive: {stderr}");
+
+    assert!(Path::new(&format!("/proc/{pid}")).exists(), "the shim lives on");
+    let rec = Node::a().actor_record(a.shim()).unwrap_or_else(|| panic!("the live shim's actor record is kept"));
+    assert_ne!(rec["orphaned"], true, "not settled as a dead shim's: {rec}");
+    // the control socket still answers: torporctl reaches the actor
+    assert_eq!(a.status()["state"], "SUSPENDED");
+    let after = lease(&a.actor).unwrap_or_else(|| panic!("the lease object is still there"));
+    assert_eq!(after["node"], before["node"], "{after}");
+    assert_eq!(after["epoch"], before["epoch"], "{after}");
+    assert_ne!(after["released"], true, "the lease was not let go: {after}");
+    assert_ne!(after["leaving"], true, "the lease is not being let go: {after}");
+}

@@ -49,14 +49,7 @@ use crate::system::runc_options::RuncOptions;
 /// is logged.
 pub async fn after_shim_death(namespace: &str, shim: &str, id: &str, bundle: &Path) {
     kill_tagged(shim);
-    // The runc the dead shim drove (containerd's runtime options, kept in
-    // the bundle at create).
-    let options = RuncOptions::load(bundle).unwrap_or_else(|e| {
-        warn!("after the shim died: {e}; using the default runc");
-        RuncOptions::default()
-    });
-    let runc = Runc::for_options(namespace, bundle, &options);
-    kill_container(&runc, id, cgroup_of_bundle(bundle).as_deref()).await;
+    let runc = container_gone(namespace, id, bundle).await;
 
     // The actor's store is the dead shim's: every container's cleanup looks
     // at it (containerd runs them concurrently), one at a time; the first
@@ -90,6 +83,23 @@ pub async fn after_shim_death(namespace: &str, shim: &str, id: &str, bundle: &Pa
         warn!("after the shim died: remove the request directory: {e}");
     }
     settle(&SnapshotStore::new(), &store, rec).await;
+}
+
+/// Cleanup of container `id` alone (bundle `bundle`) when containerd lets
+/// go of it while its shim still serves the pod (a task whose start failed,
+/// a connection containerd closed): the container and what is left in its
+/// cgroup are killed and deleted, as runc-v2's cleanup does; the actor, its
+/// record and its lease stay the live shim's. Returns the runc it used.
+pub async fn container_gone(namespace: &str, id: &str, bundle: &Path) -> Runc {
+    // The runc the shim drove (containerd's runtime options, kept in the
+    // bundle at create).
+    let options = RuncOptions::load(bundle).unwrap_or_else(|e| {
+        warn!("cleanup of container {id}: {e}; using the default runc");
+        RuncOptions::default()
+    });
+    let runc = Runc::for_options(namespace, bundle, &options);
+    kill_container(&runc, id, cgroup_of_bundle(bundle).as_deref()).await;
+    runc
 }
 
 /// Decides what is kept of a dead shim's actor (see the module doc).
