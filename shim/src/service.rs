@@ -95,6 +95,8 @@ impl Shim for Service {
         if let Err(e) = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0) {
             warn!("cleanup: unmount {rootfs:?}: {e}");
         }
+        // a killed CRIU's cgroup yard in the bundle's CRIU work directory
+        torpor_runtime::system::mounts::detach_under(&bundle);
         let pid = torpor_runtime::read_pid(&bundle.join("init.pid")).unwrap_or(0);
         Ok(DeleteResponse {
             pid: pid as u32,

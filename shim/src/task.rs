@@ -97,11 +97,14 @@ async fn mount_rootfs(req: &CreateTaskRequest, bundle: &Path) -> ttrpc::Result<(
     Ok(())
 }
 
-fn unmount_rootfs(bundle: &Path) {
+/// Unmounts the container's rootfs, and whatever a killed CRIU left
+/// mounted in the bundle's CRIU work directory (its cgroup yard).
+fn unmount_bundle(bundle: &Path) {
     let rootfs = bundle.join("rootfs");
     if let Err(e) = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0) {
         warn!("unmount {rootfs:?}: {e}");
     }
+    torpor_runtime::system::mounts::detach_under(bundle);
 }
 
 #[async_trait]
@@ -139,7 +142,7 @@ impl Task for TaskService {
         let pid = match created {
             Ok(pid) => pid,
             Err(e) => {
-                unmount_rootfs(&bundle);
+                unmount_bundle(&bundle);
                 warn!(id = req.id.as_str(), "create failed: {e}");
                 return Err(crate::error::to_ttrpc(e));
             }
@@ -209,7 +212,7 @@ impl Task for TaskService {
         let bundle = self.runtime.state(&req.id, "").await.ttrpc()?.bundle;
         let (pid, exit) = self.runtime.delete(&req.id, &req.exec_id).await.ttrpc()?;
         if req.exec_id.is_empty() {
-            unmount_rootfs(&bundle);
+            unmount_bundle(&bundle);
             self.events.send(TaskDelete {
                 container_id: req.id.clone(),
                 pid: pid as u32,

@@ -333,8 +333,18 @@ impl Store {
         }
     }
 
-    /// Removes everything of the actor (record and images).
+    /// Removes the actor's CRIU work directories, and what a killed CRIU
+    /// left mounted in them.
+    pub fn remove_work(&self) {
+        let work = self.work_root();
+        crate::system::mounts::detach_under(&work);
+        let _ = fs::remove_dir_all(&work);
+    }
+
+    /// Removes everything of the actor (record and images), and what a
+    /// killed CRIU left mounted in its work directories.
     pub fn remove(&self) -> Result<()> {
+        crate::system::mounts::detach_under(&self.dir);
         match fs::remove_dir_all(&self.dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Io {
                 context: format!("remove {:?}", self.dir),

@@ -164,7 +164,7 @@ async fn settle(snaps: &SnapshotStore, store: &Store, mut rec: Record) {
     }
     // The record stays (marked orphaned) for an operator to see, until a
     // container of the actor is restored; the state is in the store.
-    let _ = std::fs::remove_dir_all(store.work_root());
+    store.remove_work();
     rec.orphaned = true;
     if let Err(e) = store.save(&rec) {
         warn!(actor = rec.actor.as_str(), "cannot mark the kept record in {dir:?}: {e}");

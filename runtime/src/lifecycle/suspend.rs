@@ -138,7 +138,7 @@ impl Actor {
         if let Err(e) = self.checkpoint_all(&dir, generation, &images, was == Lifecycle::Frozen && !tier, &mut t).await {
             warn!(actor = rec.actor.as_str(), "suspend failed, actor keeps running: {e}");
             self.store.abort_logged(&staging).await;
-            let _ = std::fs::remove_dir_all(dir.work_root());
+            dir.remove_work();
             self.update(|r| {
                 r.state = was;
                 r.last_error = Some(e.to_string());
@@ -213,7 +213,7 @@ impl Actor {
             }
         };
         failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_DUMP);
-        let _ = std::fs::remove_dir_all(dir.work_root());
+        dir.remove_work();
         // The ports are held before CRIU's network lock goes: a connection
         // that arrives in between is never refused (the lock drops it, the
         // client retransmits to the held listener).

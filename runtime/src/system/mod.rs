@@ -13,12 +13,14 @@
 //! - [`netns`]: ports, iptables and CRIU's network lock in the pod's netns;
 //! - [`held_ports`]: listeners held for a sleeping actor, probes answered,
 //!   connections handed over;
-//! - [`heap`]: the process's own allocator, kept small while actors sleep.
+//! - [`heap`]: the process's own allocator, kept small while actors sleep;
+//! - [`mounts`]: mounts a killed CRIU left below a directory, detached.
 
 pub mod cgroup;
 pub mod criu;
 pub mod heap;
 pub mod held_ports;
+pub mod mounts;
 pub mod netns;
 pub mod reaper;
 pub mod rootfs;

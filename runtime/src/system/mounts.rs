@@ -1,0 +1,94 @@
+//! Mounts left below one of the runtime's own directories.
+//!
+//! CRIU mounts its cgroup yard (`.criu.cgyard.*`, a tmpfs with a mount of
+//! each hierarchy) inside its work directory during a restore, and takes it
+//! down at the end; a CRIU that was killed in between (a restore stopped
+//! at its deadline, a failed stream, the cleanup after a dead shim) leaves
+//! it mounted. Before such a directory is removed, [`detach_under`] takes
+//! down whatever is mounted below it, so neither the mounts nor the
+//! directory outlive the actor.
+
+use std::path::{Path, PathBuf};
+
+use tracing::{info, warn};
+
+/// Lazily unmounts (`MNT_DETACH`) every mount point strictly below `dir`
+/// in this process's mount namespace, deepest first. Returns how many went.
+pub fn detach_under(dir: &Path) -> usize {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return 0 };
+    let mut points: Vec<PathBuf> = info
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(|p| PathBuf::from(unescape(p)))
+        .filter(|p| p.starts_with(dir) && p != dir)
+        .collect();
+    points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    points.dedup();
+    let mut n = 0;
+    for p in &points {
+        match nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH) {
+            Ok(()) => n += 1,
+            // an upper mount's detach took it along
+            Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
+            Err(e) => warn!(mount = %p.display(), "detach a mount left below {}: {e}", dir.display()),
+        }
+    }
+    if n > 0 {
+        info!(dir = %dir.display(), mounts = n, "detached mounts left below the directory (a killed CRIU's cgroup yard)");
+    }
+    n
+}
+
+/// mountinfo escapes space, tab, newline and backslash as `\ooo`.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = (b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)))
+            .then(|| b[i + 1..i + 4].iter().fold(0u32, |v, c| v * 8 + u32::from(c - b'0')))
+            .and_then(|v| u8::try_from(v).ok());
+        if let Some(c) = octal {
+            out.push(c);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes() {
+        assert_eq!(unescape(r"/a\040b"), "/a b");
+        assert_eq!(unescape(r"/plain"), "/plain");
+        assert_eq!(unescape(r"/end\"), r"/end\");
+        assert_eq!(unescape(r"/x\134y"), r"/x\y");
+        assert_eq!(unescape(r"/big\777"), r"/big\777", "not a byte: kept as it is");
+    }
+
+    /// As root (the tests' user): a tmpfs with another inside it, as a
+    /// killed CRIU leaves its cgroup yard, goes; the directory can go then.
+    #[test]
+    fn nested_mounts_below_a_directory_are_detached() {
+        use nix::mount::{mount, MsFlags};
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let yard = tmp.path().join("work/gen-1/c.lazy/.criu.cgyard.test");
+        std::fs::create_dir_all(&yard).expect("mkdir");
+        mount(Some("none"), &yard, Some("tmpfs"), MsFlags::empty(), Some("size=64k")).expect("mount the yard (tests run as root)");
+        let inner = yard.join("memory");
+        std::fs::create_dir_all(&inner).expect("mkdir inner");
+        mount(Some("none"), &inner, Some("tmpfs"), MsFlags::empty(), Some("size=64k")).expect("mount inside the yard");
+        let beside = tempfile::tempdir().expect("tempdir");
+        assert_eq!(detach_under(tmp.path()), 2);
+        let left = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        assert!(!left.contains(&*tmp.path().to_string_lossy()), "no mount left below {:?}", tmp.path());
+        std::fs::remove_dir_all(tmp.path().join("work")).expect("the directory can go now");
+        assert_eq!(detach_under(beside.path()), 0);
+    }
+}
