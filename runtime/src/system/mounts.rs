@@ -78,6 +78,14 @@ mod tests {
     fn nested_mounts_below_a_directory_are_detached() {
         use nix::mount::{mount, MsFlags};
         let tmp = tempfile::tempdir().expect("tempdir");
+        // a failing assertion leaves no mount behind either
+        struct Detach(PathBuf);
+        impl Drop for Detach {
+            fn drop(&mut self) {
+                detach_under(&self.0);
+            }
+        }
+        let _guard = Detach(tmp.path().to_path_buf());
         let yard = tmp.path().join("work/gen-1/c.lazy/.criu.cgyard.test");
         std::fs::create_dir_all(&yard).expect("mkdir");
         mount(Some("none"), &yard, Some("tmpfs"), MsFlags::empty(), Some("size=64k")).expect("mount the yard (tests run as root)");
