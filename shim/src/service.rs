@@ -10,7 +10,7 @@ use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::protos::types::introspection::{RuntimeInfo, RuntimeVersion};
 use containerd_shim::{Config, Flags, StartOpts};
-use tracing::{info, warn};
+use tracing::info;
 use tokio::sync::mpsc;
 use torpor_runtime::{group_of, Runtime};
 
@@ -91,12 +91,7 @@ impl Shim for Service {
             torpor_runtime::after_shim_death(&self.namespace, &shim, &self.id, &bundle).await;
             crate::control::remove(&shim);
         }
-        let rootfs = bundle.join("rootfs");
-        if let Err(e) = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0) {
-            warn!("cleanup: unmount {rootfs:?}: {e}");
-        }
-        // a killed CRIU's cgroup yard in the bundle's CRIU work directory
-        torpor_runtime::system::mounts::detach_under(&bundle);
+        crate::task::unmount_bundle(&bundle);
         let pid = torpor_runtime::read_pid(&bundle.join("init.pid")).unwrap_or(0);
         Ok(DeleteResponse {
             pid: pid as u32,

@@ -99,7 +99,7 @@ async fn mount_rootfs(req: &CreateTaskRequest, bundle: &Path) -> ttrpc::Result<(
 
 /// Unmounts the container's rootfs, and whatever a killed CRIU left
 /// mounted in the bundle's CRIU work directory (its cgroup yard).
-fn unmount_bundle(bundle: &Path) {
+pub(crate) fn unmount_bundle(bundle: &Path) {
     let rootfs = bundle.join("rootfs");
     if let Err(e) = containerd_shim::mount::umount_recursive(rootfs.to_str(), 0) {
         warn!("unmount {rootfs:?}: {e}");

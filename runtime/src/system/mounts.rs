@@ -22,8 +22,9 @@ pub fn detach_under(dir: &Path) -> usize {
         .map(|p| PathBuf::from(unescape(p)))
         .filter(|p| p.starts_with(dir) && p != dir)
         .collect();
+    // Deepest first. A path listed twice is two mounts stacked on it: each
+    // detach takes the top one.
     points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
-    points.dedup();
     let mut n = 0;
     for p in &points {
         match nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH) {
