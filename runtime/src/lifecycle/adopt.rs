@@ -178,10 +178,18 @@ impl Actor {
         let started = std::time::Instant::now();
         // From a streamed checkout: its memory is served while it arrives.
         let streamed = adopted.as_ref().and_then(|a| a.checkout.page_server.as_deref().map(|socket| PageSource { socket, lease: &a.checkout.lease }));
-        let restored = match streamed {
-            Some(pages) => self.restore_streamed(id, image, &criu_work(bundle_dir).join("lazy"), pages).await,
-            None => self.tasks.restore(id, &RestoreFrom { image: image.to_path_buf(), work: criu_work(bundle_dir), lazy: false }).await,
+        let restored = match self.link_fds_of_image(image) {
+            Err(e) => Err(e),
+            Ok(inherit) => match streamed {
+                Some(pages) => self.restore_streamed(id, image, &criu_work(bundle_dir).join("lazy"), pages, inherit).await,
+                None => self.tasks.restore(id, &RestoreFrom { image: image.to_path_buf(), work: criu_work(bundle_dir), lazy: false, inherit }).await,
+            },
         };
+        if restored.is_ok() {
+            if let Some(name) = image.file_name().and_then(|n| n.to_str()) {
+                self.links_restored(name);
+            }
+        }
         report::phase("criu_restore");
         if let Some(a) = adopted {
             if let Err(e) = bundle::recovery_criu_config(bundle_dir, false) {

@@ -40,8 +40,7 @@
 
 use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener as StdListener};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::path::Path;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,6 +51,7 @@ use crate::actor::report::{self, Op};
 use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::{lock, Actor};
 use crate::system::cgroup;
+use crate::system::pidfd;
 use crate::system::held_ports::{self, Handover};
 use crate::task::Status;
 
@@ -343,16 +343,8 @@ impl Actor {
     fn watch_frozen_listeners(&self, ids: &[String]) -> FrozenWatch {
         let (netns, target) = self.activation_target(ids);
         let ports: HashSet<u16> = target.iter().map(SocketAddr::port).collect();
-        let mut pids = Vec::new();
         let rec = self.record();
-        for id in ids {
-            let in_cgroup = rec.as_ref().and_then(|r| r.cgroups.get(id)).map(|cg| cgroup_pids(cg)).unwrap_or_default();
-            if in_cgroup.is_empty() {
-                pids.extend(self.tasks.app_info(id).ok().map(|i| i.pid).filter(|p| *p > 0));
-            } else {
-                pids.extend(in_cgroup);
-            }
-        }
+        let pids: Vec<i32> = ids.iter().flat_map(|id| self.processes_of(rec.as_ref(), id)).collect();
         let mut watch = FrozenWatch { armed: None, flags: Vec::new() };
         let Some(netns) = netns else { return watch };
         let taken = take_listeners(&pids, &ports);
@@ -408,17 +400,13 @@ fn take_listeners(pids: &[i32], ports: &HashSet<u16>) -> Vec<Taken> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for &pid in pids {
-        let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
         let mut pidfd = None;
-        for e in entries.flatten() {
-            let Ok(target) = std::fs::read_link(e.path()) else { continue };
-            let Some(inode) = socket_inode(&target) else { continue };
-            let Some(fd) = e.file_name().to_str().and_then(|n| n.parse::<RawFd>().ok()) else { continue };
+        for (fd, inode) in pidfd::sockets_of(pid) {
             if seen.contains(&inode) {
                 continue;
             }
             if pidfd.is_none() {
-                match pidfd_open(pid) {
+                match pidfd::open(pid) {
                     Ok(p) => pidfd = Some(p),
                     Err(e) => {
                         warn!(pid, "freeze tier: pidfd_open: {e}");
@@ -427,7 +415,7 @@ fn take_listeners(pids: &[i32], ports: &HashSet<u16>) -> Vec<Taken> {
                 }
             }
             let Some(pfd) = &pidfd else { break };
-            let ours = match pidfd_getfd(pfd, fd) {
+            let ours = match pidfd::get_fd(pfd, fd) {
                 Ok(o) => o,
                 Err(e) => {
                     debug!(pid, fd, "freeze tier: pidfd_getfd: {e}");
@@ -457,32 +445,6 @@ fn prepare(ours: OwnedFd, addr: SocketAddr) -> Result<Taken> {
         return Err(Error::Io { context: format!("make the listener on {addr} non-blocking"), source: std::io::Error::last_os_error() });
     }
     Ok(Taken { listener: StdListener::from(ours), addr, keep, flags })
-}
-
-/// `socket:[<inode>]`, the link of a socket descriptor.
-fn socket_inode(link: &Path) -> Option<u64> {
-    link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
-}
-
-fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
-    // SAFETY: a plain syscall; the returned descriptor is ours.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
-/// A descriptor of the target's `fd` (the same open file).
-fn pidfd_getfd(pidfd: &OwnedFd, fd: RawFd) -> std::io::Result<OwnedFd> {
-    // SAFETY: a plain syscall; the returned descriptor is ours.
-    let ours = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), fd, 0) };
-    if ours < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a new descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(ours as RawFd) })
 }
 
 /// The address of a listening TCP socket (IPv4 or IPv6); `None` for any
@@ -527,8 +489,20 @@ fn tcp_listener_addr(fd: &OwnedFd) -> Option<SocketAddr> {
 }
 
 /// The processes of cgroup `path` (none when it cannot be read).
-fn cgroup_pids(path: &str) -> Vec<i32> {
-    cgroup::Roots::host().of_path(path).and_then(|cg| cg.procs()).unwrap_or_default()
+impl Actor {
+    /// The processes of app container `id`: its cgroup's, or its init's
+    /// when the cgroup cannot be read.
+    pub(crate) fn processes_of(&self, rec: Option<&Record>, id: &str) -> Vec<i32> {
+        let in_cgroup = rec
+            .and_then(|r| r.cgroups.get(id))
+            .map(|cg| cgroup::Roots::host().of_path(cg).and_then(|cg| cg.procs()).unwrap_or_default())
+            .unwrap_or_default();
+        if in_cgroup.is_empty() {
+            self.tasks.app_info(id).ok().map(|i| i.pid).filter(|p| *p > 0).into_iter().collect()
+        } else {
+            in_cgroup
+        }
+    }
 }
 
 /// How many times the freezer is read back after a thaw (the v1 write
@@ -578,14 +552,6 @@ mod tests {
             rec.state = s;
             rec.fenced = None;
             assert_eq!(suspend_plan(&rec, w), SuspendPlan::Checkpoint, "{s}");
-        }
-    }
-
-    #[test]
-    fn socket_links() {
-        assert_eq!(socket_inode(Path::new("socket:[12345]")), Some(12345));
-        for not in ["pipe:[1]", "/dev/null", "socket:[x]", "socket:[1"] {
-            assert_eq!(socket_inode(Path::new(not)), None, "{not}");
         }
     }
 

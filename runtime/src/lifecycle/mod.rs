@@ -35,6 +35,7 @@
 pub mod adopt;
 pub mod cleanup;
 pub mod freeze;
+mod links;
 pub mod resume;
 pub mod suspend;
 mod timing;
@@ -95,6 +96,9 @@ pub struct Actor {
     frozen_watch: Arc<Mutex<Option<freeze::FrozenWatch>>>,
     /// Told when the freeze tier begins or ends (the window timer waits on it).
     freeze_changed: Arc<tokio::sync::Notify>,
+    /// Ends of the unix connections between the containers, held while
+    /// their containers are checkpointed ([`links`]).
+    links: Arc<Mutex<links::HeldEnds>>,
 }
 
 /// Locks a std mutex, through a poisoned one (a panic elsewhere does not
@@ -123,6 +127,7 @@ impl Actor {
             adoptions: Arc::default(),
             frozen_watch: Arc::default(),
             freeze_changed: Arc::default(),
+            links: Arc::default(),
         }
     }
 

@@ -18,7 +18,7 @@ use crate::oci::annotations::OnRestoreFailure;
 use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{lock, name_of, Actor};
 use crate::system::reaper;
-use crate::system::runc::RestoreFrom;
+use crate::system::runc::{InheritFd, RestoreFrom};
 use crate::task::Status;
 
 impl Actor {
@@ -296,7 +296,18 @@ impl Actor {
             }
             restored.push(id);
         }
+        // Every process has its connection ends now (kept until here: an
+        // undone restore must find them again).
+        for id in &restored {
+            self.links_restored(name_of(rec, id));
+        }
         Ok(())
+    }
+
+    /// What the restore of the container whose image directory is `image`
+    /// (named after the container) inherits ([`super::links`]).
+    pub(crate) fn link_fds_of_image(&self, image: &Path) -> Result<Vec<InheritFd>> {
+        self.link_fds(image_name(image)?, image)
     }
 
     /// `runc restore` of one suspended container from `image`: with lazy
@@ -311,9 +322,10 @@ impl Actor {
     /// resume's.
     pub(crate) async fn restore_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path, pages: Option<PageSource<'_>>, t: &mut Timing) -> Result<i32> {
         let image = image.to_path_buf();
+        let inherit = self.link_fds_of_image(&image)?;
         if let Some(pages) = pages {
             let work = dir.work_dir(generation, id, "lazy");
-            let restored = self.restore_streamed(id, &image, &work, pages).await;
+            let restored = self.restore_streamed(id, &image, &work, pages, inherit).await;
             t.mark("runc_restore");
             return restored;
         }
@@ -323,7 +335,7 @@ impl Actor {
             t.mark("lazy_pages_start");
             match started {
                 Ok(daemon) => {
-                    let from = RestoreFrom { image: image.clone(), work, lazy: true };
+                    let from = RestoreFrom { image: image.clone(), work, lazy: true, inherit: inherit.clone() };
                     let restored = self.tasks.restore(id, &from).await;
                     t.mark("runc_restore");
                     match restored {
@@ -341,7 +353,7 @@ impl Actor {
             }
         }
         let work = dir.work_dir(generation, id, "restore");
-        let restored = self.tasks.restore(id, &RestoreFrom { image, work, lazy: false }).await;
+        let restored = self.tasks.restore(id, &RestoreFrom { image, work, lazy: false, inherit }).await;
         t.mark("runc_restore");
         restored
     }
@@ -367,10 +379,10 @@ impl Actor {
 
     /// `runc restore --lazy-pages` of container `id` from `image` of a
     /// streamed checkout (`pages`), CRIU's work in `work`.
-    pub(crate) async fn restore_streamed(&self, id: &str, image: &Path, work: &Path, pages: PageSource<'_>) -> Result<i32> {
-        let container_dir = image.file_name().and_then(|n| n.to_str()).ok_or_else(|| Error::FailedPrecondition(format!("image directory {image:?} has no name")))?;
+    pub(crate) async fn restore_streamed(&self, id: &str, image: &Path, work: &Path, pages: PageSource<'_>, inherit: Vec<InheritFd>) -> Result<i32> {
+        let container_dir = image_name(image)?;
         let mut daemon = LazyDaemon::start_streamed(image, work, pages, container_dir).await?;
-        let from = RestoreFrom { image: image.to_path_buf(), work: work.to_path_buf(), lazy: true };
+        let from = RestoreFrom { image: image.to_path_buf(), work: work.to_path_buf(), lazy: true, inherit };
         let restore = self.tasks.restore(id, &from);
         tokio::pin!(restore);
         let pid = daemon.pid;
@@ -643,4 +655,9 @@ fn pass_fd_as_3(cmd: &mut std::process::Command, fd: std::os::fd::OwnedFd) {
             Ok(())
         });
     }
+}
+
+/// The container name an image directory is named after.
+fn image_name(image: &Path) -> Result<&str> {
+    image.file_name().and_then(|n| n.to_str()).ok_or_else(|| Error::FailedPrecondition(format!("image directory {image:?} has no name")))
 }

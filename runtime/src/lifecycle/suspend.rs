@@ -127,7 +127,6 @@ impl Actor {
                 return Err(e);
             }
         };
-        let generation = rec.generation;
         failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_PERSIST);
         t.mark("record_suspending");
         report::phase("prepare");
@@ -135,7 +134,7 @@ impl Actor {
         let images: Vec<(String, PathBuf)> = ids.iter().map(|id| (id.clone(), staging.path.join(name_of(&rec, id)))).collect();
         // A freeze-tier actor whose checkpoint fails runs again (thawed),
         // any other frozen one goes back to frozen.
-        if let Err(e) = self.checkpoint_all(&dir, generation, &images, was == Lifecycle::Frozen && !tier, &mut t).await {
+        if let Err(e) = self.checkpoint_all(&dir, &rec, &images, was == Lifecycle::Frozen && !tier, &mut t).await {
             warn!(actor = rec.actor.as_str(), "suspend failed, actor keeps running: {e}");
             self.store.abort_logged(&staging).await;
             dir.remove_work();
@@ -358,7 +357,8 @@ impl Actor {
 
     /// Freeze all, dump each into its image directory; on a failure, bring
     /// back what was touched, to the state it had (`was_frozen`: paused).
-    async fn checkpoint_all(&self, dir: &record::Store, generation: u64, images: &[(String, PathBuf)], was_frozen: bool, t: &mut Timing) -> Result<()> {
+    async fn checkpoint_all(&self, dir: &record::Store, rec: &Record, images: &[(String, PathBuf)], was_frozen: bool, t: &mut Timing) -> Result<()> {
+        let generation = rec.generation;
         for (id, _) in images {
             if self.tasks.has_live_execs(id)? {
                 return Err(Error::FailedPrecondition(format!("container {id} has exec sessions running")));
@@ -378,11 +378,20 @@ impl Actor {
             }
         }
         t.mark("freeze");
+        // The connections between the containers, while they are frozen.
+        let mut externals = std::collections::HashMap::new();
+        if failure.is_none() {
+            match self.take_links(rec, images).await {
+                Ok(x) => externals = x,
+                Err(e) => failure = Some(e),
+            }
+        }
         if failure.is_none() {
             failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_FREEZE);
             report::phase("freeze");
             for (id, image) in images {
-                let dumped_one = self.dump_one(dir, generation, id, image).await;
+                let external = externals.remove(id).unwrap_or_default();
+                let dumped_one = self.dump_one(dir, generation, id, image, external).await;
                 t.mark("dump");
                 if let Err(e) = dumped_one {
                     failure = Some(e);
@@ -403,8 +412,9 @@ impl Actor {
         let Some(e) = failure else { return Ok(()) };
         // Roll back: restore what was dumped, thaw what was only frozen.
         for (id, image) in &dumped {
-            if let Err(re) = self.restore_one(dir, generation, id, image, None, &mut Timing::start()).await {
-                warn!(container = id.as_str(), "rollback restore after a failed suspend: {re}");
+            match self.restore_one(dir, generation, id, image, None, &mut Timing::start()).await {
+                Ok(_) => self.links_restored(super::name_of(rec, id)),
+                Err(re) => warn!(container = id.as_str(), "rollback restore after a failed suspend: {re}"),
             }
         }
         if was_frozen {
@@ -425,7 +435,8 @@ impl Actor {
 
     /// The dump of one app container into `image`; CRIU's work dir (logs)
     /// stays outside the snapshot.
-    async fn dump_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path) -> Result<()> {
+    /// `external`: its ends of the pod's unix connections ([`super::links`]).
+    async fn dump_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path, external: Vec<String>) -> Result<()> {
         let work = dir.work_dir(generation, id, "dump");
         std::fs::create_dir_all(image)
             .and_then(|_| std::fs::create_dir_all(&work))
@@ -439,6 +450,7 @@ impl Actor {
             terminal,
             image_path: image.to_path_buf(),
             work_path: work,
+            external,
             ..Default::default()
         };
         failpoint::hit(&dir.key(), failpoint::SUSPEND_DURING_DUMP);

@@ -35,6 +35,13 @@ pub fn request_dir(group: &str) -> PathBuf {
 /// server had restarted.
 const CRIU_CONFIG: &str = "skip-in-flight\n";
 
+/// The app container's own CRIU configuration, beside its `config.json`:
+/// [`CRIU_CONFIG`], [`CRIU_RECOVERY`] while a kept checkpoint is restored
+/// into a new pod, and the options of the dump or restore under way
+/// ([`operation_criu_config`]) after [`OPERATION_MARK`].
+pub const OWN_CRIU_CONFIG: &str = "torpor-criu.conf";
+const OPERATION_MARK: &str = "# this dump or restore:\n";
+
 /// Adapts an app container's `config.json`: the request directory bind
 /// mount, torpor's CRIU configuration, and the container's umask
 /// ([`pin_umask`]).
@@ -48,10 +55,7 @@ fn adapt_spec_in(root: &Path, bundle: &Path, group: &str) -> Result<()> {
     let dir = request_dir_in(root, group)?;
     std::fs::create_dir_all(&dir).io_context(|| format!("create {dir:?}"))?;
     mount_request_tmpfs(&dir)?;
-    let criu_conf = root.with_file_name("criu.conf");
-    if std::fs::read_to_string(&criu_conf).ok().as_deref() != Some(CRIU_CONFIG) {
-        std::fs::write(&criu_conf, CRIU_CONFIG).io_context(|| format!("write {criu_conf:?}"))?;
-    }
+    let criu_conf = bundle.join(OWN_CRIU_CONFIG);
     let path = bundle.join("config.json");
     let mut spec = read_spec_json(bundle)?;
     let Some(mounts) = spec.get_mut("mounts").and_then(Value::as_array_mut) else {
@@ -68,7 +72,11 @@ fn adapt_spec_in(root: &Path, bundle: &Path, group: &str) -> Result<()> {
     if let Some(obj) = spec.as_object_mut() {
         let ann = obj.entry("annotations").or_insert_with(|| json!({}));
         if let Some(ann) = ann.as_object_mut() {
-            ann.entry("org.criu.config").or_insert_with(|| json!(criu_conf));
+            let own = ann.entry("org.criu.config").or_insert_with(|| json!(criu_conf));
+            // The user's own CRIU configuration is left alone.
+            if own.as_str() == criu_conf.to_str() {
+                write_criu_config(bundle, false, &[])?;
+            }
         }
     }
     pin_umask(&mut spec);
@@ -139,27 +147,65 @@ fn remove_request_dir_in(root: &Path, group: &str) -> Result<()> {
 /// saw them end with the old pod).
 const CRIU_RECOVERY: &str = "tcp-close\n";
 
-/// The per-container CRIU configuration of a container restored from a
-/// kept checkpoint: `org.criu.config` points to it (when it pointed to
-/// torpor's), with [`CRIU_RECOVERY`] while `restoring`, without it after
-/// (the container's later dumps keep their connections).
+/// The container's own CRIU configuration while a kept checkpoint is
+/// restored into it (`restoring`: with [`CRIU_RECOVERY`]) and after (the
+/// container's later dumps keep their connections). A container with the
+/// user's own CRIU configuration is left alone.
 pub fn recovery_criu_config(bundle: &Path, restoring: bool) -> Result<()> {
-    let own = bundle.join("criu-recovery.conf");
-    if !restoring {
-        if own.exists() {
-            std::fs::write(&own, CRIU_CONFIG).io_context(|| format!("write {own:?}"))?;
-        }
+    if !bundle.join(OWN_CRIU_CONFIG).exists() {
         return Ok(());
     }
-    let mut spec = read_spec_json(bundle)?;
-    let global = Path::new(REQUEST_ROOT).with_file_name("criu.conf");
-    let ann = &mut spec["annotations"]["org.criu.config"];
-    if ann.as_str() != Some(&*global.to_string_lossy()) {
-        return Ok(()); // the user's own CRIU configuration: left alone
+    write_criu_config(bundle, restoring, &[])
+}
+
+/// The options of the dump or restore about to run (`external ...`,
+/// `inherit-fd ...`) in the container's own CRIU configuration, replacing
+/// the last operation's. Nothing is written when there were none and are
+/// none. A container with the user's own configuration cannot take any:
+/// an error naming it.
+pub fn operation_criu_config(bundle: &Path, options: &[String]) -> Result<()> {
+    let own = bundle.join(OWN_CRIU_CONFIG);
+    let now = match std::fs::read_to_string(&own) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if options.is_empty() {
+                return Ok(());
+            }
+            return Err(Error::FailedPrecondition(format!(
+                "the container's CRIU configuration is the user's own (org.criu.config), not {own:?}: CRIU cannot be given {}",
+                options.join(", ")
+            )));
+        }
+        Err(e) => return Err(e).io_context(|| format!("read {own:?}")),
+    };
+    if options.is_empty() && !now.contains(OPERATION_MARK) {
+        return Ok(());
     }
-    std::fs::write(&own, format!("{CRIU_CONFIG}{CRIU_RECOVERY}")).io_context(|| format!("write {own:?}"))?;
-    *ann = json!(own);
-    write_spec_json(bundle, &spec)
+    let recovery = now.lines().any(|l| l == CRIU_RECOVERY.trim_end());
+    write_criu_config(bundle, recovery, options)
+}
+
+/// Writes the container's own CRIU configuration (atomically: CRIU may be
+/// reading the last one).
+fn write_criu_config(bundle: &Path, recovery: bool, options: &[String]) -> Result<()> {
+    let own = bundle.join(OWN_CRIU_CONFIG);
+    let mut text = String::from(CRIU_CONFIG);
+    if recovery {
+        text.push_str(CRIU_RECOVERY);
+    }
+    if !options.is_empty() {
+        text.push_str(OPERATION_MARK);
+        for o in options {
+            if o.contains('\n') {
+                return Err(Error::InvalidArgument(format!("CRIU option {o:?} spans lines")));
+            }
+            text.push_str(o);
+            text.push('\n');
+        }
+    }
+    let tmp = bundle.join(format!(".{OWN_CRIU_CONFIG}.tmp"));
+    std::fs::write(&tmp, text).io_context(|| format!("write {tmp:?}"))?;
+    std::fs::rename(&tmp, &own).io_context(|| format!("rename {tmp:?} to {own:?}"))
 }
 
 #[cfg(test)]
@@ -179,10 +225,39 @@ mod tests {
         assert_eq!(mounts.len(), 2);
         assert_eq!(mounts[1]["destination"], REQUEST_MOUNT);
         assert_eq!(v["x"], 1);
-        assert_eq!(v["annotations"]["org.criu.config"], run.path().join("criu.conf").to_str().unwrap());
+        let own = b.path().join(OWN_CRIU_CONFIG);
+        assert_eq!(v["annotations"]["org.criu.config"], own.to_str().unwrap());
         assert_eq!(mounts[1]["source"], root.join("pod").to_str().unwrap());
-        assert_eq!(std::fs::read_to_string(run.path().join("criu.conf")).unwrap(), CRIU_CONFIG);
+        assert_eq!(std::fs::read_to_string(&own).unwrap(), CRIU_CONFIG);
         remove_request_dir_in(&root, "pod").unwrap();
+    }
+
+    /// The operation's options replace the last operation's, keep the
+    /// recovery option while it is on, and go with an empty set.
+    #[test]
+    fn operation_options_replace_the_last_and_keep_recovery() {
+        let b = tempfile::tempdir().unwrap();
+        let own = b.path().join(OWN_CRIU_CONFIG);
+        let read = || std::fs::read_to_string(&own).unwrap();
+        write_criu_config(b.path(), false, &[]).unwrap();
+        operation_criu_config(b.path(), &["external unix[7]".into()]).unwrap();
+        assert_eq!(read(), format!("{CRIU_CONFIG}{OPERATION_MARK}external unix[7]\n"));
+        recovery_criu_config(b.path(), true).unwrap();
+        assert_eq!(read(), format!("{CRIU_CONFIG}{CRIU_RECOVERY}"));
+        operation_criu_config(b.path(), &["inherit-fd fd[100]:socket:[7]".into()]).unwrap();
+        assert_eq!(read(), format!("{CRIU_CONFIG}{CRIU_RECOVERY}{OPERATION_MARK}inherit-fd fd[100]:socket:[7]\n"));
+        operation_criu_config(b.path(), &[]).unwrap();
+        assert_eq!(read(), format!("{CRIU_CONFIG}{CRIU_RECOVERY}"));
+        recovery_criu_config(b.path(), false).unwrap();
+        assert_eq!(read(), CRIU_CONFIG);
+        assert!(operation_criu_config(b.path(), &["external a\nb".into()]).is_err());
+        // The user's own configuration: nothing to add is fine, options are refused.
+        std::fs::remove_file(&own).unwrap();
+        operation_criu_config(b.path(), &[]).unwrap();
+        let e = operation_criu_config(b.path(), &["external unix[7]".into()]).unwrap_err();
+        assert!(e.to_string().contains("the user's own"), "{e}");
+        recovery_criu_config(b.path(), true).unwrap();
+        assert!(!own.exists());
     }
 
     fn mounts_at(dir: &Path) -> usize {

@@ -14,7 +14,9 @@
 //! - [`held_ports`]: listeners held for a sleeping actor, probes answered,
 //!   connections handed over;
 //! - [`heap`]: the process's own allocator, kept small while actors sleep;
-//! - [`mounts`]: mounts a killed CRIU left below a directory, detached.
+//! - [`mounts`]: mounts a killed CRIU left below a directory, detached;
+//! - [`pidfd`]: another process's open files, taken through its pidfd;
+//! - [`unix_links`]: unix connections between the containers of a pod.
 
 pub mod cgroup;
 pub mod criu;
@@ -22,8 +24,10 @@ pub mod heap;
 pub mod held_ports;
 pub mod mounts;
 pub mod netns;
+pub mod pidfd;
 pub mod reaper;
 pub mod rootfs;
 pub mod runc;
 pub mod runc_options;
 pub mod stdio;
+pub mod unix_links;

@@ -9,8 +9,10 @@
 //! The deadline bounds the runc invocation: after `create`, `exec` or
 //! `restore --detach` returned, the container process is not touched.
 
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::debug;
@@ -176,9 +178,19 @@ impl Runc {
 
     /// Runs a runc subcommand that hands `stdio` to the container process.
     async fn run_with_stdio(&self, args: &[&str], stdio: ProcessStdio) -> Result<()> {
-        debug!(args = ?args, "runc");
+        self.run_with_stdio_fds(args, stdio, &[]).await
+    }
+
+    /// [`Runc::run_with_stdio`], with the descriptors `inherit` open in
+    /// runc (and so in the CRIU it starts) as numbers
+    /// [`FIRST_INHERITED_FD`], [`FIRST_INHERITED_FD`] + 1, ...
+    async fn run_with_stdio_fds(&self, args: &[&str], stdio: ProcessStdio, inherit: &[InheritFd]) -> Result<()> {
+        debug!(args = ?args, inherited = inherit.len(), "runc");
         let mut cmd = self.command(args);
         cmd.stdin(stdio.stdin).stdout(stdio.stdout).stderr(stdio.stderr);
+        if !inherit.is_empty() {
+            pass_fds(&mut cmd, inherit.iter().map(|i| i.fd.as_raw_fd()).collect());
+        }
         let deadline = deadline_of(args[0])?;
         let code = reaper::status(cmd, deadline).await.map_err(|e| self.timed_out(args, deadline, e))?;
         if code == 0 {
@@ -303,6 +315,10 @@ pub struct CheckpointOpts {
     pub cgroups_mode: String,
     pub image_path: PathBuf,
     pub work_path: PathBuf,
+    /// Resources of the dump that stay outside it (CRIU's `--external`,
+    /// such as `unix[INODE]`): set through the container's CRIU
+    /// configuration, which runc reads (runc has no flag for them).
+    pub external: Vec<String>,
 }
 
 impl Runc {
@@ -343,7 +359,7 @@ impl Runc {
             args.extend(["--console-socket", c, "--shell-job"]);
         }
         args.push(id);
-        self.run_with_stdio(&args, stdio)
+        self.run_with_stdio_fds(&args, stdio, &from.inherit)
             .await
             .map_err(|e| self.with_criu_log(e, &from.work, "restore.log"))
     }
@@ -431,6 +447,72 @@ pub struct RestoreFrom {
     /// Memory is served on demand by a `criu lazy-pages` daemon already
     /// listening in `work` (userfaultfd), instead of being copied first.
     pub lazy: bool,
+    /// Open files the restored processes get instead of new ones (CRIU's
+    /// `--inherit-fd`), set through the container's CRIU configuration
+    /// ([`RestoreFrom::criu_options`]).
+    pub inherit: Vec<InheritFd>,
+}
+
+/// Where the descriptors a restore hands to CRIU begin: above runc's own
+/// (its stdio and the CRIU socket pair it passes as 3 and up).
+pub const FIRST_INHERITED_FD: i32 = 100;
+
+/// A descriptor CRIU restores a file onto: `resource` names the file of the
+/// dump it stands for (`socket:[INODE]`).
+#[derive(Debug, Clone)]
+pub struct InheritFd {
+    pub resource: String,
+    pub fd: Arc<OwnedFd>,
+}
+
+impl RestoreFrom {
+    /// The CRIU configuration lines for [`RestoreFrom::inherit`].
+    pub fn criu_options(&self) -> Vec<String> {
+        self.inherit
+            .iter()
+            .zip(FIRST_INHERITED_FD..)
+            .map(|(i, n)| format!("inherit-fd fd[{n}]:{}", i.resource))
+            .collect()
+    }
+}
+
+impl CheckpointOpts {
+    /// The CRIU configuration lines for [`CheckpointOpts::external`].
+    pub fn criu_options(&self) -> Vec<String> {
+        self.external.iter().map(|e| format!("external {e}")).collect()
+    }
+}
+
+/// The child gets `fds` as descriptors [`FIRST_INHERITED_FD`] and up
+/// (without close-on-exec); the shim's own copies keep theirs.
+fn pass_fds(cmd: &mut Command, fds: Vec<RawFd>) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec, only fcntl and dup2 (both
+    // async-signal-safe) on descriptors the child inherited, and no
+    // allocation: `fds` was built before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            // First out of the way of every target (a source could be one),
+            // close-on-exec, then onto the targets.
+            let mut moved = [0 as RawFd; 64];
+            if fds.len() > moved.len() {
+                return Err(std::io::Error::from_raw_os_error(libc::EMFILE));
+            }
+            for (i, fd) in fds.iter().enumerate() {
+                let high = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, FIRST_INHERITED_FD + 64);
+                if high < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                moved[i] = high;
+            }
+            for (i, n) in (FIRST_INHERITED_FD..).take(fds.len()).enumerate() {
+                if libc::dup2(moved[i], n) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
 }
 
 /// Reads a pid file written by runc.
@@ -505,7 +587,9 @@ mod tests {
             cgroups_mode: "soft".into(),
             image_path: "/img".into(),
             work_path: "/work".into(),
+            external: vec!["unix[7]".into()],
         };
+        assert_eq!(o.criu_options(), ["external unix[7]"]);
         let a = checkpoint_args("c1", &o);
         for flag in ["--tcp-established", "--ext-unix-sk", "--shell-job", "--file-locks"] {
             assert!(a.iter().any(|x| x == flag), "{flag} missing in {a:?}");
@@ -531,6 +615,29 @@ mod tests {
         let msg = e.to_string();
         assert!(reaper::is_timeout(&e), "{msg}");
         assert!(msg.contains("runc state c1") && msg.contains("200ms") && msg.contains(SHORT_DEADLINE_ENV), "{msg}");
+    }
+
+    /// The child sees the inherited descriptors at 100, 101... (the same
+    /// open files), named so in CRIU's options; the shim keeps its own.
+    #[test]
+    fn inherited_descriptors_reach_the_child_at_their_numbers() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let inherit: Vec<InheritFd> = [a, b]
+            .into_iter()
+            .map(|s| InheritFd { resource: "socket:[1]".into(), fd: Arc::new(OwnedFd::from(s)) })
+            .collect();
+        let from = RestoreFrom { image: "/i".into(), work: "/w".into(), lazy: false, inherit: inherit.clone() };
+        assert_eq!(from.criu_options(), ["inherit-fd fd[100]:socket:[1]", "inherit-fd fd[101]:socket:[1]"]);
+        let mut cmd = Command::new("readlink");
+        cmd.args(["/proc/self/fd/100", "/proc/self/fd/101"]);
+        pass_fds(&mut cmd, inherit.iter().map(|i| i.fd.as_raw_fd()).collect());
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let ours: Vec<String> = inherit
+            .iter()
+            .map(|i| std::fs::read_link(format!("/proc/self/fd/{}", i.fd.as_raw_fd())).unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().collect::<Vec<_>>(), ours);
     }
 
     #[test]

@@ -18,6 +18,7 @@ use tracing::{info, warn};
 
 use crate::error::{Error, IoContext, Result};
 use crate::oci::annotations::ActorSpec;
+use crate::oci::bundle;
 use crate::system::cgroup;
 use crate::system::reaper;
 use crate::system::runc::{self, CheckpointOpts, RestoreFrom, Runc};
@@ -410,6 +411,7 @@ impl Tasks {
         let (runc_ref, b, pf) = (&runc, &bundle, &pid_file);
         let launched = async {
             std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
+            bundle::operation_criu_config(b, &from.criu_options())?;
             let io = stdio::launch(&stdio, |socket, stdio| async move {
                 runc_ref.restore(id, b, from, pf, socket.as_deref(), stdio).await
             })
@@ -562,9 +564,13 @@ impl Tasks {
                 }
             };
             c.state = ContainerState::Dumping { back: Box::new(back) };
-            Ok(c.runc.clone())
+            Ok((c.runc.clone(), c.bundle.clone()))
         })?;
-        let r = runc.checkpoint(id, opts).await;
+        let (runc, bundle) = runc;
+        let r = match bundle::operation_criu_config(&bundle, &opts.criu_options()) {
+            Ok(()) => runc.checkpoint(id, opts).await,
+            Err(e) => Err(e.context(&format!("checkpoint of {id}"))),
+        };
         let mut t = self.lock();
         if let Some(c) = t.containers.get_mut(id) {
             let back = match std::mem::replace(&mut c.state, ContainerState::Stopped) {
