@@ -312,6 +312,7 @@ impl Task for TaskService {
             cgroups_mode: o.cgroups_mode.clone(),
             image_path: PathBuf::from(image),
             work_path: work.clone(),
+            external: Vec::new(),
         };
         info!(id = req.id.as_str(), image = image.as_str(), exit = o.exit, "checkpoint");
         let r = self.runtime.checkpoint(&req.id, opts).await;

@@ -27,6 +27,8 @@ pub struct CounterSpec {
     extra: Vec<String>,
     attempt: u32,
     own_pid_namespace: bool,
+    /// Host directories bind-mounted: (host path, container path).
+    mounts: Vec<(String, String)>,
 }
 
 impl Default for CounterSpec {
@@ -41,7 +43,7 @@ impl CounterSpec {
     /// in a pod-shared one the restored pids must be free in the new pod's
     /// namespace: see docs/ARCHITECTURE.md).
     pub fn new() -> CounterSpec {
-        CounterSpec { alloc_mib: None, seed: None, extra: Vec::new(), attempt: 0, own_pid_namespace: true }
+        CounterSpec { alloc_mib: None, seed: None, extra: Vec::new(), attempt: 0, own_pid_namespace: true, mounts: Vec::new() }
     }
 
     /// `--alloc-mib N`: N MiB of patterned memory, checked by `sum`.
@@ -66,6 +68,12 @@ impl CounterSpec {
     /// CRI reserves `<name>_<pod>_..._<attempt>`).
     pub fn attempt(mut self, attempt: u32) -> CounterSpec {
         self.attempt = attempt;
+        self
+    }
+
+    /// The host directory `host` bind-mounted at `container`.
+    pub fn mount(mut self, host: &str, container: &str) -> CounterSpec {
+        self.mounts.push((host.to_string(), container.to_string()));
         self
     }
 
@@ -96,6 +104,9 @@ impl CounterSpec {
         config["metadata"]["attempt"] = self.attempt.into();
         if self.own_pid_namespace {
             config["linux"]["security_context"] = json!({"namespace_options": {"pid": 1}});
+        }
+        if !self.mounts.is_empty() {
+            config["mounts"] = self.mounts.iter().map(|(h, c)| json!({"host_path": h, "container_path": c})).collect();
         }
         config
     }

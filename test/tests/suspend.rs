@@ -1249,3 +1249,61 @@ fn an_altered_dump_is_refused_before_the_restore() {
     });
     refused("from the committed snapshot");
 }
+
+/// An app and its sidecar in one pod, connected by a unix stream socket on a
+/// shared volume and held open for the pod's life: the pod suspends and
+/// resumes as one unit, twice, and the connection works after each resume
+/// with both sides' state. While bytes are in flight on it the suspend is
+/// refused and the pod keeps running. After the resume the shim holds no
+/// end any more: the sidecar's stop closes the app's connection.
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn a_unix_connection_between_two_containers_survives_suspend() {
+    torpor_only();
+    let pod = Pod::run("susp-unix");
+    let shared = pod.dir().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let shared = shared.to_string_lossy().into_owned();
+    let mut side = container_config("side", &["peer", "--listen", "/shared/peer.sock"]);
+    side["mounts"] = serde_json::json!([{ "host_path": shared, "container_path": "/shared" }]);
+    let side = pod.start_config(&side);
+    wait_container_state(&side, "CONTAINER_RUNNING");
+    let a = CounterSpec::new()
+        .in_the_pods_pid_namespace()
+        .extra_args(&["--peer", "/shared/peer.sock"])
+        .mount(&shared, "/shared")
+        .start(pod);
+    assert_eq!(a.cmd("peer"), "pong 1");
+    assert_eq!(a.inc(), 1);
+
+    for cycle in 1..=2 {
+        let st = a.op("suspend");
+        assert_eq!(st["state"], "SUSPENDED", "cycle {cycle}: {st}");
+        for c in [&a.container, &side] {
+            assert!(container_processes(c, "/actor").is_empty(), "cycle {cycle}: no process of {c} while suspended");
+        }
+        let st = a.op("resume");
+        assert_eq!(st["state"], "RUNNING", "cycle {cycle}: {st}");
+        assert_eq!(a.cmd("peer"), format!("pong {}", cycle + 1), "cycle {cycle}: the same connection, the sidecar's count intact");
+        assert_eq!(a.inc(), cycle as u64 + 1, "cycle {cycle}: the app's count intact");
+    }
+
+    // An answer left unread: the suspend is refused, nothing is lost.
+    assert_eq!(a.cmd("peer send"), "sent, 7 bytes queued", "the answer (pong 4) waits unread");
+    let out = a.node().torporctl(&["--json", "suspend", a.shim()]);
+    assert!(!out.success() && out.to_string().contains("in flight on the unix connection"), "{out}");
+    let st = a.status();
+    assert_eq!(st["state"], "RUNNING", "a refused suspend leaves the pod running: {st}");
+    assert_eq!(a.cmd("peer read"), "pong 4", "the queued answer is still there");
+    assert_eq!(a.op("suspend")["state"], "SUSPENDED");
+    assert_eq!(a.op("resume")["state"], "RUNNING");
+    assert_eq!(a.cmd("peer"), "pong 5");
+
+    // The sidecar goes: the app sees its connection end (no end left in the shim).
+    crictl_ok(&["stop", "-t", "10", &side]);
+    let answer = a.cmd("peer");
+    assert!(
+        answer.starts_with("ERR") && (answer.contains("EOF") || answer.contains("broken pipe")),
+        "the app sees the sidecar's end close (not a timeout, as with an end still held): {answer}"
+    );
+}

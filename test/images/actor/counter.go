@@ -22,6 +22,8 @@ var ballast []byte
 type counter struct {
 	mu sync.Mutex
 	n  int64
+	// peer is the one connection to the sidecar (--peer), dialed at start.
+	peer *peerConn
 }
 
 func (c *counter) inc() int64 {
@@ -42,6 +44,7 @@ func runCounter(args []string) {
 	port := fs.Int("port", 8080, "TCP port to listen on")
 	allocMiB := fs.Int("alloc-mib", 0, "MiB of memory to allocate, fill and keep live")
 	seed := fs.Uint64("seed", 0, "varies the --alloc-mib pattern (two actors with different seeds share no page)")
+	peerPath := fs.String("peer", "", "unix socket of a sidecar (actor peer) to dial once and keep for the process's life")
 	if rest := parseArgs(fs, args); len(rest) != 0 {
 		fatalf("counter: unexpected arguments %q", rest)
 	}
@@ -54,6 +57,9 @@ func runCounter(args []string) {
 	}
 
 	c := &counter{}
+	if *peerPath != "" {
+		c.peer = dialPeer(*peerPath)
+	}
 	ln := listen(*port)
 	for {
 		conn, err := ln.Accept()
@@ -115,7 +121,9 @@ func checksum() string {
 
 // serve speaks two protocols on one port, told apart by the first line:
 //   - line protocol: "inc" -> "N", "get" -> "N", "sum" -> "crc32c",
-//     "touch" -> bytes rewritten, "note TEXT" -> TEXT appended as a line to
+//     "touch" -> bytes rewritten, "peer" -> the sidecar's answer over the
+//     unix connection dialed at start ("pong N", or "ERR ..."; "peer send"
+//     only asks, leaving the answer queued, "peer read" only reads it), "note TEXT" -> TEXT appended as a line to
 //     /var/notes (opened once, kept open for the process's life) -> the
 //     file's size, any number of commands per connection;
 //   - HTTP/1.x: GET /inc, /get, /sum, /healthz; one request per connection.
@@ -145,6 +153,12 @@ func (c *counter) serve(conn net.Conn) {
 			fmt.Fprintf(conn, "%s\n", checksum())
 		case "touch":
 			fmt.Fprintf(conn, "%d\n", touch())
+		case "peer":
+			fmt.Fprintln(conn, c.peer.ping(true, true))
+		case "peer send":
+			fmt.Fprintln(conn, c.peer.ping(true, false))
+		case "peer read":
+			fmt.Fprintln(conn, c.peer.ping(false, true))
 		case "":
 		default:
 			fmt.Fprintf(conn, "ERR unknown command %q\n", line)

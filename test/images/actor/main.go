@@ -14,8 +14,9 @@ import (
 const usage = `usage: actor COMMAND [flags]
 
 commands:
-  counter [--port 8080] [--alloc-mib N] [--seed S]
+  counter [--port 8080] [--alloc-mib N] [--seed S] [--peer SOCKET]
                                              in-memory counter over TCP and HTTP
+  peer [--listen /shared/peer.sock]          sidecar: "ping" -> "pong N" over a unix socket
   tree [--port 8081] [--children 2] [--threads 4]
                                              process tree + threads, reports itself as JSON
   logs [--lines 10] [--interval-ms 10]       numbered lines to stdout/stderr, then sleeps
@@ -46,6 +47,8 @@ func main() {
 		runOOM(args)
 	case "sleep":
 		runSleep(args)
+	case "peer":
+		runPeer(args)
 	case "help", "-h", "--help":
 		fmt.Print(usage)
 	default:

@@ -1,12 +1,17 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 )
 
 // runLogs prints "line I stdout" / "line I stderr" alternately (odd I to
@@ -93,4 +98,115 @@ func runSleep(args []string) {
 		fmt.Println("sleeping")
 	}
 	sleepForever()
+}
+
+// peerConn is the counter's one connection to its sidecar, held open for
+// the process's life: an app and its sidecar in one pod.
+type peerConn struct {
+	mu   sync.Mutex
+	conn net.Conn
+	r    *bufio.Reader
+}
+
+// dialPeer connects to the sidecar's unix socket at path, waiting for it to
+// listen (the two containers start in either order).
+func dialPeer(path string) *peerConn {
+	for i := 0; ; i++ {
+		conn, err := net.Dial("unix", path)
+		if err == nil {
+			fmt.Printf("connected to peer %s\n", path)
+			return &peerConn{conn: conn, r: bufio.NewReader(conn)}
+		}
+		if i == 600 {
+			fatalf("dial peer %s: %v", path, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// ping sends "ping" over the held connection (if send) and returns the
+// sidecar's answer (if read, else "sent"), or "ERR ..." (never redialed: a
+// broken connection stays broken).
+func (p *peerConn) ping(send, read bool) string {
+	if p == nil {
+		return "ERR no --peer"
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if send {
+		if _, err := fmt.Fprintln(p.conn, "ping"); err != nil {
+			return "ERR write: " + err.Error()
+		}
+	}
+	if !read {
+		// Returns once the answer is queued in the kernel, unread.
+		for i := 0; i < 500 && p.queued() == 0; i++ {
+			time.Sleep(10 * time.Millisecond)
+		}
+		return fmt.Sprintf("sent, %d bytes queued", p.queued())
+	}
+	line, err := p.r.ReadString('\n')
+	if err != nil {
+		return "ERR read: " + err.Error()
+	}
+	return strings.TrimSpace(line)
+}
+
+// queued is the number of bytes waiting in the connection's receive queue
+// (FIONREAD), not yet read by the process.
+func (p *peerConn) queued() int {
+	sc, err := p.conn.(*net.UnixConn).SyscallConn()
+	if err != nil {
+		return -1
+	}
+	n := 0
+	sc.Control(func(fd uintptr) {
+		syscall.Syscall(syscall.SYS_IOCTL, fd, syscall.TIOCINQ, uintptr(unsafe.Pointer(&n)))
+	})
+	return n
+}
+
+// runPeer is the sidecar: it listens on a unix socket and answers each
+// "ping" line with "pong N", N counting the pings of all its connections.
+func runPeer(args []string) {
+	fs := newFlags("peer")
+	path := fs.String("listen", "/shared/peer.sock", "unix socket to listen on")
+	if rest := parseArgs(fs, args); len(rest) != 0 {
+		fatalf("peer: unexpected arguments %q", rest)
+	}
+	exitOnTerm(nil)
+	os.Remove(*path)
+	ln, err := net.Listen("unix", *path)
+	if err != nil {
+		fatalf("peer: listen %s: %v", *path, err)
+	}
+	fmt.Printf("peer listening on %s\n", *path)
+	var mu sync.Mutex
+	var n int64
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			fatalf("peer: accept: %v", err)
+		}
+		go func() {
+			defer conn.Close()
+			r := bufio.NewReader(conn)
+			for {
+				line, err := r.ReadString('\n')
+				if err != nil {
+					return
+				}
+				if strings.TrimSpace(line) != "ping" {
+					fmt.Fprintf(conn, "ERR unknown %q\n", line)
+					continue
+				}
+				mu.Lock()
+				n++
+				v := n
+				mu.Unlock()
+				fmt.Fprintf(conn, "pong %d\n", v)
+			}
+		}()
+	}
 }
