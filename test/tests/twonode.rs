@@ -111,6 +111,56 @@ fn an_actor_suspended_on_node_a_resumes_on_node_b() {
     assert_eq!(on_b["local"], true, "fetched into node B's local tier: {on_b}");
 }
 
+/// The sidecar of these tests: `actor peer` on `shared`'s unix socket, in
+/// its own pid namespace.
+fn sidecar(shared: &std::path::Path) -> Value {
+    let mut side = container_config("side", &["peer", "--listen", "/shared/peer.sock"]);
+    side["mounts"] = serde_json::json!([{ "host_path": shared, "container_path": "/shared" }]);
+    side["linux"]["security_context"] = serde_json::json!({ "namespace_options": { "pid": 1 } });
+    side
+}
+
+/// A pod of an app and its sidecar on one unix connection, suspended on
+/// node A and re-created on node B: both containers are restored from the
+/// snapshot, joined by a new connection the shim makes (the first restored
+/// waits for the other), and the app's pings reach the sidecar with both
+/// counts intact; the pod suspends and resumes on node B too.
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn an_app_and_its_sidecar_move_to_node_b_with_their_unix_connection() {
+    torpor_only();
+    let _up = nodes_up();
+    let (a, b) = (Node::a(), Node::b());
+    b.require();
+    let pod = Pod::run_on(a, "tn-unix", PodOptions::default());
+    let name = pod.name.clone();
+    let _g = Cleanup::snapshots_everywhere(&default_actor(&name));
+    let seed = seed();
+    let shared = pod.dir().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    pod.start_config(&sidecar(&shared));
+    let app = |shared: &std::path::Path| counter(8, &seed).extra_args(&["--peer", "/shared/peer.sock"]).mount(&shared.to_string_lossy(), "/shared");
+    let c = app(&shared).start(pod);
+    assert_eq!(c.cmd("peer"), "pong 1");
+    c.inc_from(0, 3);
+    let snap = c.suspend();
+    upload(a, &snap);
+    c.pod.remove();
+
+    let pod = Pod::run_named_on(b, &name, PodOptions::default());
+    let shared = pod.dir().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    pod.start_config(&sidecar(&shared));
+    let c = app(&shared).start(pod);
+    assert_eq!(c.cmd("get"), "3", "the app continues on node B");
+    assert_eq!(c.cmd("peer"), "pong 2", "its connection reaches the sidecar, whose count continues");
+    let st = c.status();
+    assert_eq!(st["recovered_from"], snap.as_str(), "{st}");
+    assert_eq!(c.op("suspend")["state"], "SUSPENDED");
+    assert_eq!(c.op("resume")["state"], "RUNNING");
+    assert_eq!(c.cmd("peer"), "pong 3", "and across a suspend on node B");
+}
+
 /// A golden snapshot (a counter at 7 with its memory) cloned into 10 new
 /// actors, 5 on each node: each starts at the golden state, then diverges
 /// on its own (suspending and resuming one does not touch the others); the

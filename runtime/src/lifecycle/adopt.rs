@@ -178,7 +178,7 @@ impl Actor {
         let started = std::time::Instant::now();
         // From a streamed checkout: its memory is served while it arrives.
         let streamed = adopted.as_ref().and_then(|a| a.checkout.page_server.as_deref().map(|socket| PageSource { socket, lease: &a.checkout.lease }));
-        let restored = match self.link_fds_of_image(image) {
+        let restored = match self.link_fds_of_image(id, image) {
             Err(e) => Err(e),
             Ok(inherit) => match streamed {
                 Some(pages) => self.restore_streamed(id, image, &criu_work(bundle_dir).join("lazy"), pages, inherit).await,

@@ -31,7 +31,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::lifecycle::{lock, name_of, Actor};
 use crate::system::runc::InheritFd;
 use crate::system::unix_links::{self, UnixLink};
-use crate::system::pidfd;
+use crate::system::{netns, pidfd};
 
 /// The ends of a container's connections, in its image directory.
 pub const LINKS_FILE: &str = "torpor-unix-links.json";
@@ -112,17 +112,20 @@ impl Actor {
         Ok(externals)
     }
 
-    /// What the restore of container `name` from `image` inherits: each of
-    /// its connection ends (see the module doc).
-    pub(crate) fn link_fds(&self, name: &str, image: &Path) -> Result<Vec<InheritFd>> {
+    /// What the restore of container `id` (named `name`) from `image`
+    /// inherits: each of its connection ends (see the module doc).
+    pub(crate) fn link_fds(&self, id: &str, name: &str, image: &Path) -> Result<Vec<InheritFd>> {
         let Some(ends) = read_links(image)? else { return Ok(Vec::new()) };
+        // A new pair is made in the pod's network namespace, where CRIU
+        // looks for the sockets of the container's next dump.
+        let netns = self.tasks.app_info(id)?.netns;
         let mut held = lock(&self.links);
         let mut out = Vec::with_capacity(ends.len());
         for e in ends {
             let fd = match held.get(&(name.to_string(), e.inode)) {
                 Some(fd) => fd.clone(),
                 None => {
-                    let (mine, theirs) = socket_pair(e.seqpacket)?;
+                    let (mine, theirs) = socket_pair(netns.as_deref(), e.seqpacket)?;
                     debug!(container = name, inode = e.inode, peer = e.peer_container.as_str(), "a new connection for the restore (its peer end waits for its container)");
                     held.insert((e.peer_container.clone(), e.peer_inode), Arc::new(theirs));
                     let mine = Arc::new(mine);
@@ -189,11 +192,16 @@ fn read_links(image: &Path) -> Result<Option<Vec<EndRecord>>> {
     Ok(Some(file.ends))
 }
 
-/// A new connected pair: the end of the restored container, the peer's.
-fn socket_pair(seqpacket: bool) -> Result<(OwnedFd, OwnedFd)> {
+/// A new connected pair, made in network namespace `netns` (the shim's
+/// own without one): the end of the restored container, the peer's.
+fn socket_pair(netns: Option<&Path>, seqpacket: bool) -> Result<(OwnedFd, OwnedFd)> {
     use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
     let kind = if seqpacket { SockType::SeqPacket } else { SockType::Stream };
-    socketpair(AddressFamily::Unix, kind, None, SockFlag::SOCK_CLOEXEC).io_context(|| "create a unix socket pair for a restored connection".to_string())
+    let pair = move || socketpair(AddressFamily::Unix, kind, None, SockFlag::SOCK_CLOEXEC).map_err(std::io::Error::from);
+    match netns {
+        Some(ns) => netns::in_netns(ns, pair).map_err(|e| e.context("create a unix socket pair for a restored connection")),
+        None => pair().io_context(|| "create a unix socket pair for a restored connection".to_string()),
+    }
 }
 
 #[cfg(test)]
@@ -250,7 +258,7 @@ mod tests {
     fn a_new_pair_is_connected() {
         use std::io::{Read, Write};
         for seqpacket in [false, true] {
-            let (a, b) = socket_pair(seqpacket).unwrap();
+            let (a, b) = socket_pair(None, seqpacket).unwrap();
             let mut a = std::os::unix::net::UnixStream::from(a);
             let mut b = std::os::unix::net::UnixStream::from(b);
             a.write_all(b"ping").unwrap();

@@ -304,10 +304,10 @@ impl Actor {
         Ok(())
     }
 
-    /// What the restore of the container whose image directory is `image`
-    /// (named after the container) inherits ([`super::links`]).
-    pub(crate) fn link_fds_of_image(&self, image: &Path) -> Result<Vec<InheritFd>> {
-        self.link_fds(image_name(image)?, image)
+    /// What the restore of container `id` from its image directory
+    /// `image` (named after the container) inherits ([`super::links`]).
+    pub(crate) fn link_fds_of_image(&self, id: &str, image: &Path) -> Result<Vec<InheritFd>> {
+        self.link_fds(id, image_name(image)?, image)
     }
 
     /// `runc restore` of one suspended container from `image`: with lazy
@@ -322,7 +322,7 @@ impl Actor {
     /// resume's.
     pub(crate) async fn restore_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path, pages: Option<PageSource<'_>>, t: &mut Timing) -> Result<i32> {
         let image = image.to_path_buf();
-        let inherit = self.link_fds_of_image(&image)?;
+        let inherit = self.link_fds_of_image(id, &image)?;
         if let Some(pages) = pages {
             let work = dir.work_dir(generation, id, "lazy");
             let restored = self.restore_streamed(id, &image, &work, pages, inherit).await;
