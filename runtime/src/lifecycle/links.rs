@@ -66,7 +66,7 @@ impl Actor {
     /// container's image directory. Returns each container's CRIU
     /// `external` resources. A pod of one container has none.
     pub(crate) async fn take_links(&self, rec: &Record, images: &[(String, PathBuf)]) -> Result<HashMap<String, Vec<String>>> {
-        lock(&self.links).clear();
+        self.forget_links();
         let mut externals = HashMap::new();
         if images.len() < 2 {
             return Ok(externals);
@@ -141,6 +141,11 @@ impl Actor {
     /// Container `name`'s processes have their ends: the shim's go.
     pub(crate) fn links_restored(&self, name: &str) {
         lock(&self.links).retain(|(c, _), _| c != name);
+    }
+
+    /// The shim lets go of every end it holds.
+    pub(crate) fn forget_links(&self) {
+        lock(&self.links).clear();
     }
 }
 

@@ -430,6 +430,9 @@ impl Actor {
                 warn!(container = id.as_str(), "rollback thaw after a failed suspend: {re}");
             }
         }
+        // Every process has its connection ends again (the staging goes):
+        // an end the shim kept would hide a process's exit from its peer.
+        self.forget_links();
         Err(e)
     }
 
