@@ -165,6 +165,8 @@ pub async fn run(cfg: Config) -> Result<()> {
     // The metrics port first: one in use stops the start before any
     // state is created.
     let metrics_listener = cfg.metrics_address.map(crate::metrics::http::bind).transpose()?;
+    // CRIU's kernel cache, before the first suspend or resume needs it.
+    tokio::spawn(crate::criu_cache::warm());
 
     let root = cfg.root.clone();
     let opts = Options {

@@ -4,6 +4,7 @@
 //! torporctl ([`store_api`]), and its Prometheus metrics ([`metrics`]).
 
 pub mod config;
+pub mod criu_cache;
 pub mod daemon;
 pub mod error;
 pub mod metrics;

@@ -10,6 +10,7 @@
 //! reason is kept in its record.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
@@ -117,6 +118,7 @@ impl Actor {
             r.staging = Some(StagingRecord { id: staging.id.clone(), path: staging.path.clone() });
             Ok::<_, Error>(r.clone())
         });
+        self.network_unlocked.store(false, Ordering::SeqCst);
         let rec = match persisted {
             Ok(Ok(rec)) => rec,
             Ok(Err(e)) | Err(e) => {
@@ -220,11 +222,18 @@ impl Actor {
             self.hold_ports(netns.clone(), ports);
         }
         t.mark("record_suspended");
-        if let Some(ns) = &netns {
-            if let Err(e) = netns::unlock_criu_network(ns).await {
-                warn!(actor = rec.actor.as_str(), "{e}");
-            }
-        }
+        let unlocked = match &netns {
+            Some(ns) => match netns::unlock_criu_network(ns).await {
+                Ok(()) => true,
+                Err(e) => {
+                    warn!(actor = rec.actor.as_str(), "{e}");
+                    false
+                }
+            },
+            // The container's own network namespace went with its processes.
+            None => true,
+        };
+        self.network_unlocked.store(unlocked, Ordering::SeqCst);
         t.mark("hold_ports_unlock_network");
         // Kept in memory (status shows it), saved with the next change.
         let _ = self.update_if(|r| {

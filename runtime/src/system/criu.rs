@@ -1,6 +1,6 @@
-//! The CRIU torpor depends on: present, and new enough. Checked before every
-//! checkpoint and restore, so a missing or old CRIU is named plainly
-//! instead of surfacing as a broken RPC pipe inside runc.
+//! The CRIU torpor depends on: present, and new enough. Checked before the
+//! first checkpoint or restore of a shim, so a missing or old CRIU is named
+//! plainly instead of surfacing as a broken RPC pipe inside runc.
 
 use std::process::Command;
 
@@ -23,9 +23,25 @@ pub fn parse_version(out: &str) -> Option<(u32, u32, u32)> {
     Some((major, minor, patch))
 }
 
-/// Fails unless the `criu` runc will run (from PATH) is at least [`MIN_VERSION`].
-/// Runs through the reaper (the shim reaps all its children).
+/// A version check passed in this process: CRIU is not replaced by an
+/// older one under a running shim, and each check is a process spawn on the
+/// suspend and resume paths.
+static CHECKED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Fails unless the `criu` runc will run (from PATH) is at least [`MIN_VERSION`]
+/// (checked once per process). Runs through the reaper (the shim reaps all
+/// its children).
 pub async fn check() -> Result<()> {
+    use std::sync::atomic::Ordering;
+    if CHECKED.load(Ordering::Relaxed) {
+        return Ok(());
+    }
+    check_version().await?;
+    CHECKED.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+async fn check_version() -> Result<()> {
     let mut cmd = Command::new("criu");
     cmd.arg("--version");
     let out = crate::system::reaper::output(cmd, VERSION_DEADLINE).await.map_err(|e| {

@@ -451,6 +451,11 @@ pub struct RestoreFrom {
     /// `--inherit-fd`), set through the container's CRIU configuration
     /// ([`RestoreFrom::criu_options`]).
     pub inherit: Vec<InheritFd>,
+    /// No dump's network lock is left in the pod's network namespace
+    /// (torpor lifted it after the suspend's dump, or it is a new pod's):
+    /// CRIU is told not to lift it at the end (`network-lock skip`), which
+    /// saves its iptables runs (about 75 ms).
+    pub network_unlocked: bool,
 }
 
 /// Where the descriptors a restore hands to CRIU begin: above runc's own
@@ -468,11 +473,16 @@ pub struct InheritFd {
 impl RestoreFrom {
     /// The CRIU configuration lines for [`RestoreFrom::inherit`].
     pub fn criu_options(&self) -> Vec<String> {
-        self.inherit
+        let mut o: Vec<String> = self
+            .inherit
             .iter()
             .zip(FIRST_INHERITED_FD..)
             .map(|(i, n)| format!("inherit-fd fd[{n}]:{}", i.resource))
-            .collect()
+            .collect();
+        if self.network_unlocked {
+            o.push("network-lock skip".into());
+        }
+        o
     }
 }
 
@@ -626,8 +636,10 @@ mod tests {
             .into_iter()
             .map(|s| InheritFd { resource: "socket:[1]".into(), fd: Arc::new(OwnedFd::from(s)) })
             .collect();
-        let from = RestoreFrom { image: "/i".into(), work: "/w".into(), lazy: false, inherit: inherit.clone() };
+        let mut from = RestoreFrom { image: "/i".into(), work: "/w".into(), lazy: false, inherit: inherit.clone(), network_unlocked: false };
         assert_eq!(from.criu_options(), ["inherit-fd fd[100]:socket:[1]", "inherit-fd fd[101]:socket:[1]"]);
+        from.network_unlocked = true;
+        assert_eq!(from.criu_options().last().map(String::as_str), Some("network-lock skip"));
         let mut cmd = Command::new("readlink");
         cmd.args(["/proc/self/fd/100", "/proc/self/fd/101"]);
         pass_fds(&mut cmd, inherit.iter().map(|i| i.fd.as_raw_fd()).collect());
