@@ -1307,3 +1307,32 @@ fn a_unix_connection_between_two_containers_survives_suspend() {
         "the app sees the sidecar's end close (not a timeout, as with an end still held): {answer}"
     );
 }
+
+/// The resume's CRIU finds the kernel cache that the node daemon warmed at
+/// its start (`/run/criu.kdat`, made in a private `/run` where the host's
+/// is not a tmpfs): the restore does not probe the kernel again.
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn a_resume_uses_the_warm_criu_kernel_cache() {
+    torpor_only();
+    let a = actor("susp-kdat", &[]);
+    assert_eq!(a.inc(), 1);
+    assert_eq!(a.op("suspend")["state"], "SUSPENDED");
+    assert_eq!(a.op("resume")["state"], "RUNNING");
+    assert_eq!(a.inc(), 2);
+    // The resume's CRIU logs stay in the work directory until the next suspend.
+    let logs: Vec<PathBuf> = files_below(&Node::a().actor_dir(a.shim()).join("work"))
+        .into_iter()
+        .filter(|p| p.file_name().is_some_and(|n| n == "restore.log"))
+        .collect();
+    assert!(!logs.is_empty(), "no CRIU restore log of the resume");
+    for log in &logs {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let head: Vec<&str> = text.lines().take(12).collect();
+        assert!(
+            text.contains("Loaded kdat cache from /run/criu.kdat"),
+            "{log:?}: CRIU probed the kernel instead of loading the warm cache:\n{}",
+            head.join("\n")
+        );
+    }
+}

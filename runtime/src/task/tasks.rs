@@ -551,7 +551,7 @@ impl Tasks {
     /// ends as the dump completes, which is not an exit; it is SUSPENDED
     /// after (RUNNING to containerd, its stdio held).
     pub async fn dump(&self, id: &str, opts: &CheckpointOpts) -> Result<()> {
-        let runc = self.with(id, |c| {
+        let (runc, bundle) = self.with(id, |c| {
             if c.has_live_execs() {
                 return Err(Error::FailedPrecondition(format!("container {id} has exec sessions running")));
             }
@@ -566,7 +566,6 @@ impl Tasks {
             c.state = ContainerState::Dumping { back: Box::new(back) };
             Ok((c.runc.clone(), c.bundle.clone()))
         })?;
-        let (runc, bundle) = runc;
         let r = match bundle::operation_criu_config(&bundle, &opts.criu_options()) {
             Ok(()) => runc.checkpoint(id, opts).await,
             Err(e) => Err(e.context(&format!("checkpoint of {id}"))),
