@@ -602,7 +602,7 @@ impl LazyDaemon {
         let fd = std::os::fd::OwnedFd::from(conn);
         let mut cmd = Self::command(image, work);
         cmd.args(["--page-server", "--ps-socket", "3"]);
-        pass_fd_as_3(&mut cmd, fd);
+        reaper::pass_fds(&mut cmd, vec![fd], 3);
         Self::spawn_and_wait(cmd, work).await
     }
 
@@ -630,31 +630,6 @@ impl LazyDaemon {
 
     fn kill(&self) {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), nix::sys::signal::Signal::SIGKILL);
-    }
-}
-
-/// `fd` becomes fd 3 of the child `cmd` spawns (inherited: not
-/// close-on-exec there); the parent's copy is closed once it has spawned.
-fn pass_fd_as_3(cmd: &mut std::process::Command, fd: std::os::fd::OwnedFd) {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::process::CommandExt;
-    let raw = fd.as_raw_fd();
-    // SAFETY: between fork and exec only async-signal-safe calls (dup2,
-    // fcntl) are made, on a descriptor that stays open until the child
-    // has spawned (`fd` is moved into the closure, dropped with `cmd`).
-    unsafe {
-        cmd.pre_exec(move || {
-            let _keep = &fd;
-            if raw == 3 {
-                let flags = libc::fcntl(3, libc::F_GETFD);
-                if flags < 0 || libc::fcntl(3, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            } else if libc::dup2(raw, 3) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
     }
 }
 

@@ -13,6 +13,7 @@
 //! what it leaves running on success (the container process after `runc
 //! create --detach`, in a session of its own) is never touched.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -229,6 +230,44 @@ pub async fn status(mut cmd: Command, deadline: Duration) -> Result<i32> {
     }
 }
 
+/// The child `cmd` spawns gets the descriptors `fds` as numbers `first`,
+/// `first + 1`, ... (inherited: not close-on-exec there); `fds` stay open
+/// until the command is dropped, and the parent's own copies keep theirs.
+/// At most [`MAX_PASSED_FDS`] (more fail the spawn with `EMFILE`).
+pub fn pass_fds<F: AsRawFd + Send + Sync + 'static>(cmd: &mut Command, fds: Vec<F>, first: RawFd) {
+    let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    // SAFETY: between fork and exec only fcntl and dup2 (async-signal-safe)
+    // on descriptors the child inherited, and no allocation: `raw` was
+    // built before the fork, `fds` is only kept alive.
+    unsafe {
+        cmd.pre_exec(move || {
+            let _keep = &fds;
+            if raw.len() > MAX_PASSED_FDS {
+                return Err(std::io::Error::from_raw_os_error(libc::EMFILE));
+            }
+            // First above every target (a source may be one of them),
+            // close-on-exec, then onto the targets.
+            let mut moved = [0 as RawFd; MAX_PASSED_FDS];
+            for (i, fd) in raw.iter().enumerate() {
+                let high = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, first + MAX_PASSED_FDS as RawFd);
+                if high < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                moved[i] = high;
+            }
+            for (i, n) in (first..).take(raw.len()).enumerate() {
+                if libc::dup2(moved[i], n) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
+/// How many descriptors [`pass_fds`] hands to one child at most.
+pub const MAX_PASSED_FDS: usize = 64;
+
 /// Whether `e` is a command that did not finish within its deadline.
 pub fn is_timeout(e: &Error) -> bool {
     matches!(e, Error::Io { source, .. } if source.kind() == std::io::ErrorKind::TimedOut)
@@ -359,6 +398,20 @@ mod tests {
     use super::*;
 
     const LONG: Duration = Duration::from_secs(600);
+
+    /// A descriptor passed as 3 (the lazy-pages daemon's page-server
+    /// socket) is the same open file in the child.
+    #[test]
+    fn a_passed_descriptor_is_the_childs_fd_3() {
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let ours = std::fs::read_link(format!("/proc/self/fd/{}", a.as_raw_fd())).unwrap();
+        let mut cmd = Command::new("readlink");
+        cmd.arg("/proc/self/fd/3");
+        pass_fds(&mut cmd, vec![std::os::fd::OwnedFd::from(a)], 3);
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), ours.to_string_lossy());
+    }
 
     fn alive(pid: i32) -> bool {
         // A zombie counts as gone.

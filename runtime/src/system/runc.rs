@@ -9,7 +9,7 @@
 //! The deadline bounds the runc invocation: after `create`, `exec` or
 //! `restore --detach` returned, the container process is not touched.
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -189,7 +189,7 @@ impl Runc {
         let mut cmd = self.command(args);
         cmd.stdin(stdio.stdin).stdout(stdio.stdout).stderr(stdio.stderr);
         if !inherit.is_empty() {
-            pass_fds(&mut cmd, inherit.iter().map(|i| i.fd.as_raw_fd()).collect());
+            reaper::pass_fds(&mut cmd, inherit.iter().map(|i| i.fd.clone()).collect(), FIRST_INHERITED_FD);
         }
         let deadline = deadline_of(args[0])?;
         let code = reaper::status(cmd, deadline).await.map_err(|e| self.timed_out(args, deadline, e))?;
@@ -493,38 +493,6 @@ impl CheckpointOpts {
     }
 }
 
-/// The child gets `fds` as descriptors [`FIRST_INHERITED_FD`] and up
-/// (without close-on-exec); the shim's own copies keep theirs.
-fn pass_fds(cmd: &mut Command, fds: Vec<RawFd>) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: between fork and exec, only fcntl and dup2 (both
-    // async-signal-safe) on descriptors the child inherited, and no
-    // allocation: `fds` was built before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            // First out of the way of every target (a source could be one),
-            // close-on-exec, then onto the targets.
-            let mut moved = [0 as RawFd; 64];
-            if fds.len() > moved.len() {
-                return Err(std::io::Error::from_raw_os_error(libc::EMFILE));
-            }
-            for (i, fd) in fds.iter().enumerate() {
-                let high = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, FIRST_INHERITED_FD + 64);
-                if high < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                moved[i] = high;
-            }
-            for (i, n) in (FIRST_INHERITED_FD..).take(fds.len()).enumerate() {
-                if libc::dup2(moved[i], n) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
-}
-
 /// Reads a pid file written by runc.
 pub fn read_pid(path: &Path) -> Result<i32> {
     let s = std::fs::read_to_string(path).io_context(|| format!("read pid file {path:?}"))?;
@@ -631,6 +599,7 @@ mod tests {
     /// open files), named so in CRIU's options; the shim keeps its own.
     #[test]
     fn inherited_descriptors_reach_the_child_at_their_numbers() {
+        use std::os::fd::AsRawFd;
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         let inherit: Vec<InheritFd> = [a, b]
             .into_iter()
@@ -642,7 +611,7 @@ mod tests {
         assert_eq!(from.criu_options().last().map(String::as_str), Some("network-lock skip"));
         let mut cmd = Command::new("readlink");
         cmd.args(["/proc/self/fd/100", "/proc/self/fd/101"]);
-        pass_fds(&mut cmd, inherit.iter().map(|i| i.fd.as_raw_fd()).collect());
+        reaper::pass_fds(&mut cmd, inherit.iter().map(|i| i.fd.clone()).collect(), FIRST_INHERITED_FD);
         let out = cmd.output().unwrap();
         assert!(out.status.success(), "{out:?}");
         let ours: Vec<String> = inherit
