@@ -12,7 +12,6 @@
 //! a reboot it describes the running kernel. CRIU checks the file's magic
 //! and size at every load and rebuilds a stale one.
 
-use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::time::Duration;
@@ -74,7 +73,8 @@ async fn warm_at(run: &Path) -> Result<&'static str, String> {
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    put_in_place(&run.join("criu.kdat"), &kdat)?;
+    // Root only, through a temp file, fsynced, renamed.
+    crate::store::write_atomic(&run.join("criu.kdat"), &kdat).map_err(|e| e.to_string())?;
     Ok("made in a private /run: this /run is not a tmpfs")
 }
 
@@ -87,35 +87,18 @@ async fn run_with_deadline(cmd: &mut tokio::process::Command) -> Result<std::pro
     }
 }
 
-/// Writes `bytes` at `path` (root only) through a temp file and a rename.
-fn put_in_place(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    use std::io::Write;
-    let tmp = path.with_extension("kdat.torpor-tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(|e| format!("create {tmp:?}: {e}"))?;
-    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| format!("write {tmp:?}: {e}"))?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        format!("rename {tmp:?} to {path:?}: {e}")
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
     use std::os::unix::fs::PermissionsExt;
 
+    /// The cache replaces the old one, readable by root alone, and leaves
+    /// no temp file.
     #[test]
     fn the_cache_is_put_in_place_for_root_only() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("criu.kdat");
         std::fs::write(&path, b"old").unwrap();
-        put_in_place(&path, b"new kdat").unwrap();
+        crate::store::write_atomic(&path, b"new kdat").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new kdat");
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temp file left");

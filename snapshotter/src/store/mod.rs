@@ -60,6 +60,7 @@ pub use crypto::{Key, Keyring};
 pub use db::{LocalState, RemoteState};
 pub use error::{Error, Result};
 pub use id::{ActorName, SnapshotId};
+pub(crate) use local::write_atomic;
 pub use manifest::{Entry, EntryKind, Manifest};
 pub use remote::{ChunkName, ConditionalWrites, Honoured, Remote};
 pub use retention::{GcPolicy, GcReport};
