@@ -191,10 +191,8 @@ impl Actor {
                 }
             },
         };
-        if restored.is_ok() {
-            if let Some(name) = image.file_name().and_then(|n| n.to_str()) {
-                self.links_restored(name);
-            }
+        if let (Ok(_), Ok(name)) = (&restored, super::resume::image_name(image)) {
+            self.links_restored(name);
         }
         report::phase("criu_restore");
         if let Some(a) = adopted {

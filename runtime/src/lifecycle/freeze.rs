@@ -488,23 +488,6 @@ fn tcp_listener_addr(fd: &OwnedFd) -> Option<SocketAddr> {
     }
 }
 
-/// The processes of cgroup `path` (none when it cannot be read).
-impl Actor {
-    /// The processes of app container `id`: its cgroup's, or its init's
-    /// when the cgroup cannot be read.
-    pub(crate) fn processes_of(&self, rec: Option<&Record>, id: &str) -> Vec<i32> {
-        let in_cgroup = rec
-            .and_then(|r| r.cgroups.get(id))
-            .map(|cg| cgroup::Roots::host().of_path(cg).and_then(|cg| cg.procs()).unwrap_or_default())
-            .unwrap_or_default();
-        if in_cgroup.is_empty() {
-            self.tasks.app_info(id).ok().map(|i| i.pid).filter(|p| *p > 0).into_iter().collect()
-        } else {
-            in_cgroup
-        }
-    }
-}
-
 /// How many times the freezer is read back after a thaw (the v1 write
 /// returns thawed; v2 settles asynchronously, within microseconds).
 const THAW_CHECKS: usize = 2000;

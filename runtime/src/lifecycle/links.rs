@@ -62,19 +62,16 @@ struct EndRecord {
 
 impl Actor {
     /// The connections between the frozen containers `images` (id, image
-    /// directory) of `rec`: each end held by the shim and written into its
-    /// container's image directory. Returns each container's CRIU
-    /// `external` resources. A pod of one container has none.
-    pub(crate) async fn take_links(&self, rec: &Record, images: &[(String, PathBuf)]) -> Result<HashMap<String, Vec<String>>> {
+    /// directory) of `rec`, in the pod's network namespace `netns`: each
+    /// end held by the shim and written into its container's image
+    /// directory. Returns each container's CRIU `external` resources. A pod
+    /// of one container, or without a network namespace, has none.
+    pub(crate) async fn take_links(&self, rec: &Record, netns: Option<&Path>, images: &[(String, PathBuf)]) -> Result<HashMap<String, Vec<String>>> {
         self.forget_links();
         let mut externals = HashMap::new();
-        if images.len() < 2 {
-            return Ok(externals);
-        }
-        let ids: Vec<String> = images.iter().map(|(id, _)| id.clone()).collect();
-        let (Some(netns), _) = self.activation_target(&ids) else { return Ok(externals) };
+        let Some(netns) = netns.filter(|_| images.len() >= 2).map(Path::to_path_buf) else { return Ok(externals) };
         let members: Vec<(String, Vec<i32>)> =
-            ids.iter().map(|id| (name_of(rec, id).to_string(), self.processes_of(Some(rec), id))).collect();
+            images.iter().map(|(id, _)| (name_of(rec, id).to_string(), self.processes_of(Some(rec), id))).collect();
         let links = tokio::task::spawn_blocking(move || unix_links::find(&netns, &members))
             .await
             .map_err(|e| Error::Io { context: "find the pod's unix connections".into(), source: std::io::Error::other(e) })??;

@@ -54,6 +54,7 @@ use crate::actor::seal;
 use crate::actor::store_client::{self, SnapshotStore};
 use crate::error::{Error, Result};
 use crate::oci::annotations::ActorSpec;
+use crate::system::cgroup;
 use crate::system::held_ports;
 use crate::task::Tasks;
 
@@ -133,6 +134,20 @@ impl Actor {
             freeze_changed: Arc::default(),
             links: Arc::default(),
             network_unlocked: Arc::default(),
+        }
+    }
+
+    /// The processes of app container `id`: its cgroup's, or its init's
+    /// when the cgroup cannot be read.
+    pub(crate) fn processes_of(&self, rec: Option<&Record>, id: &str) -> Vec<i32> {
+        let in_cgroup = rec
+            .and_then(|r| r.cgroups.get(id))
+            .map(|cg| cgroup::Roots::host().of_path(cg).and_then(|cg| cg.procs()).unwrap_or_default())
+            .unwrap_or_default();
+        if in_cgroup.is_empty() {
+            self.tasks.app_info(id).ok().map(|i| i.pid).filter(|p| *p > 0).into_iter().collect()
+        } else {
+            in_cgroup
         }
     }
 

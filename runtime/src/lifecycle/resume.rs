@@ -634,6 +634,6 @@ impl LazyDaemon {
 }
 
 /// The container name an image directory is named after.
-fn image_name(image: &Path) -> Result<&str> {
+pub(super) fn image_name(image: &Path) -> Result<&str> {
     image.file_name().and_then(|n| n.to_str()).ok_or_else(|| Error::FailedPrecondition(format!("image directory {image:?} has no name")))
 }

@@ -136,7 +136,7 @@ impl Actor {
         let images: Vec<(String, PathBuf)> = ids.iter().map(|id| (id.clone(), staging.path.join(name_of(&rec, id)))).collect();
         // A freeze-tier actor whose checkpoint fails runs again (thawed),
         // any other frozen one goes back to frozen.
-        if let Err(e) = self.checkpoint_all(&dir, &rec, &images, was == Lifecycle::Frozen && !tier, &mut t).await {
+        if let Err(e) = self.checkpoint_all(&dir, &rec, netns.as_deref(), &images, was == Lifecycle::Frozen && !tier, &mut t).await {
             warn!(actor = rec.actor.as_str(), "suspend failed, actor keeps running: {e}");
             self.store.abort_logged(&staging).await;
             dir.remove_work();
@@ -364,9 +364,10 @@ impl Actor {
         }
     }
 
-    /// Freeze all, dump each into its image directory; on a failure, bring
-    /// back what was touched, to the state it had (`was_frozen`: paused).
-    async fn checkpoint_all(&self, dir: &record::Store, rec: &Record, images: &[(String, PathBuf)], was_frozen: bool, t: &mut Timing) -> Result<()> {
+    /// Freeze all, dump each into its image directory (with the unix
+    /// connections between them, found in the pod's `netns`); on a failure,
+    /// bring back what was touched, to the state it had (`was_frozen`: paused).
+    async fn checkpoint_all(&self, dir: &record::Store, rec: &Record, netns: Option<&Path>, images: &[(String, PathBuf)], was_frozen: bool, t: &mut Timing) -> Result<()> {
         let generation = rec.generation;
         for (id, _) in images {
             if self.tasks.has_live_execs(id)? {
@@ -390,7 +391,7 @@ impl Actor {
         // The connections between the containers, while they are frozen.
         let mut externals = std::collections::HashMap::new();
         if failure.is_none() {
-            match self.take_links(rec, images).await {
+            match self.take_links(rec, netns, images).await {
                 Ok(x) => externals = x,
                 Err(e) => failure = Some(e),
             }
