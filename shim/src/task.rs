@@ -313,6 +313,8 @@ impl Task for TaskService {
             image_path: PathBuf::from(image),
             work_path: work.clone(),
             external: Vec::new(),
+            // CRIU locks the network itself, as under runc-v2.
+            network_locked: false,
         };
         info!(id = req.id.as_str(), image = image.as_str(), exit = o.exit, "checkpoint");
         let r = self.runtime.checkpoint(&req.id, opts).await;

@@ -180,13 +180,10 @@ impl Actor {
         let streamed = adopted.as_ref().and_then(|a| a.checkout.page_server.as_deref().map(|socket| PageSource { socket, lease: &a.checkout.lease }));
         let restored = match self.link_fds_of_image(id, image) {
             Err(e) => Err(e),
-            // A restore by identity goes into a new pod, whose network no
-            // dump locked; one from containerd's checkpoint may follow a
-            // dump that left its lock.
             Ok(inherit) => match streamed {
-                Some(pages) => self.restore_streamed(id, image, &criu_work(bundle_dir).join("lazy"), pages, inherit, adopted.is_some()).await,
+                Some(pages) => self.restore_streamed(id, image, &criu_work(bundle_dir).join("lazy"), pages, inherit).await,
                 None => {
-                    let from = RestoreFrom { image: image.to_path_buf(), work: criu_work(bundle_dir), lazy: false, inherit, network_unlocked: adopted.is_some() };
+                    let from = RestoreFrom { image: image.to_path_buf(), work: criu_work(bundle_dir), lazy: false, inherit };
                     self.tasks.restore(id, &from).await
                 }
             },

@@ -100,10 +100,6 @@ pub struct Actor {
     /// Ends of the unix connections between the containers, held while
     /// their containers are checkpointed ([`links`]).
     links: Arc<Mutex<links::HeldEnds>>,
-    /// The last suspend lifted CRIU's network lock after its dumps: the
-    /// restores of the resume need not (`RestoreFrom::network_unlocked`).
-    /// Not while a suspend dumps (its rollback restores lift the lock).
-    network_unlocked: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Locks a std mutex, through a poisoned one (a panic elsewhere does not
@@ -133,7 +129,6 @@ impl Actor {
             frozen_watch: Arc::default(),
             freeze_changed: Arc::default(),
             links: Arc::default(),
-            network_unlocked: Arc::default(),
         }
     }
 

@@ -323,10 +323,9 @@ impl Actor {
     pub(crate) async fn restore_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path, pages: Option<PageSource<'_>>, t: &mut Timing) -> Result<i32> {
         let image = image.to_path_buf();
         let inherit = self.link_fds_of_image(id, &image)?;
-        let network_unlocked = self.network_unlocked.load(std::sync::atomic::Ordering::SeqCst);
         if let Some(pages) = pages {
             let work = dir.work_dir(generation, id, "lazy");
-            let restored = self.restore_streamed(id, &image, &work, pages, inherit, network_unlocked).await;
+            let restored = self.restore_streamed(id, &image, &work, pages, inherit).await;
             t.mark("runc_restore");
             return restored;
         }
@@ -336,7 +335,7 @@ impl Actor {
             t.mark("lazy_pages_start");
             match started {
                 Ok(daemon) => {
-                    let from = RestoreFrom { image: image.clone(), work, lazy: true, inherit: inherit.clone(), network_unlocked };
+                    let from = RestoreFrom { image: image.clone(), work, lazy: true, inherit: inherit.clone() };
                     let restored = self.tasks.restore(id, &from).await;
                     t.mark("runc_restore");
                     match restored {
@@ -354,7 +353,7 @@ impl Actor {
             }
         }
         let work = dir.work_dir(generation, id, "restore");
-        let restored = self.tasks.restore(id, &RestoreFrom { image, work, lazy: false, inherit, network_unlocked }).await;
+        let restored = self.tasks.restore(id, &RestoreFrom { image, work, lazy: false, inherit }).await;
         t.mark("runc_restore");
         restored
     }
@@ -380,10 +379,10 @@ impl Actor {
 
     /// `runc restore --lazy-pages` of container `id` from `image` of a
     /// streamed checkout (`pages`), CRIU's work in `work`.
-    pub(crate) async fn restore_streamed(&self, id: &str, image: &Path, work: &Path, pages: PageSource<'_>, inherit: Vec<InheritFd>, network_unlocked: bool) -> Result<i32> {
+    pub(crate) async fn restore_streamed(&self, id: &str, image: &Path, work: &Path, pages: PageSource<'_>, inherit: Vec<InheritFd>) -> Result<i32> {
         let container_dir = image_name(image)?;
         let mut daemon = LazyDaemon::start_streamed(image, work, pages, container_dir).await?;
-        let from = RestoreFrom { image: image.to_path_buf(), work: work.to_path_buf(), lazy: true, inherit, network_unlocked };
+        let from = RestoreFrom { image: image.to_path_buf(), work: work.to_path_buf(), lazy: true, inherit };
         let restore = self.tasks.restore(id, &from);
         tokio::pin!(restore);
         let pid = daemon.pid;

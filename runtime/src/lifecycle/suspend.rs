@@ -10,7 +10,6 @@
 //! reason is kept in its record.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
@@ -118,7 +117,6 @@ impl Actor {
             r.staging = Some(StagingRecord { id: staging.id.clone(), path: staging.path.clone() });
             Ok::<_, Error>(r.clone())
         });
-        self.network_unlocked.store(false, Ordering::SeqCst);
         let rec = match persisted {
             Ok(Ok(rec)) => rec,
             Ok(Err(e)) | Err(e) => {
@@ -222,18 +220,13 @@ impl Actor {
             self.hold_ports(netns.clone(), ports);
         }
         t.mark("record_suspended");
-        let unlocked = match &netns {
-            Some(ns) => match netns::unlock_criu_network(ns).await {
-                Ok(()) => true,
-                Err(e) => {
-                    warn!(actor = rec.actor.as_str(), "{e}");
-                    false
-                }
-            },
-            // The container's own network namespace went with its processes.
-            None => true,
-        };
-        self.network_unlocked.store(unlocked, Ordering::SeqCst);
+        // Without a pod network namespace, the container's own went with
+        // its processes.
+        if let Some(ns) = &netns {
+            if let Err(e) = netns::unlock_criu_network(ns).await {
+                warn!(actor = rec.actor.as_str(), "{e}");
+            }
+        }
         t.mark("hold_ports_unlock_network");
         // Kept in memory (status shows it), saved with the next change.
         let _ = self.update_if(|r| {
@@ -396,12 +389,31 @@ impl Actor {
                 Err(e) => failure = Some(e),
             }
         }
+        // The pod's network is locked once, by the shim, for every dump
+        // ([`netns::lock_network`]); CRIU locks it itself where it cannot
+        // be told to skip (a container with the user's own CRIU
+        // configuration).
+        let locked = match netns {
+            Some(ns) if failure.is_none() && images.iter().all(|(id, _)| self.tasks.takes_criu_options(id)) => {
+                match netns::lock_network(ns).await {
+                    Ok(()) => Some(ns),
+                    Err(e) => {
+                        failure = Some(e);
+                        // A part of it may be in place.
+                        self.unlock_after_rollback(rec, ns).await;
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        t.mark("lock_network");
         if failure.is_none() {
             failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_FREEZE);
             report::phase("freeze");
             for (id, image) in images {
                 let external = externals.remove(id).unwrap_or_default();
-                let dumped_one = self.dump_one(dir, generation, id, image, external).await;
+                let dumped_one = self.dump_one(dir, generation, id, image, external, locked.is_some()).await;
                 t.mark("dump");
                 if let Err(e) = dumped_one {
                     failure = Some(e);
@@ -443,13 +455,24 @@ impl Actor {
         // Every process has its connection ends again (the staging goes):
         // an end the shim kept would hide a process's exit from its peer.
         self.forget_links();
+        if let Some(ns) = locked {
+            self.unlock_after_rollback(rec, ns).await;
+        }
         Err(e)
+    }
+
+    /// Lifts the suspend's network lock after it failed: the actor runs on.
+    async fn unlock_after_rollback(&self, rec: &Record, netns: &Path) {
+        if let Err(e) = netns::unlock_criu_network(netns).await {
+            warn!(actor = rec.actor.as_str(), "after a failed suspend: {e}");
+        }
     }
 
     /// The dump of one app container into `image`; CRIU's work dir (logs)
     /// stays outside the snapshot.
     /// `external`: its ends of the pod's unix connections ([`super::links`]).
-    async fn dump_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path, external: Vec<String>) -> Result<()> {
+    /// `network_locked`: the shim holds the pod's network lock.
+    async fn dump_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path, external: Vec<String>, network_locked: bool) -> Result<()> {
         let work = dir.work_dir(generation, id, "dump");
         std::fs::create_dir_all(image)
             .and_then(|_| std::fs::create_dir_all(&work))
@@ -464,6 +487,7 @@ impl Actor {
             image_path: image.to_path_buf(),
             work_path: work,
             external,
+            network_locked,
             ..Default::default()
         };
         failpoint::hit(&dir.key(), failpoint::SUSPEND_DURING_DUMP);

@@ -527,7 +527,7 @@ fn is_kube_probe(head: &[u8]) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]

@@ -319,6 +319,10 @@ pub struct CheckpointOpts {
     /// such as `unix[INODE]`): set through the container's CRIU
     /// configuration, which runc reads (runc has no flag for them).
     pub external: Vec<String>,
+    /// The caller holds the network lock for the dump
+    /// ([`crate::system::netns::lock_network`]): CRIU is told
+    /// `network-lock skip`, which the image records for its restores.
+    pub network_locked: bool,
 }
 
 impl Runc {
@@ -451,11 +455,6 @@ pub struct RestoreFrom {
     /// `--inherit-fd`), set through the container's CRIU configuration
     /// ([`RestoreFrom::criu_options`]).
     pub inherit: Vec<InheritFd>,
-    /// No dump's network lock is left in the pod's network namespace
-    /// (torpor lifted it after the suspend's dump, or it is a new pod's):
-    /// CRIU is told not to lift it at the end (`network-lock skip`), which
-    /// saves its iptables runs (about 75 ms).
-    pub network_unlocked: bool,
 }
 
 /// Where the descriptors a restore hands to CRIU begin: above runc's own
@@ -472,24 +471,23 @@ pub struct InheritFd {
 
 impl RestoreFrom {
     /// The CRIU configuration lines for [`RestoreFrom::inherit`].
+    ///
+    /// No network lock option: CRIU restores with the method the dump
+    /// recorded, whatever it is told.
     pub fn criu_options(&self) -> Vec<String> {
-        let mut o: Vec<String> = self
-            .inherit
-            .iter()
-            .zip(FIRST_INHERITED_FD..)
-            .map(|(i, n)| format!("inherit-fd fd[{n}]:{}", i.resource))
-            .collect();
-        if self.network_unlocked {
-            o.push("network-lock skip".into());
-        }
-        o
+        self.inherit.iter().zip(FIRST_INHERITED_FD..).map(|(i, n)| format!("inherit-fd fd[{n}]:{}", i.resource)).collect()
     }
 }
 
 impl CheckpointOpts {
-    /// The CRIU configuration lines for [`CheckpointOpts::external`].
+    /// The CRIU configuration lines for [`CheckpointOpts::external`] and
+    /// [`CheckpointOpts::network_locked`].
     pub fn criu_options(&self) -> Vec<String> {
-        self.external.iter().map(|e| format!("external {e}")).collect()
+        let mut o: Vec<String> = self.external.iter().map(|e| format!("external {e}")).collect();
+        if self.network_locked {
+            o.push("network-lock skip".into());
+        }
+        o
     }
 }
 
@@ -566,8 +564,9 @@ mod tests {
             image_path: "/img".into(),
             work_path: "/work".into(),
             external: vec!["unix[7]".into()],
+            network_locked: true,
         };
-        assert_eq!(o.criu_options(), ["external unix[7]"]);
+        assert_eq!(o.criu_options(), ["external unix[7]", "network-lock skip"]);
         let a = checkpoint_args("c1", &o);
         for flag in ["--tcp-established", "--ext-unix-sk", "--shell-job", "--file-locks"] {
             assert!(a.iter().any(|x| x == flag), "{flag} missing in {a:?}");
@@ -605,10 +604,8 @@ mod tests {
             .into_iter()
             .map(|s| InheritFd { resource: "socket:[1]".into(), fd: Arc::new(OwnedFd::from(s)) })
             .collect();
-        let mut from = RestoreFrom { image: "/i".into(), work: "/w".into(), lazy: false, inherit: inherit.clone(), network_unlocked: false };
+        let from = RestoreFrom { image: "/i".into(), work: "/w".into(), lazy: false, inherit: inherit.clone() };
         assert_eq!(from.criu_options(), ["inherit-fd fd[100]:socket:[1]", "inherit-fd fd[101]:socket:[1]"]);
-        from.network_unlocked = true;
-        assert_eq!(from.criu_options().last().map(String::as_str), Some("network-lock skip"));
         let mut cmd = Command::new("readlink");
         cmd.args(["/proc/self/fd/100", "/proc/self/fd/101"]);
         reaper::pass_fds(&mut cmd, inherit.iter().map(|i| i.fd.clone()).collect(), FIRST_INHERITED_FD);

@@ -874,6 +874,13 @@ impl Tasks {
         })
     }
 
+    /// Whether container `id`'s CRIU configuration is torpor's, which takes
+    /// the options of each dump and restore (not the user's own
+    /// `org.criu.config`).
+    pub fn takes_criu_options(&self, id: &str) -> bool {
+        self.with(id, |c| Ok(c.bundle.join(bundle::OWN_CRIU_CONFIG).exists())).unwrap_or(false)
+    }
+
     /// Whether container `id` has exec sessions running.
     pub fn has_live_execs(&self, id: &str) -> Result<bool> {
         self.with(id, |c| Ok(c.has_live_execs()))
