@@ -57,6 +57,7 @@ struct FileStore {
     retry_max: Option<String>,
     zstd_level: Option<i32>,
     verify_local_on_checkout: Option<bool>,
+    trust_verified_local_for: Option<String>,
     gc_interval: Option<String>,
     gc_keep: Option<usize>,
     node_id: Option<String>,
@@ -134,6 +135,7 @@ pub struct StoreConfig {
     pub retry_max: Option<Duration>,
     pub zstd_level: Option<i32>,
     pub verify_local_on_checkout: Option<bool>,
+    pub trust_verified_local_for: Option<Duration>,
     /// How often superseded snapshots are collected (`None`: never; `torporctl snapshots gc` still works).
     pub gc_interval: Option<Duration>,
     /// Snapshots kept per actor by the periodic gc (≥ 1).
@@ -239,6 +241,9 @@ impl Config {
         if let Some(v) = s.verify_local_on_checkout {
             c.verify_local_on_checkout = v;
         }
+        if let Some(d) = s.trust_verified_local_for {
+            c.trust_verified_local_for = d;
+        }
         if let Some(n) = &s.node_id {
             c.node_id = n.clone();
         }
@@ -279,6 +284,7 @@ impl Default for Config {
                 retry_max: None,
                 zstd_level: None,
                 verify_local_on_checkout: None,
+                trust_verified_local_for: None,
                 gc_interval: Some(DEFAULT_GC_INTERVAL),
                 gc_keep: DEFAULT_GC_KEEP,
                 node_id: None,
@@ -470,6 +476,7 @@ impl Config {
                 retry_max: dur(f.store.retry_max, "store.retry_max")?,
                 zstd_level: f.store.zstd_level,
                 verify_local_on_checkout: f.store.verify_local_on_checkout,
+                trust_verified_local_for: dur(f.store.trust_verified_local_for, "store.trust_verified_local_for")?,
                 gc_interval: match f.store.gc_interval.as_deref() {
                     None => d.store.gc_interval,
                     Some("off") => None,

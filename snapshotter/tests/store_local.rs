@@ -49,13 +49,22 @@ async fn commit_checkout_upload_evict_fetch_round_trip() {
     // An unknown staging fails clearly.
     assert!(matches!(store.commit("0123", CommitOptions::default()).await, Err(Error::StagingNotFound(_))));
 
-    // Local checkout: files in place, verified, pinned.
+    // Local checkout: files in place, pinned; hashed at the commit and
+    // unchanged since, so not hashed again.
     let co = store.checkout(&info.id, None).await.unwrap();
     assert!(!co.fetched);
     assert_eq!(co.path, info.path);
-    assert_eq!(co.verified_bytes, info.logical_bytes);
+    assert_eq!(co.verified_bytes, 0);
     assert_eq!(read_tree(&co.path), original);
     assert_eq!(co.info.pins, 1);
+    store.release(&co.lease).await.unwrap();
+    // A file changed since (here only its mode): hashed whole again, once.
+    std::fs::set_permissions(co.path.join("ctr-a/core-1.img"), std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let co = store.checkout(&info.id, None).await.unwrap();
+    assert_eq!(co.verified_bytes, info.logical_bytes);
+    store.release(&co.lease).await.unwrap();
+    let co = store.checkout(&info.id, None).await.unwrap();
+    assert_eq!(co.verified_bytes, 0);
     store.release(&co.lease).await.unwrap();
     assert!(matches!(store.release(&co.lease).await, Err(Error::LeaseNotFound(_))));
 
@@ -148,7 +157,10 @@ async fn a_staging_view_outlives_the_commit_and_is_released() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resuspend_after_one_percent_change_uploads_little() {
     let e = env();
-    let (store, faulty) = open_faulty(config(&e.root, &e.objects), &e.objects).await;
+    // Every checkout hashes the local copy whole (the speed measured below).
+    let mut cfg = config(&e.root, &e.objects);
+    cfg.trust_verified_local_for = std::time::Duration::ZERO;
+    let (store, faulty) = open_faulty(cfg, &e.objects).await;
     const PAGES: usize = 64 * 1024 * 1024;
     let mut pages = random_bytes(42, PAGES);
     let a = actor("bench/resuspend");

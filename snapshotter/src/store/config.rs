@@ -114,6 +114,11 @@ pub struct StoreConfig {
     /// Verify a local copy's files against the manifest's chunk digests at
     /// every checkout (reads and hashes every byte; see docs/STORE.md for the cost).
     pub verify_local_on_checkout: bool,
+    /// A local copy whose every byte this daemon hashed (at its commit or a
+    /// checkout) less than this long ago, and whose files `stat` the same
+    /// since ([`super::local::Fingerprint`]), is not hashed again at
+    /// checkout. Zero: every checkout hashes it all.
+    pub trust_verified_local_for: Duration,
     /// How often the background worker looks for due uploads and evictions
     /// (it is also woken by commits and releases).
     pub scan_interval: Duration,
@@ -180,6 +185,7 @@ impl StoreConfig {
             chunking: ChunkingConfig::default(),
             zstd_level: 1,
             verify_local_on_checkout: true,
+            trust_verified_local_for: Duration::from_secs(600),
             scan_interval: Duration::from_secs(5),
             background: true,
             keyring: Keyring::default(),

@@ -72,7 +72,9 @@ impl Store {
         let bytes = std::fs::read(&mpath).map_err(|e| Error::io("read manifest", &mpath, e))?;
         let m = self.check_manifest(&id, &bytes, &rec.manifest_digest, "local")?;
         let mut verified_bytes = 0;
-        if self.cfg.verify_local_on_checkout {
+        if self.cfg.verify_local_on_checkout && self.recently_verified(&id, &dir, &m) {
+            debug!(snapshot = %id, "local copy unchanged since this daemon hashed it: not hashed again");
+        } else if self.cfg.verify_local_on_checkout {
             let started = std::time::Instant::now();
             let d = dir.clone();
             let m2 = m.clone();
@@ -82,6 +84,7 @@ impl Store {
             verified_bytes = m.logical_bytes;
             let secs = started.elapsed().as_secs_f64();
             debug!(snapshot = %id, bytes = verified_bytes, mib_per_s = (verified_bytes as f64 / 1048576.0 / secs.max(1e-9)) as u64, "local copy verified");
+            self.mark_verified(&id, &dir, &m);
         }
         if let Some(p) = progress {
             let _ = p.send((m.logical_bytes, m.logical_bytes));
@@ -89,6 +92,32 @@ impl Store {
         let lease = self.add_lease(&id, None, None)?;
         let rec = db::record(&self.db, &id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
         Ok(Checkout { info: self.info(&rec)?, path: dir, lease, fetched: false, verified_bytes })
+    }
+
+    /// Whether this daemon hashed every byte of the local copy of `id` (in
+    /// `dir`) less than `trust_verified_local_for` ago, and its files `stat`
+    /// the same now as then.
+    fn recently_verified(&self, id: &SnapshotId, dir: &Path, m: &Manifest) -> bool {
+        let ttl = self.cfg.trust_verified_local_for;
+        let Some((at, then)) = lock(&self.verified).get(id).cloned() else { return false };
+        at.elapsed() < ttl && local::fingerprint(dir, m).is_ok_and(|now| now == then)
+    }
+
+    /// Records that every byte of the local copy of `id` (in `dir`) was
+    /// just hashed against `m` ([`Store::recently_verified`]).
+    pub(super) fn mark_verified(&self, id: &SnapshotId, dir: &Path, m: &Manifest) {
+        let ttl = self.cfg.trust_verified_local_for;
+        if ttl.is_zero() {
+            return;
+        }
+        match local::fingerprint(dir, m) {
+            Ok(fp) => {
+                let mut v = lock(&self.verified);
+                v.retain(|_, (at, _)| at.elapsed() < ttl);
+                v.insert(id.clone(), (std::time::Instant::now(), fp));
+            }
+            Err(e) => debug!(snapshot = %id, "no fingerprint of the local copy (it is hashed at its next checkout): {e}"),
+        }
     }
 
     pub(super) fn add_lease(&self, id: &SnapshotId, new_local: Option<LocalState>, remote_pin: Option<String>) -> Result<String> {

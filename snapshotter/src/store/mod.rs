@@ -169,6 +169,9 @@ pub struct Store {
     committed: Mutex<HashMap<String, SnapshotId>>,
     /// Notified when a commit ends.
     commit_done: Notify,
+    /// Local copies whose every byte this daemon hashed: when, and how their
+    /// files looked then (`cfg.trust_verified_local_for`).
+    verified: Mutex<HashMap<SnapshotId, (std::time::Instant, local::Fingerprint)>>,
     /// The actor leases this node holds (in memory and in the database) and
     /// the per-actor locks of lease operations.
     leases: actor_lease::LeaseTable,
@@ -254,6 +257,7 @@ impl Store {
             pins: Mutex::new(HashMap::new()),
             committed: Mutex::new(HashMap::new()),
             commit_done: Notify::new(),
+            verified: Mutex::new(HashMap::new()),
             leases,
             lease_worker: Mutex::new(None),
             stats: stats::Stats::default(),
