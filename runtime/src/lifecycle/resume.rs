@@ -557,11 +557,12 @@ impl LazyDaemon {
         drop(child); // reaped by the reaper
         let socket = work.join("lazy-pages.socket");
         let mut daemon = LazyDaemon { pid, exit };
-        for _ in 0..400 {
+        // Looked for every millisecond (it takes a few): the restore waits on it.
+        for _ in 0..2000 {
             if socket.exists() {
                 return Ok(daemon);
             }
-            if let Ok(Some(e)) = tokio::time::timeout(std::time::Duration::from_millis(5), daemon.exit.next()).await {
+            if let Ok(Some(e)) = tokio::time::timeout(std::time::Duration::from_millis(1), daemon.exit.next()).await {
                 if e.pid == pid {
                     return Err(Error::InvalidArgument(format!(
                         "criu lazy-pages exited with {} (see {:?})",
