@@ -280,8 +280,9 @@ impl Store {
         let tx = Tx::begin(&self.db)?;
         tx.put(&rec)?;
         tx.commit()?;
-        // Its every byte was hashed above, for the manifest.
-        self.mark_verified(&id, &target, &manifest);
+        // Its every byte was hashed above, for the manifest (the mode
+        // change after changed every ctime: no earlier fingerprint).
+        self.mark_verified(&id, &target, &manifest, None);
         info!(snapshot = %id, bytes = logical_bytes, chunks = chunk_count, ms = started.elapsed().as_millis() as u64, "snapshot committed");
         self.wake.notify_one();
         Ok(self.info_with_pins(&rec, 0))

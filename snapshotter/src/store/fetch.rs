@@ -75,6 +75,7 @@ impl Store {
         if self.cfg.verify_local_on_checkout && self.recently_verified(&id, &dir, &m) {
             debug!(snapshot = %id, "local copy unchanged since this daemon hashed it: not hashed again");
         } else if self.cfg.verify_local_on_checkout {
+            let before = local::fingerprint(&dir, &m).ok();
             let started = std::time::Instant::now();
             let d = dir.clone();
             let m2 = m.clone();
@@ -84,7 +85,7 @@ impl Store {
             verified_bytes = m.logical_bytes;
             let secs = started.elapsed().as_secs_f64();
             debug!(snapshot = %id, bytes = verified_bytes, mib_per_s = (verified_bytes as f64 / 1048576.0 / secs.max(1e-9)) as u64, "local copy verified");
-            self.mark_verified(&id, &dir, &m);
+            self.mark_verified(&id, &dir, &m, before);
         }
         if let Some(p) = progress {
             let _ = p.send((m.logical_bytes, m.logical_bytes));
@@ -104,13 +105,18 @@ impl Store {
     }
 
     /// Records that every byte of the local copy of `id` (in `dir`) was
-    /// just hashed against `m` ([`Store::recently_verified`]).
-    pub(super) fn mark_verified(&self, id: &SnapshotId, dir: &Path, m: &Manifest) {
+    /// just hashed against `m` ([`Store::recently_verified`]). `before`:
+    /// the fingerprint taken before the hashing began; a copy that changed
+    /// while it was hashed is not recorded.
+    pub(super) fn mark_verified(&self, id: &SnapshotId, dir: &Path, m: &Manifest, before: Option<local::Fingerprint>) {
         let ttl = self.cfg.trust_verified_local_for;
         if ttl.is_zero() {
             return;
         }
         match local::fingerprint(dir, m) {
+            Ok(fp) if before.as_ref().is_some_and(|b| *b != fp) => {
+                debug!(snapshot = %id, "the local copy changed while it was hashed: hashed again at its next checkout");
+            }
             Ok(fp) => {
                 let mut v = lock(&self.verified);
                 v.retain(|_, (at, _)| at.elapsed() < ttl);
