@@ -527,65 +527,15 @@ fn is_kube_probe(head: &[u8]) -> bool {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
+    use crate::system::netns::tests::TestNetns;
 
     #[test]
     fn recognises_kube_probes() {
         assert!(is_kube_probe(b"GET /healthz HTTP/1.1\r\nHost: x\r\nUser-Agent: kube-probe/1.31\r\n\r\n"));
         assert!(!is_kube_probe(b"GET /inc HTTP/1.1\r\nUser-Agent: curl/8\r\n\r\n"));
         assert!(!is_kube_probe(b"inc\n"));
-    }
-
-    /// A private network namespace with `lo` up, alive while this lives
-    /// (a parked thread that unshared it); nothing of the host's is touched.
-    pub(crate) struct TestNetns {
-        pub path: PathBuf,
-        pub tid: i32,
-        stop: Option<std::sync::mpsc::Sender<()>>,
-        thread: Option<std::thread::JoinHandle<()>>,
-    }
-
-    impl TestNetns {
-        pub fn new() -> TestNetns {
-            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-            let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
-            let thread = std::thread::spawn(move || {
-                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
-                // lo up: SIOCGIFFLAGS, | IFF_UP, SIOCSIFFLAGS.
-                // SAFETY: an ifreq that lives for the calls on a socket we own.
-                unsafe {
-                    let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-                    assert!(fd >= 0);
-                    let mut ifr: libc::ifreq = std::mem::zeroed();
-                    for (d, s) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
-                        *d = *s as libc::c_char;
-                    }
-                    assert!(libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) >= 0);
-                    ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-                    assert!(libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr) >= 0);
-                    libc::close(fd);
-                }
-                ready_tx.send(nix::unistd::gettid().as_raw()).unwrap();
-                let _ = stop_rx.recv();
-            });
-            let tid = ready_rx.recv().unwrap();
-            TestNetns {
-                path: PathBuf::from(format!("/proc/{}/task/{tid}/ns/net", std::process::id())),
-                tid,
-                stop: Some(stop_tx),
-                thread: Some(thread),
-            }
-        }
-    }
-
-    impl Drop for TestNetns {
-        fn drop(&mut self) {
-            drop(self.stop.take());
-            if let Some(t) = self.thread.take() {
-                let _ = t.join();
-            }
-        }
     }
 
     fn addr(s: &str) -> SocketAddr {

@@ -108,9 +108,15 @@ pub fn in_netns<T: Send + 'static>(netns: &Path, f: impl FnOnce() -> std::io::Re
 /// through nsenter and the reaper (the shim reaps all its children),
 /// within [`IPTABLES_DEADLINE`].
 pub async fn iptables_in(netns: &Path, tool: &str, args: &[&str]) -> Result<std::process::Output> {
+    crate::system::reaper::output(xtables_in(netns, tool, args), IPTABLES_DEADLINE).await
+}
+
+/// `nsenter --net=NETNS TOOL -w XTABLES_WAIT_S ARGS`: an xtables tool
+/// (`iptables`, `ip6tables-restore`...) in the network namespace `netns`.
+fn xtables_in(netns: &Path, tool: &str, args: &[&str]) -> std::process::Command {
     let mut cmd = std::process::Command::new("nsenter");
     cmd.arg(format!("--net={}", netns.display())).arg(tool).args(["-w", XTABLES_WAIT_S]).args(args);
-    crate::system::reaper::output(cmd, IPTABLES_DEADLINE).await
+    cmd
 }
 
 /// The network lock of a dump, as CRIU's own `iptables` lock: a `CRIU`
@@ -140,8 +146,7 @@ pub async fn lock_network(netns: &Path) -> Result<()> {
             .io_context(|| "memfd_create for the network lock".to_string())?;
         let mut f = File::from(rules);
         std::io::Write::write_all(&mut f, LOCK_RULES.as_bytes()).io_context(|| "write the network lock's rules".to_string())?;
-        let mut cmd = std::process::Command::new("nsenter");
-        cmd.arg(format!("--net={}", netns.display())).arg(tool).args(["-w", XTABLES_WAIT_S, "--noflush", "/dev/fd/3"]);
+        let mut cmd = xtables_in(netns, tool, &["--noflush", "/dev/fd/3"]);
         crate::system::reaper::pass_fds(&mut cmd, vec![f], 3);
         let o = crate::system::reaper::output(cmd, IPTABLES_DEADLINE).await?;
         if !o.status.success() {
@@ -187,8 +192,61 @@ pub async fn unlock_criu_network(netns: &Path) -> Result<()> {
 
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    use std::path::PathBuf;
+
     use super::*;
+
+    /// A private network namespace with `lo` up, alive while this lives
+    /// (a parked thread that unshared it); nothing of the host's is touched.
+    pub(crate) struct TestNetns {
+        pub path: PathBuf,
+        pub tid: i32,
+        stop: Option<std::sync::mpsc::Sender<()>>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    }
+
+    impl TestNetns {
+        pub fn new() -> TestNetns {
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+            let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+            let thread = std::thread::spawn(move || {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+                // lo up: SIOCGIFFLAGS, | IFF_UP, SIOCSIFFLAGS.
+                // SAFETY: an ifreq that lives for the calls on a socket we own.
+                unsafe {
+                    let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+                    assert!(fd >= 0);
+                    let mut ifr: libc::ifreq = std::mem::zeroed();
+                    for (d, s) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
+                        *d = *s as libc::c_char;
+                    }
+                    assert!(libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) >= 0);
+                    ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+                    assert!(libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr) >= 0);
+                    libc::close(fd);
+                }
+                ready_tx.send(nix::unistd::gettid().as_raw()).unwrap();
+                let _ = stop_rx.recv();
+            });
+            let tid = ready_rx.recv().unwrap();
+            TestNetns {
+                path: PathBuf::from(format!("/proc/{}/task/{tid}/ns/net", std::process::id())),
+                tid,
+                stop: Some(stop_tx),
+                thread: Some(thread),
+            }
+        }
+    }
+
+    impl Drop for TestNetns {
+        fn drop(&mut self) {
+            drop(self.stop.take());
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
 
     #[test]
     fn listeners_keep_their_address() {
@@ -231,7 +289,7 @@ mod tests {
     /// loopback goes unanswered) and the unlock lifts it completely.
     #[tokio::test]
     async fn the_network_lock_drops_everything_until_unlocked() {
-        let ns = crate::system::held_ports::tests::TestNetns::new();
+        let ns = TestNetns::new();
         let listener = in_netns(&ns.path, || std::net::TcpListener::bind("127.0.0.1:7071")).unwrap();
         let connects = || async {
             let s = in_netns(&ns.path, || std::net::TcpStream::connect_timeout(&"127.0.0.1:7071".parse().unwrap(), Duration::from_millis(300)));

@@ -251,18 +251,18 @@ pub fn build_entries(root: &Path, chunking: &ChunkingConfig) -> Result<Vec<Entry
 }
 
 /// What the files of a local copy look like to `stat` (per file of the
-/// manifest: device, inode, size, mtime and ctime in nanoseconds). Any
+/// manifest: device, inode, size, mtime and ctime to the nanosecond). Any
 /// write, truncation, replacement or `chmod` changes it; ctime cannot be
 /// set back from userspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fingerprint(Vec<(u64, u64, u64, i64, i64)>);
+pub struct Fingerprint(Vec<(u64, u64, u64, (i64, i64), (i64, i64))>);
 
 /// The [`Fingerprint`] of the files of `m` under `root`.
 pub fn fingerprint(root: &Path, m: &Manifest) -> std::io::Result<Fingerprint> {
     let mut out = Vec::new();
     for e in m.entries.iter().filter(|e| e.kind == EntryKind::File) {
         let st = fs::symlink_metadata(root.join(&e.path))?;
-        out.push((st.dev(), st.ino(), st.len(), st.mtime() * 1_000_000_000 + st.mtime_nsec(), st.ctime() * 1_000_000_000 + st.ctime_nsec()));
+        out.push((st.dev(), st.ino(), st.len(), (st.mtime(), st.mtime_nsec()), (st.ctime(), st.ctime_nsec())));
     }
     Ok(Fingerprint(out))
 }
