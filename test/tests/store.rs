@@ -205,9 +205,11 @@ fn resume_fetches_an_evicted_snapshot_from_s3() {
     assert_eq!(snapshot(&name)["durable"], true);
     snapshots_ok(&["evict", &name]);
     assert_eq!(snapshot(&name)["local"], false, "evicted");
-    // An inbound request resumes it: fetched from S3.
+    // An inbound request resumes it: streamed from S3. The answer may come
+    // before the last chunk; the copy is local once the stream is done.
     assert_continues(&c, &sum);
     assert_eq!(c.status()["state"], "RUNNING");
+    wait_for("the stream to finish", LIVENESS, || stream_phases(&c).contains_key("done_at").then_some(()));
     assert_eq!(snapshot(&name)["local"], true, "fetched back");
 }
 
