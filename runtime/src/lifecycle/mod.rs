@@ -42,7 +42,7 @@ mod timing;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::mpsc;
@@ -56,6 +56,8 @@ use crate::error::{Error, Result};
 use crate::oci::annotations::ActorSpec;
 use crate::system::cgroup;
 use crate::system::held_ports;
+use crate::system::netns::TcpConnection;
+use crate::system::sleeping_connections;
 use crate::task::Tasks;
 
 pub use adopt::Adopted;
@@ -63,6 +65,15 @@ pub use suspend::CommitState;
 
 /// The pod's network namespace and the addresses held there.
 type HeldTarget = (PathBuf, Vec<SocketAddr>);
+
+/// The pod netns whose rules keep a suspended actor's connections, and the
+/// watch of their packets (stopped when dropped).
+struct KeptConnections {
+    netns: PathBuf,
+    /// The xtables tools of the families that have rules.
+    tools: Vec<&'static str>,
+    _watch: sleeping_connections::Watch,
+}
 
 /// The actor of one shim, and what its operations share.
 #[derive(Clone)]
@@ -81,6 +92,9 @@ pub struct Actor {
     held_target: Arc<Mutex<Option<HeldTarget>>>,
     /// Where the held listeners report a real connection.
     wake: mpsc::UnboundedSender<()>,
+    /// The suspended actor's TCP connections, kept in its pod's netns
+    /// (their rules in, their packets watched: [`sleeping_connections`]).
+    kept: Arc<Mutex<Option<KeptConnections>>>,
     /// Lazy-pages daemons still serving a restored actor's memory.
     lazy: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
     /// Changed when the restored processes were stopped under their
@@ -121,6 +135,7 @@ impl Actor {
             held: Arc::default(),
             held_target: Arc::default(),
             wake,
+            kept: Arc::default(),
             lazy: Arc::default(),
             lazy_stop: Arc::new(tokio::sync::watch::channel(0).0),
             claim: Arc::default(),
@@ -305,10 +320,57 @@ impl Actor {
     }
 
     /// Nothing to wake any more (the suspended container was stopped):
-    /// the held ports go.
+    /// the held ports and the kept connections go.
     pub fn release_held_ports(&self) {
         lock(&self.held).take();
         lock(&self.held_target).take();
+        self.release_connections();
+    }
+
+    /// Keeps the connections a suspend checkpointed (in `netns`), before
+    /// the dump's network lock is lifted: their packets are dropped, not
+    /// reset, and the first one wakes the actor. Without the watch of
+    /// their packets they are not kept (a request would wait unanswered
+    /// until the actor woke otherwise; a reset is the better answer).
+    pub(crate) async fn keep_connections(&self, netns: &Path, conns: &[TcpConnection]) {
+        if conns.is_empty() {
+            return;
+        }
+        let watch = match sleeping_connections::Watch::start(netns, self.wake.clone()) {
+            Ok(w) => w,
+            Err(e) => {
+                warn!(connections = conns.len(), "the suspended actor's connections are reset if their peers send: {e}");
+                return;
+            }
+        };
+        match sleeping_connections::keep(netns, conns).await {
+            Ok(tools) => *lock(&self.kept) = Some(KeptConnections { netns: netns.to_path_buf(), tools, _watch: watch }),
+            Err(e) => {
+                warn!(connections = conns.len(), "the suspended actor's connections are reset if their peers send: {e}");
+                if let Err(e) = sleeping_connections::release(netns, crate::system::netns::restore_tools()).await {
+                    warn!("{e}");
+                }
+            }
+        }
+    }
+
+    /// After a resume (or once nothing is to be woken): the kept
+    /// connections' rules go, in the background (off the resume's path:
+    /// a packet dropped meanwhile is retransmitted to the restored socket).
+    pub(crate) fn release_connections(&self) {
+        let Some(kept) = lock(&self.kept).take() else { return };
+        let KeptConnections { netns, tools, _watch } = kept;
+        drop(_watch);
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    if let Err(e) = sleeping_connections::release(&netns, &tools).await {
+                        warn!("release the resumed actor's connections: {e}");
+                    }
+                });
+            }
+            Err(e) => warn!(netns = ?netns, "the kept connections' rules stay in the pod's netns: {e}"),
+        }
     }
 }
 

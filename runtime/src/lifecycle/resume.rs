@@ -192,6 +192,10 @@ impl Actor {
             h.finish().await;
             t.mark("handover");
         }
+        if result.is_ok() {
+            // The restored sockets take their connections' packets again.
+            self.release_connections();
+        }
         report::phase("handover");
         if let Err(e) = result {
             self.store.release_logged(&co.lease).await;

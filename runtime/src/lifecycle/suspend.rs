@@ -23,7 +23,7 @@ use crate::failpoint;
 use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{commit_labels, lock, name_of, Actor};
 use crate::system::held_ports;
-use crate::system::netns;
+use crate::system::netns::{self, TcpConnection};
 use crate::system::runc::CheckpointOpts;
 use crate::task::Status;
 
@@ -134,21 +134,25 @@ impl Actor {
         let images: Vec<(String, PathBuf)> = ids.iter().map(|id| (id.clone(), staging.path.join(name_of(&rec, id)))).collect();
         // A freeze-tier actor whose checkpoint fails runs again (thawed),
         // any other frozen one goes back to frozen.
-        if let Err(e) = self.checkpoint_all(&dir, &rec, netns.as_deref(), &images, was == Lifecycle::Frozen && !tier, &mut t).await {
-            warn!(actor = rec.actor.as_str(), "suspend failed, actor keeps running: {e}");
-            self.store.abort_logged(&staging).await;
-            dir.remove_work();
-            self.update(|r| {
-                r.state = was;
-                r.last_error = Some(e.to_string());
-                r.generation -= 1;
-                r.staging = None;
-            })?;
-            if tier {
-                self.thaw_after_failed_checkpoint(&rec, &e).await;
+        let checkpointed = self.checkpoint_all(&dir, &rec, netns.as_deref(), &images, was == Lifecycle::Frozen && !tier, &mut t).await;
+        let connections = match checkpointed {
+            Ok(c) => c,
+            Err(e) => {
+                warn!(actor = rec.actor.as_str(), "suspend failed, actor keeps running: {e}");
+                self.store.abort_logged(&staging).await;
+                dir.remove_work();
+                self.update(|r| {
+                    r.state = was;
+                    r.last_error = Some(e.to_string());
+                    r.generation -= 1;
+                    r.staging = None;
+                })?;
+                if tier {
+                    self.thaw_after_failed_checkpoint(&rec, &e).await;
+                }
+                return Err(e);
             }
-            return Err(e);
-        }
+        };
         report::phase("dump");
         // The dump is sealed (what a restore checks first), and on disk
         // before the record says it is complete: a power loss never commits
@@ -223,6 +227,8 @@ impl Actor {
         // Without a pod network namespace, the container's own went with
         // its processes.
         if let Some(ns) = &netns {
+            // Its checkpointed connections are kept before the lock goes.
+            self.keep_connections(ns, &connections).await;
             if let Err(e) = netns::unlock_criu_network(ns).await {
                 warn!(actor = rec.actor.as_str(), "{e}");
             }
@@ -360,7 +366,8 @@ impl Actor {
     /// Freeze all, dump each into its image directory (with the unix
     /// connections between them, found in the pod's `netns`); on a failure,
     /// bring back what was touched, to the state it had (`was_frozen`: paused).
-    async fn checkpoint_all(&self, dir: &record::Store, rec: &Record, netns: Option<&Path>, images: &[(String, PathBuf)], was_frozen: bool, t: &mut Timing) -> Result<()> {
+    /// The TCP connections of the pod's netns the dumps kept.
+    async fn checkpoint_all(&self, dir: &record::Store, rec: &Record, netns: Option<&Path>, images: &[(String, PathBuf)], was_frozen: bool, t: &mut Timing) -> Result<Vec<TcpConnection>> {
         let generation = rec.generation;
         for (id, _) in images {
             if self.tasks.has_live_execs(id)? {
@@ -408,6 +415,16 @@ impl Actor {
             _ => None,
         };
         t.mark("lock_network");
+        // The connections the dumps keep, read while nothing changes them.
+        let connections = match netns {
+            Some(_) if failure.is_none() => images
+                .iter()
+                .filter_map(|(id, _)| self.tasks.app_info(id).ok().map(|i| i.pid).filter(|p| *p > 0))
+                .next()
+                .map(netns::open_connections)
+                .unwrap_or_default(),
+            _ => Vec::new(),
+        };
         if failure.is_none() {
             failpoint::hit(&dir.key(), failpoint::SUSPEND_AFTER_FREEZE);
             report::phase("freeze");
@@ -431,7 +448,7 @@ impl Actor {
                 }
             }
         }
-        let Some(e) = failure else { return Ok(()) };
+        let Some(e) = failure else { return Ok(connections) };
         // Roll back: restore what was dumped, thaw what was only frozen.
         for (id, image) in &dumped {
             match self.restore_one(dir, generation, id, image, None, &mut Timing::start()).await {

@@ -13,6 +13,8 @@
 //! - [`netns`]: ports, iptables and CRIU's network lock in the pod's netns;
 //! - [`held_ports`]: listeners held for a sleeping actor, probes answered,
 //!   connections handed over;
+//! - [`sleeping_connections`]: a sleeping actor's TCP connections, kept
+//!   (their packets dropped, never reset) and watched (they wake it);
 //! - [`heap`]: the process's own allocator, kept small while actors sleep;
 //! - [`mounts`]: mounts a killed CRIU left below a directory, detached;
 //! - [`pidfd`]: another process's open files, taken through its pidfd;
@@ -29,5 +31,6 @@ pub mod reaper;
 pub mod rootfs;
 pub mod runc;
 pub mod runc_options;
+pub mod sleeping_connections;
 pub mod stdio;
 pub mod unix_links;

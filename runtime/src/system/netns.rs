@@ -34,21 +34,64 @@ pub fn listening_ports(pid: i32) -> Vec<SocketAddr> {
 
 /// The LISTEN sockets of one `/proc/net/tcp` or `tcp6` table.
 fn parse_listeners(text: &str) -> Vec<SocketAddr> {
+    rows(text).filter(|(state, _, _)| *state == "0A").map(|(_, local, _)| local).collect()
+}
+
+/// A TCP connection in a network namespace, from that namespace's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TcpConnection {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+}
+
+/// The states in which the peer of a connection may still send to it
+/// (`include/net/tcp_states.h`): ESTABLISHED, FIN_WAIT1, FIN_WAIT2,
+/// CLOSE_WAIT, LAST_ACK, CLOSING. A checkpoint keeps these (CRIU's
+/// `tcp-established`); TIME_WAIT and the handshake states it does not.
+const SYNCHRONIZED: [&str; 6] = ["01", "04", "05", "08", "09", "0B"];
+
+/// The TCP connections of the network namespace of `pid` whose peer may
+/// still send (see [`SYNCHRONIZED`]), from `/proc/<pid>/net/tcp` and
+/// `tcp6`; IPv4-mapped addresses as IPv4 ones. Sorted, without duplicates.
+pub fn open_connections(pid: i32) -> Vec<TcpConnection> {
     let mut out = Vec::new();
-    for line in text.lines().skip(1) {
-        let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() <= 3 || f[3] != "0A" {
-            continue;
-        }
-        let Some((addr, port)) = f[1].split_once(':') else { continue };
-        let (Some(ip), Ok(port)) = (parse_proc_ip(addr), u16::from_str_radix(port, 16)) else { continue };
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
-            v4 => v4,
-        };
-        out.push(SocketAddr::new(ip, port));
+    for table in ["tcp", "tcp6"] {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")) else { continue };
+        out.extend(parse_connections(&text));
     }
+    out.sort_unstable();
+    out.dedup();
     out
+}
+
+fn parse_connections(text: &str) -> Vec<TcpConnection> {
+    rows(text)
+        .filter(|(state, _, _)| SYNCHRONIZED.contains(state))
+        .map(|(_, local, remote)| TcpConnection { local, remote })
+        .collect()
+}
+
+/// The rows of a `/proc/net/tcp` or `tcp6` table: (state in hex, local
+/// address, remote address); a row that does not parse is skipped.
+fn rows(text: &str) -> impl Iterator<Item = (&str, SocketAddr, SocketAddr)> {
+    text.lines().skip(1).filter_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() <= 3 {
+            return None;
+        }
+        Some((f[3], parse_proc_addr(f[1])?, parse_proc_addr(f[2])?))
+    })
+}
+
+/// `ADDR:PORT` as the kernel prints it; an IPv4-mapped IPv6 address is
+/// given as the IPv4 one.
+fn parse_proc_addr(field: &str) -> Option<SocketAddr> {
+    let (addr, port) = field.split_once(':')?;
+    let ip = match parse_proc_ip(addr)? {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(IpAddr::V6(v6)),
+        v4 => v4,
+    };
+    Some(SocketAddr::new(ip, u16::from_str_radix(port, 16).ok()?))
 }
 
 /// An address as the kernel prints it in `/proc/net/tcp*`: 32-bit words in
@@ -140,21 +183,37 @@ const LOCK_RULES: &str = "*filter\n:CRIU - [0:0]\n-I INPUT -j CRIU\n-I OUTPUT -j
 /// IPv6) in the namespace, the rules passed on a memfd. A failure may leave
 /// a part in place: the caller unlocks.
 pub async fn lock_network(netns: &Path) -> Result<()> {
-    let ipv6 = Path::new("/proc/net/if_inet6").exists();
-    for tool in ["iptables-restore", "ip6tables-restore"].into_iter().take(if ipv6 { 2 } else { 1 }) {
-        let rules = nix::sys::memfd::memfd_create(c"torpor-network-lock", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
-            .io_context(|| "memfd_create for the network lock".to_string())?;
-        let mut f = File::from(rules);
-        std::io::Write::write_all(&mut f, LOCK_RULES.as_bytes()).io_context(|| "write the network lock's rules".to_string())?;
-        let mut cmd = xtables_in(netns, tool, &["--noflush", "/dev/fd/3"]);
-        crate::system::reaper::pass_fds(&mut cmd, vec![f], 3);
-        let o = crate::system::reaper::output(cmd, IPTABLES_DEADLINE).await?;
-        if !o.status.success() {
-            return Err(Error::InvalidArgument(format!(
-                "lock the network of {netns:?} for the dump: {tool}: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            )));
-        }
+    for tool in restore_tools() {
+        xtables_restore(netns, tool, LOCK_RULES, "lock the network for the dump").await?;
+    }
+    Ok(())
+}
+
+/// `iptables-restore`, and `ip6tables-restore` where the kernel has IPv6.
+pub(crate) fn restore_tools() -> &'static [&'static str] {
+    if Path::new("/proc/net/if_inet6").exists() {
+        &["iptables-restore", "ip6tables-restore"]
+    } else {
+        &["iptables-restore"]
+    }
+}
+
+/// `TOOL --noflush` (`iptables-restore` or `ip6tables-restore`) of `rules`
+/// in the network namespace `netns`: one transaction, the rules passed on a
+/// memfd as fd 3. `what` names the change in an error.
+pub(crate) async fn xtables_restore(netns: &Path, tool: &str, rules: &str, what: &str) -> Result<()> {
+    let fd = nix::sys::memfd::memfd_create(c"torpor-xtables-rules", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+        .io_context(|| format!("memfd_create for the rules to {what}"))?;
+    let mut f = File::from(fd);
+    std::io::Write::write_all(&mut f, rules.as_bytes()).io_context(|| format!("write the rules to {what}"))?;
+    let mut cmd = xtables_in(netns, tool, &["--noflush", "/dev/fd/3"]);
+    crate::system::reaper::pass_fds(&mut cmd, vec![f], 3);
+    let o = crate::system::reaper::output(cmd, IPTABLES_DEADLINE).await?;
+    if !o.status.success() {
+        return Err(Error::InvalidArgument(format!(
+            "{what} in {netns:?}: {tool}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )));
     }
     Ok(())
 }
