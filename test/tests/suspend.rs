@@ -1336,3 +1336,50 @@ fn a_resume_uses_the_warm_criu_kernel_cache() {
         );
     }
 }
+
+/// An established TCP connection of an actor suspended and resumed in
+/// place (same pod IP) survives: left idle across a suspend and a resume,
+/// and used while the actor sleeps (the request wakes the actor and is
+/// answered on the same connection, never reset). Once the actor runs, the
+/// rules that kept the connection are gone from the pod's netns.
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn established_connections_survive_suspend_and_wake_the_actor() {
+    torpor_only();
+    let a = actor("susp-conn", &[]);
+    let s = connect_with_retry(&format!("{}:8080", a.ip));
+    s.set_read_timeout(Some(LIVENESS)).unwrap();
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    let mut writer = s;
+    let mut ask = |cmd: &str| -> String {
+        writer.write_all(format!("{cmd}\n").as_bytes()).unwrap_or_else(|e| panic!("send {cmd} on the kept connection: {e}"));
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) => panic!("the kept connection was closed (EOF) after {cmd}"),
+            Ok(_) => line.trim().to_string(),
+            Err(e) => panic!("the kept connection failed after {cmd}: {e}"),
+        }
+    };
+    assert_eq!(ask("inc"), "1");
+
+    // Idle across a suspend and a resume.
+    assert_eq!(a.op("suspend")["state"], "SUSPENDED");
+    assert_eq!(a.op("resume")["state"], "RUNNING");
+    assert_eq!(ask("inc"), "2", "the connection survived an idle suspend and resume");
+
+    // Used while the actor sleeps: the request wakes it.
+    assert_eq!(a.op("suspend")["state"], "SUSPENDED");
+    assert_eq!(a.status()["state"], "SUSPENDED", "nothing woke the actor before the request");
+    assert_eq!(ask("inc"), "3", "a request on the kept connection is answered by the woken actor");
+    assert_eq!(a.status()["state"], "RUNNING");
+    assert_eq!(a.pod.ip(), a.ip, "resumed in place");
+
+    // The keeping rules are gone once it runs.
+    let netns = a.pod.netns_path().expect("the pod's network namespace");
+    wait_for("the kept connections' rules to go", LIVENESS, || {
+        let out = run("nsenter", [format!("--net={netns}"), "iptables".into(), "-w".into(), "-S".into()]);
+        assert!(out.success(), "iptables -S in the pod's netns: {out}");
+        (!out.stdout.contains("TORPOR-SLEEPING")).then_some(())
+    });
+    assert_eq!(ask("get"), "3", "the connection still serves");
+}
