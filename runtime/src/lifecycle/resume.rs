@@ -174,6 +174,9 @@ impl Actor {
             self.rearm_held_ports();
         }
         if result.is_ok() {
+            // The restored sockets take their connections' packets again
+            // (the rules go in the background, from now on).
+            self.release_connections();
             failpoint::hit(&dir.key(), failpoint::RESUME_AFTER_RESTORE);
             // RUNNING is recorded before the held connections are let in:
             // once the actor serves, its checkpoint is no longer its state.
@@ -191,10 +194,6 @@ impl Actor {
         if let Some(h) = handover {
             h.finish().await;
             t.mark("handover");
-        }
-        if result.is_ok() {
-            // The restored sockets take their connections' packets again.
-            self.release_connections();
         }
         report::phase("handover");
         if let Err(e) = result {
