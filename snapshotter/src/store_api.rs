@@ -135,7 +135,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn status(op: &str, e: store::Error) -> ttrpc::Error {
     use store::Error as E;
     let code = match &e {
-        E::InvalidActor { .. } | E::InvalidSnapshotId { .. } | E::InvalidArgument(_) | E::UnsupportedFile { .. } => {
+        E::InvalidId(_) | E::InvalidArgument(_) | E::UnsupportedFile { .. } => {
             Code::INVALID_ARGUMENT
         }
         e if e.is_not_found() => Code::NOT_FOUND,
@@ -167,7 +167,7 @@ fn invalid(msg: String) -> ttrpc::Error {
 }
 
 fn actor(s: &str) -> ttrpc::Result<ActorName> {
-    ActorName::new(s).map_err(|e| status("parse", e))
+    ActorName::new(s).map_err(|e| status("parse", e.into()))
 }
 
 fn snapshot_id(id: Option<&api::SnapshotId>) -> ttrpc::Result<SnapshotId> {

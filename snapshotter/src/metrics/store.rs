@@ -100,7 +100,7 @@ impl Collector for StoreCollector {
 /// One word for the kind of a store error (the `kind` label).
 pub fn error_kind(e: &Error) -> &'static str {
     match e {
-        Error::InvalidActor { .. } | Error::InvalidSnapshotId { .. } | Error::InvalidArgument(_) | Error::UnsupportedFile { .. } => "invalid",
+        Error::InvalidId(_) | Error::InvalidArgument(_) | Error::UnsupportedFile { .. } => "invalid",
         Error::InvalidConfig(_) => "config",
         Error::LeaseHeld { .. } => "lease_held",
         Error::LeaseLost { .. } => "lease_lost",

@@ -139,7 +139,7 @@ impl LeaseTable {
     /// The leases the database says this node holds.
     pub(crate) fn load(db: &Database) -> Result<LeaseTable> {
         let t = LeaseTable::default();
-        *lock(&t.held) = db::actor_leases(db)?.into_iter().map(|h| (h.doc.actor.clone(), h)).collect();
+        *lock(&t.held) = db::actor_leases::<Held>(db)?.into_iter().map(|h| (h.doc.actor.clone(), h)).collect();
         Ok(t)
     }
 

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::error::{Error, Result};
@@ -24,10 +25,11 @@ pub const CHUNKS: TableDefinition<&str, u64> = TableDefinition::new("chunks");
 pub const CHUNK_REFS: TableDefinition<&str, &str> = TableDefinition::new("chunk_refs");
 /// lease id → JSON [`LeaseRecord`].
 pub const LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("leases");
-/// actor → JSON [`super::actor_lease::Held`]: actor leases this node holds
+/// actor → JSON of a lease this node holds in the object tier (the lease
+/// module's record of it): actor leases this node holds
 /// in the object tier (renewed by the daemon, also after a restart).
 pub const ACTOR_LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("actor_leases");
-/// actor → JSON list of [`super::stream::WsPage`]: the pages its last
+/// actor → JSON list of the pages (the stream module's record of each) its last
 /// streamed resume faulted on first (fetched first by the next one).
 pub const WORKING_SETS: TableDefinition<&str, &[u8]> = TableDefinition::new("working_sets");
 /// store-wide facts: "format", "remote_url".
@@ -229,7 +231,7 @@ impl Tx {
             .map_err(|e| Error::db("retain", e))?;
         Ok(())
     }
-    pub fn put_actor_lease(&self, actor: &ActorName, held: &super::actor_lease::Held) -> Result<()> {
+    pub fn put_actor_lease<T: Serialize>(&self, actor: &ActorName, held: &T) -> Result<()> {
         let mut t = self.0.open_table(ACTOR_LEASES).map_err(|e| Error::db("open table", e))?;
         t.insert(actor.as_str(), encode(held)?.as_slice()).map_err(|e| Error::db("insert actor lease", e))?;
         Ok(())
@@ -320,7 +322,7 @@ pub fn lease_count(db: &Database, key: &str) -> Result<usize> {
 }
 
 /// Actor leases this node holds.
-pub fn actor_leases(db: &Database) -> Result<Vec<super::actor_lease::Held>> {
+pub fn actor_leases<T: DeserializeOwned>(db: &Database) -> Result<Vec<T>> {
     let tx = db.begin_read().map_err(|e| Error::db("begin read", e))?;
     let t = tx.open_table(ACTOR_LEASES).map_err(|e| Error::db("open table", e))?;
     let mut out = Vec::new();
@@ -332,7 +334,7 @@ pub fn actor_leases(db: &Database) -> Result<Vec<super::actor_lease::Held>> {
 }
 
 /// The working set recorded for `actor` (empty if none).
-pub fn working_set(db: &Database, actor: &ActorName) -> Result<Vec<super::stream::WsPage>> {
+pub fn working_set<T: DeserializeOwned>(db: &Database, actor: &ActorName) -> Result<Vec<T>> {
     let tx = db.begin_read().map_err(|e| Error::db("begin read", e))?;
     let t = tx.open_table(WORKING_SETS).map_err(|e| Error::db("open table", e))?;
     match t.get(actor.as_str()).map_err(|e| Error::db("get working set", e))? {
@@ -342,7 +344,7 @@ pub fn working_set(db: &Database, actor: &ActorName) -> Result<Vec<super::stream
 }
 
 /// Records `actor`'s working set (replacing the one before).
-pub fn put_working_set(db: &Database, actor: &ActorName, pages: &[super::stream::WsPage]) -> Result<()> {
+pub fn put_working_set<T: Serialize>(db: &Database, actor: &ActorName, pages: &[T]) -> Result<()> {
     let tx = Tx::begin(db)?;
     {
         let mut t = tx.0.open_table(WORKING_SETS).map_err(|e| Error::db("open table", e))?;

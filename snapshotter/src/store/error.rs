@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::id::{ActorName, SnapshotId};
+use super::id::{ActorName, InvalidId, SnapshotId};
 
 /// Result of store operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -12,11 +12,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// message reaching an operator is actionable on its own.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("invalid actor name {value:?}: {reason}")]
-    InvalidActor { value: String, reason: String },
-
-    #[error("invalid snapshot id {value:?}: {reason}")]
-    InvalidSnapshotId { value: String, reason: String },
+    /// An actor name or snapshot id that does not parse.
+    #[error(transparent)]
+    InvalidId(#[from] InvalidId),
 
     #[error("actor {actor} is held by node {node} (shim {owner}) until {until}: it runs or is resuming there; refused to run it here too")]
     LeaseHeld { actor: ActorName, node: String, owner: String, until: String },

@@ -5,7 +5,16 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-use super::error::{Error, Result};
+/// A name or id that does not parse (the store's error wraps it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidId {
+    #[error("invalid actor name {value:?}: {reason}")]
+    Actor { value: String, reason: String },
+    #[error("invalid snapshot id {value:?}: {reason}")]
+    Snapshot { value: String, reason: String },
+}
+
+type Result<T> = std::result::Result<T, InvalidId>;
 
 /// Longest accepted actor name (a DNS subdomain's limit).
 pub const ACTOR_NAME_MAX: usize = 253;
@@ -27,7 +36,7 @@ impl ActorName {
         let value = value.into();
         match torpor_api::ids::ActorId::parse(&value) {
             Ok(id) => Ok(ActorName(id.into_string())),
-            Err(e) => Err(Error::InvalidActor { value, reason: e.problem.to_string() }),
+            Err(e) => Err(InvalidId::Actor { value, reason: e.problem.to_string() }),
         }
     }
 
@@ -48,14 +57,14 @@ impl fmt::Display for ActorName {
 }
 
 impl FromStr for ActorName {
-    type Err = Error;
+    type Err = InvalidId;
     fn from_str(s: &str) -> Result<Self> {
         ActorName::new(s)
     }
 }
 
 impl TryFrom<String> for ActorName {
-    type Error = Error;
+    type Error = InvalidId;
     fn try_from(s: String) -> Result<Self> {
         ActorName::new(s)
     }
@@ -100,10 +109,10 @@ impl fmt::Display for SnapshotId {
 }
 
 impl FromStr for SnapshotId {
-    type Err = Error;
+    type Err = InvalidId;
     /// Parses `<actor>@<generation>`.
     fn from_str(s: &str) -> Result<Self> {
-        let bad = |reason: &str| Error::InvalidSnapshotId { value: s.to_string(), reason: reason.to_string() };
+        let bad = |reason: &str| InvalidId::Snapshot { value: s.to_string(), reason: reason.to_string() };
         let (actor, generation) = s.rsplit_once('@').ok_or_else(|| bad("expected <actor>@<generation>"))?;
         let generation: u64 = generation.parse().map_err(|_| bad("generation is not a number"))?;
         if generation == 0 {
