@@ -1376,10 +1376,22 @@ fn established_connections_survive_suspend_and_wake_the_actor() {
 
     // The keeping rules are gone once it runs.
     let netns = a.pod.netns_path().expect("the pod's network namespace");
-    wait_for("the kept connections' rules to go", LIVENESS, || {
+    let rules = || {
         let out = run("nsenter", [format!("--net={netns}"), "iptables".into(), "-w".into(), "-S".into()]);
         assert!(out.success(), "iptables -S in the pod's netns: {out}");
-        (!out.stdout.contains("TORPOR-SLEEPING")).then_some(())
-    });
+        out.stdout
+    };
+    wait_for("the kept connections' rules to go", LIVENESS, || (!rules().contains("TORPOR-SLEEPING")).then_some(()));
     assert_eq!(ask("get"), "3", "the connection still serves");
+
+    // Suspended with the connection kept, then stopped: nothing of the
+    // sleeping actor's stays in the pod's netns (kept connections, SYN drops).
+    assert_eq!(a.op("suspend")["state"], "SUSPENDED");
+    assert!(rules().contains("TORPOR-SLEEPING"), "the connection is kept while suspended:\n{}", rules());
+    crictl_ok(&["stop", "-t", "2", &a.container]);
+    wait_exited(&a.container);
+    wait_for("the sleeping actor's rules to go after its stop", LIVENESS, || {
+        let r = rules();
+        (!r.contains("TORPOR-SLEEPING") && !r.contains("TORPOR-WAKE") && !r.contains("--syn")).then_some(())
+    });
 }

@@ -322,7 +322,10 @@ impl Actor {
     /// Nothing to wake any more (the suspended container was stopped):
     /// the held ports and the kept connections go.
     pub fn release_held_ports(&self) {
-        lock(&self.held).take();
+        let held = lock(&self.held).take();
+        if let Some(armed) = held {
+            armed.release();
+        }
         lock(&self.held_target).take();
         self.release_connections();
     }
@@ -364,6 +367,10 @@ impl Actor {
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
+                    // A pod going away takes its namespace, and the rules, along.
+                    if !netns.exists() {
+                        return;
+                    }
                     if let Err(e) = sleeping_connections::release(&netns, &tools).await {
                         warn!("release the resumed actor's connections: {e}");
                     }

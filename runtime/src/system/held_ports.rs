@@ -168,6 +168,10 @@ pub struct Armed {
     /// Whether the handover drops new SYNs while it runs (the shim's own
     /// listeners close; the actor's own, while frozen, stay open).
     drop_syns: bool,
+    /// Told when the SYN-drop rules asked for at the hold are in (or
+    /// failed): the handover waits for it, so that their removal after it
+    /// can never run before their insert.
+    rules_in: Option<oneshot::Receiver<()>>,
 }
 
 /// A listening socket bound to `addr`; an IPv6 wildcard is IPv6-only when
@@ -291,30 +295,58 @@ impl Armed {
     fn watching(netns: &Path, listeners: Vec<(TcpListener, SocketAddr)>, listen: Vec<SocketAddr>, wake: mpsc::UnboundedSender<()>, limit: usize, drop_syns: bool) -> Armed {
         let (stop_tx, stop_rx) = oneshot::channel();
         tokio::spawn(watch(listeners, wake, stop_rx, limit));
-        if drop_syns {
+        let rules_in = drop_syns.then(|| {
             // In the background: the handover waits for it (see the module doc).
             let (ns, ports) = (netns.to_path_buf(), listen.clone());
+            let (done, rules_in) = oneshot::channel();
             tokio::spawn(async move {
                 if let Err(e) = syn_drop(&ns, &ports, true).await {
                     warn!("activation: new connections will be refused, not held, while the actor resumes: {e}");
                 }
+                let _ = done.send(());
             });
-        }
+            rules_in
+        });
         info!(listen = ?listen, "activation armed");
         Armed {
             netns: netns.to_path_buf(),
             listen,
             stop: Some(stop_tx),
             drop_syns,
+            rules_in,
+        }
+    }
+
+    /// Nothing to wake any more (the suspended container was stopped): the
+    /// listeners close, and the SYN-drop rules go once they are in (in the
+    /// background; without a runtime, they stay, with a warning).
+    pub fn release(mut self) {
+        drop(self.stop.take());
+        let Some(rules_in) = self.rules_in.take() else { return };
+        let (netns, listen) = (self.netns.clone(), self.listen.clone());
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let _ = rules_in.await;
+                    // A pod going away takes its namespace, and the rules, along.
+                    if !netns.exists() {
+                        return;
+                    }
+                    if let Err(e) = syn_drop(&netns, &listen, false).await {
+                        warn!("activation: remove the SYN drop rules: {e}");
+                    }
+                });
+            }
+            Err(e) => warn!(netns = ?netns, "activation: the SYN drop rules stay: {e}"),
         }
     }
 
     /// Before the restore: new SYNs are dropped, the listeners closed, and
     /// every connection accepted so far is kept for the handover.
     pub async fn begin_handover(mut self) -> Handover {
-        if self.drop_syns {
+        if let Some(rules_in) = self.rules_in.take() {
             // The SYN-drop rules asked for when the ports were held are in.
-            drop(SYN_DROP_RULES.lock().await);
+            let _ = rules_in.await;
         }
         let mut held = Vec::new();
         if let Some(stop) = self.stop.take() {
