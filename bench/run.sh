@@ -75,7 +75,11 @@ teardown() {
 		if [ "${TORPOR_RIG_KEEP:-0}" = 1 ]; then
 			log "TORPOR_RIG_KEEP=1: leaving the rig up (test/rig/down.sh removes it)"
 		else
-			"$REPO_ROOT/test/rig/down.sh" || { log "test/rig/down.sh reported leftovers"; [ "$rc" != 0 ] || rc=1; }
+			# The bench's own rig goes whole, with its stores and S3 data
+			# (every run uploads gigabytes); a shared one keeps its data.
+			purge=()
+			[ "${TORPOR_BENCH_RIG:-own}" = shared ] || purge=(--purge)
+			"$REPO_ROOT/test/rig/down.sh" "${purge[@]}" || { log "test/rig/down.sh reported leftovers"; [ "$rc" != 0 ] || rc=1; }
 		fi
 	fi
 	log "done in $((SECONDS - started))s (exit $rc)"
