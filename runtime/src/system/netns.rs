@@ -44,14 +44,14 @@ pub struct TcpConnection {
     pub remote: SocketAddr,
 }
 
-/// The states in which the peer of a connection may still send to it
-/// (`include/net/tcp_states.h`): ESTABLISHED, FIN_WAIT1, FIN_WAIT2,
-/// CLOSE_WAIT, LAST_ACK, CLOSING. A checkpoint keeps these (CRIU's
-/// `tcp-established`); TIME_WAIT and the handshake states it does not.
-const SYNCHRONIZED: [&str; 6] = ["01", "04", "05", "08", "09", "0B"];
+/// The state of a connection a checkpoint keeps whole (CRIU's
+/// `tcp-established`) and whose peer may send a request to: ESTABLISHED
+/// (`include/net/tcp_states.h`). A connection already closing is left to
+/// close (its peer's FIN or ACK must not wake a sleeping actor).
+const ESTABLISHED: [&str; 1] = ["01"];
 
-/// The TCP connections of the network namespace of `pid` whose peer may
-/// still send (see [`SYNCHRONIZED`]), from `/proc/<pid>/net/tcp` and
+/// The TCP connections of the network namespace of `pid` that are
+/// established (see [`ESTABLISHED`]), from `/proc/<pid>/net/tcp` and
 /// `tcp6`; IPv4-mapped addresses as IPv4 ones. Sorted, without duplicates.
 pub fn open_connections(pid: i32) -> Vec<TcpConnection> {
     let mut out = Vec::new();
@@ -66,7 +66,7 @@ pub fn open_connections(pid: i32) -> Vec<TcpConnection> {
 
 fn parse_connections(text: &str) -> Vec<TcpConnection> {
     rows(text)
-        .filter(|(state, _, _)| SYNCHRONIZED.contains(state))
+        .filter(|(state, _, _)| ESTABLISHED.contains(state))
         .map(|(_, local, remote)| TcpConnection { local, remote })
         .collect()
 }

@@ -16,7 +16,8 @@
 //!
 //! Rules: a `TORPOR-SLEEPING` chain, jumped to first from `INPUT`, in each
 //! family that has such connections; one rule per connection goes to
-//! `TORPOR-WAKE`, which logs (`NFLOG`, group [`NFLOG_GROUP`]) and drops.
+//! `TORPOR-WAKE`, which logs (`NFLOG`, group [`NFLOG_GROUP`]) a packet that
+//! may carry data (not a bare FIN, nor a reset) and drops them all.
 //! A pod has one shim, so one group per namespace.
 
 use std::path::Path;
@@ -48,7 +49,15 @@ fn rules(conns: &[TcpConnection], v6: bool) -> Option<String> {
         return None;
     }
     let mut r = format!("*filter\n:{CHAIN} - [0:0]\n:{WAKE_CHAIN} - [0:0]\n-I INPUT -j {CHAIN}\n");
-    r.push_str(&format!("-A {WAKE_CHAIN} -j NFLOG --nflog-group {NFLOG_GROUP} --nflog-threshold 1\n-A {WAKE_CHAIN} -j DROP\n"));
+    // A peer that only closes (a FIN without data: a probe or a client
+    // that connected just before the suspend and hung up) or resets does
+    // not wake the actor; its packet is dropped all the same. A FIN longer
+    // than the largest IP and TCP headers carries data, and wakes.
+    let log = format!("-j NFLOG --nflog-group {NFLOG_GROUP} --nflog-threshold 1");
+    let min_data = if v6 { 40 + 60 + 1 } else { 20 + 60 + 1 };
+    r.push_str(&format!("-A {WAKE_CHAIN} -p tcp --tcp-flags FIN,RST NONE {log}\n"));
+    r.push_str(&format!("-A {WAKE_CHAIN} -p tcp --tcp-flags FIN,RST FIN -m length --length {min_data}:65535 {log}\n"));
+    r.push_str(&format!("-A {WAKE_CHAIN} -j DROP\n"));
     for c in mine {
         r.push_str(&format!(
             "-A {CHAIN} -p tcp -s {} --sport {} -d {} --dport {} -j {WAKE_CHAIN}\n",
@@ -238,7 +247,9 @@ mod tests {
         let v4 = rules(&conns, false).unwrap();
         assert!(v4.contains("-A TORPOR-SLEEPING -p tcp -s 10.0.0.1 --sport 40000 -d 10.0.0.2 --dport 8080 -j TORPOR-WAKE"), "{v4}");
         assert!(!v4.contains("fd00"), "{v4}");
-        assert!(v4.contains(&format!("-j NFLOG --nflog-group {NFLOG_GROUP}")), "{v4}");
+        assert!(v4.contains(&format!("-A TORPOR-WAKE -p tcp --tcp-flags FIN,RST NONE -j NFLOG --nflog-group {NFLOG_GROUP}")), "{v4}");
+        assert!(v4.contains("--tcp-flags FIN,RST FIN -m length --length 81:65535 -j NFLOG"), "a FIN wakes only with data: {v4}");
+        assert!(v4.ends_with("-A TORPOR-WAKE -j DROP\nCOMMIT\n") || v4.contains("-A TORPOR-WAKE -j DROP\n"), "{v4}");
         assert!(v4.contains("-I INPUT -j TORPOR-SLEEPING"), "{v4}");
         let v6 = rules(&conns, true).unwrap();
         assert!(v6.contains("-s fd00::1 --sport 40001 -d fd00::2 --dport 8080"), "{v6}");
@@ -275,9 +286,25 @@ mod tests {
         assert_eq!(crate::system::netns::open_connections(ns.tid).iter().filter(|c| **c == kept).count(), 1, "the server end is listed");
         vanish(server);
 
+        // A second such connection whose client only hangs up (a bare FIN).
+        let (closer, gone) = in_netns(&path, || {
+            let l = TcpListener::bind("127.0.0.1:0")?;
+            let c = TcpStream::connect(l.local_addr()?)?;
+            let (s, _) = l.accept()?;
+            Ok((c, s))
+        })
+        .unwrap();
+        let closing = conn(&gone.local_addr().unwrap().to_string(), &gone.peer_addr().unwrap().to_string());
+        vanish(gone);
+
         let (tx, mut rx) = mpsc::unbounded_channel();
         let watch = Watch::start(&path, tx).unwrap();
-        assert_eq!(keep(&path, &[kept]).await.unwrap(), ["iptables-restore"]);
+        assert_eq!(keep(&path, &[kept, closing]).await.unwrap(), ["iptables-restore"]);
+        closer.shutdown(std::net::Shutdown::Write).unwrap();
+        assert!(
+            tokio::time::timeout(Duration::from_millis(500), rx.recv()).await.is_err(),
+            "a bare FIN does not wake the actor"
+        );
         let mut c = client.try_clone().unwrap();
         c.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
         c.write_all(b"get\n").unwrap();
