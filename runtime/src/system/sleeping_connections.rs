@@ -268,6 +268,17 @@ mod tests {
         drop(s);
     }
 
+    /// A loopback connection made in the netns at `path`: (client, server).
+    fn connected(path: &std::path::Path) -> (TcpStream, TcpStream) {
+        in_netns(path, || {
+            let l = TcpListener::bind("127.0.0.1:0")?;
+            let c = TcpStream::connect(l.local_addr()?)?;
+            let (s, _) = l.accept()?;
+            Ok((c, s))
+        })
+        .unwrap()
+    }
+
     /// In a private netns: a connection whose server end vanished as in a
     /// checkpoint. Kept, the client's next bytes are dropped (no reset)
     /// and wake the watcher; released, they are reset as before.
@@ -275,25 +286,13 @@ mod tests {
     async fn a_kept_connection_is_never_reset_and_its_packets_wake() {
         let ns = TestNetns::new();
         let path = ns.path.clone();
-        let (client, server) = in_netns(&path, || {
-            let l = TcpListener::bind("127.0.0.1:0")?;
-            let c = TcpStream::connect(l.local_addr()?)?;
-            let (s, _) = l.accept()?;
-            Ok((c, s))
-        })
-        .unwrap();
+        let (client, server) = connected(&path);
         let kept = conn(&server.local_addr().unwrap().to_string(), &server.peer_addr().unwrap().to_string());
         assert_eq!(crate::system::netns::open_connections(ns.tid).iter().filter(|c| **c == kept).count(), 1, "the server end is listed");
         vanish(server);
 
         // A second such connection whose client only hangs up (a bare FIN).
-        let (closer, gone) = in_netns(&path, || {
-            let l = TcpListener::bind("127.0.0.1:0")?;
-            let c = TcpStream::connect(l.local_addr()?)?;
-            let (s, _) = l.accept()?;
-            Ok((c, s))
-        })
-        .unwrap();
+        let (closer, gone) = connected(&path);
         let closing = conn(&gone.local_addr().unwrap().to_string(), &gone.peer_addr().unwrap().to_string());
         vanish(gone);
 
