@@ -364,20 +364,8 @@ impl Actor {
         let Some(kept) = lock(&self.kept).take() else { return };
         let KeptConnections { netns, tools, _watch } = kept;
         drop(_watch);
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    // A pod going away takes its namespace, and the rules, along.
-                    if !netns.exists() {
-                        return;
-                    }
-                    if let Err(e) = sleeping_connections::release(&netns, &tools).await {
-                        warn!("release the resumed actor's connections: {e}");
-                    }
-                });
-            }
-            Err(e) => warn!(netns = ?netns, "the kept connections' rules stay in the pod's netns: {e}"),
-        }
+        let release = move |ns: PathBuf| async move { sleeping_connections::release(&ns, &tools).await };
+        crate::system::netns::remove_rules_later(netns, "release the resumed actor's connections", async {}, release);
     }
 }
 

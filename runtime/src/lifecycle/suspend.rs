@@ -419,8 +419,7 @@ impl Actor {
         let connections = match netns {
             Some(_) if failure.is_none() => images
                 .iter()
-                .filter_map(|(id, _)| self.tasks.app_info(id).ok().map(|i| i.pid).filter(|p| *p > 0))
-                .next()
+                .find_map(|(id, _)| self.tasks.app_info(id).ok().map(|i| i.pid).filter(|p| *p > 0))
                 .map(netns::open_connections)
                 .unwrap_or_default(),
             _ => Vec::new(),

@@ -43,7 +43,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, IoContext, Result};
-use crate::system::netns::{connect_in, in_netns, iptables_in, listening_ports};
+use crate::system::netns::{connect_in, in_netns, iptables_in, listening_ports, remove_rules_later};
 
 /// How long a new connection may stay silent before it counts as real
 /// traffic (a server-speaks-first client). A TCP probe closes sooner.
@@ -59,6 +59,8 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
 /// `-m multiport` takes at most 15 ports per rule.
 const MULTIPORT_MAX: usize = 15;
+/// What a failed removal of the SYN-drop rules is logged as.
+const REMOVE_SYN_DROP: &str = "activation: remove the SYN drop rules";
 
 /// What to hold for an actor: the sockets it listens on (`pid`, in the
 /// pod's network namespace), or, with `torpor.dev/activate-on`, the
@@ -113,8 +115,8 @@ fn syn_drop_ports(listen: &[SocketAddr]) -> [(&'static str, Vec<u16>); 2] {
 }
 
 /// Serializes the shim's changes to the SYN-drop rules (one shim serves
-/// one pod): an insert, the handover's wait for it, and a removal happen in
-/// the order they were asked for.
+/// one pod). A removal is asked for only once the insert it undoes is in
+/// (the hold's `rules_in`), so pairs never go before they came.
 static SYN_DROP_RULES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Inserts (or removes) the pair of rules that drops (not refuses) a new
@@ -323,22 +325,11 @@ impl Armed {
     pub fn release(mut self) {
         drop(self.stop.take());
         let Some(rules_in) = self.rules_in.take() else { return };
-        let (netns, listen) = (self.netns.clone(), self.listen.clone());
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    let _ = rules_in.await;
-                    // A pod going away takes its namespace, and the rules, along.
-                    if !netns.exists() {
-                        return;
-                    }
-                    if let Err(e) = syn_drop(&netns, &listen, false).await {
-                        warn!("activation: remove the SYN drop rules: {e}");
-                    }
-                });
-            }
-            Err(e) => warn!(netns = ?netns, "activation: the SYN drop rules stay: {e}"),
-        }
+        let ready = async move {
+            let _ = rules_in.await;
+        };
+        let listen = self.listen.clone();
+        remove_rules_later(self.netns.clone(), REMOVE_SYN_DROP, ready, move |ns| async move { syn_drop(&ns, &listen, false).await });
     }
 
     /// Before the restore: new SYNs are dropped, the listeners closed, and
@@ -393,12 +384,8 @@ impl Handover {
         }
         if self.drop_syns {
             // Off the resume's path: the restored listeners take the SYNs now.
-            let (netns, listen) = (self.netns.clone(), self.listen.clone());
-            tokio::spawn(async move {
-                if let Err(e) = syn_drop(&netns, &listen, false).await {
-                    warn!("activation: remove the SYN drop rules: {e}");
-                }
-            });
+            let listen = self.listen.clone();
+            remove_rules_later(self.netns.clone(), REMOVE_SYN_DROP, async {}, move |ns| async move { syn_drop(&ns, &listen, false).await });
         }
         if n > 0 {
             info!(connections = n, "activation: connections handed over");

@@ -4,10 +4,12 @@
 
 use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::Path;
+use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::net::{TcpSocket, TcpStream};
+use tracing::warn;
 
 use crate::error::{Error, IoContext, Result};
 
@@ -48,7 +50,7 @@ pub struct TcpConnection {
 /// `tcp-established`) and whose peer may send a request to: ESTABLISHED
 /// (`include/net/tcp_states.h`). A connection already closing is left to
 /// close (its peer's FIN or ACK must not wake a sleeping actor).
-const ESTABLISHED: [&str; 1] = ["01"];
+const ESTABLISHED: &str = "01";
 
 /// The TCP connections of the network namespace of `pid` that are
 /// established (see [`ESTABLISHED`]), from `/proc/<pid>/net/tcp` and
@@ -66,7 +68,7 @@ pub fn open_connections(pid: i32) -> Vec<TcpConnection> {
 
 fn parse_connections(text: &str) -> Vec<TcpConnection> {
     rows(text)
-        .filter(|(state, _, _)| ESTABLISHED.contains(state))
+        .filter(|(state, _, _)| *state == ESTABLISHED)
         .map(|(_, local, remote)| TcpConnection { local, remote })
         .collect()
 }
@@ -216,6 +218,33 @@ pub(crate) async fn xtables_restore(netns: &Path, tool: &str, rules: &str, what:
         )));
     }
     Ok(())
+}
+
+/// Takes rules out of the pod's network namespace `netns` in the
+/// background, off the caller's path: once `ready` is done, `remove` runs,
+/// unless the namespace is gone by then (a pod going away takes its rules
+/// along); a failure is logged with `what`. Without a tokio runtime the
+/// rules stay, with a warning.
+pub fn remove_rules_later<R, F, Fut>(netns: PathBuf, what: &'static str, ready: R, remove: F)
+where
+    R: Future<Output = ()> + Send + 'static,
+    F: FnOnce(PathBuf) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<()>> + Send + 'static,
+{
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn(async move {
+                ready.await;
+                if !netns.exists() {
+                    return;
+                }
+                if let Err(e) = remove(netns).await {
+                    warn!("{what}: {e}");
+                }
+            });
+        }
+        Err(e) => warn!(netns = ?netns, "{what}: the rules stay: {e}"),
+    }
 }
 
 /// Removes a dump's network lock from the pod's network namespace
