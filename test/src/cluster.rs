@@ -730,6 +730,7 @@ impl KubeNode {
              TORPOR_CONTAINERD_MATCH='--config {st}/containerd.toml'\n\
              TORPOR_SNAPSHOTTER_SOCKET={st}/torpor/snapshotter.sock\n\
              TORPOR_SNAPSHOTTER_CONFIG={st}/snapshotter.toml\n\
+             TORPOR_STORE_SOCKET={st}/torpor/store.sock\n\
              TORPOR_SHIM_SOCKET_DIR={shims}\n\
              export AWS_ACCESS_KEY_ID={}\n\
              export AWS_SECRET_ACCESS_KEY={}\n",

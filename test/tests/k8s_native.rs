@@ -240,6 +240,7 @@ fn an_upgrade_leaves_suspended_actors_restorable() {
     // a new image: kubectl apply -k again
     build_node_image("t2");
     let overlay = write_overlay("t2");
+    let _back = BackToImage("t1");
     kubectl_ok(&["apply", "-k", &overlay]);
     wait_installed("t2");
     for n in &cluster().nodes {
@@ -250,6 +251,19 @@ fn an_upgrade_leaves_suspended_actors_restorable() {
     // back to the image the other tests expect
     kubectl_ok(&["apply", "-k", &write_overlay("t1")]);
     wait_installed("t1");
+}
+
+/// Puts back the image the other tests expect when a test that changed it
+/// failed (they wait for it to be Ready).
+struct BackToImage(&'static str);
+
+impl Drop for BackToImage {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let out = kubectl(&["apply", "-k", &write_overlay(self.0)]);
+            eprintln!("(back to torpor-node:{}: {out})", self.0);
+        }
+    }
 }
 
 /// A suspended actor whose pod is deleted on node A and made again on node

@@ -9,6 +9,7 @@
 #   node.sh snapshotter run torpor-snapshotter in the host's mount namespace
 #                       (container `snapshotter`)
 #   node.sh agent       run torpor-agent (container `agent`)
+#   node.sh ready       the pod's readiness probe: the snapshot store answers
 #   node.sh prestop     on the DaemonSet's deletion (not on an upgrade): uninstall
 #   node.sh uninstall   remove the drop-in and the binaries, restart containerd
 #
@@ -31,6 +32,7 @@ TORPOR_CONTAINERD_MATCH=                         # a string of the containerd co
 TORPOR_CONTAINERD_SERVICE=containerd             # the systemd unit, when systemd is PID 1
 TORPOR_SNAPSHOTTER_SOCKET=/run/torpor/snapshotter.sock
 TORPOR_SNAPSHOTTER_CONFIG=/etc/torpor/snapshotter.toml
+TORPOR_STORE_SOCKET=/run/torpor/store.sock       # the snapshotter's store.address (what the shims use)
 TORPOR_SHIM_SOCKET_DIR=/run/torpor/shims
 TORPOR_RESTART_TIMEOUT_S=120
 for f in "$IMG/etc/torpor-node/default.env" "$IMG/etc/torpor-node/${NODE_NAME:-}.env"; do
@@ -183,8 +185,14 @@ snapshotter)
 	fi
 	exec nsenter -t "$pid" -m -- "$BIN/torpor-snapshotter"
 	;;
+ready)
+	# The pod's readiness probe (on the agent container): the snapshotter's
+	# store answers (a resume and the shims' lease confirmations need it),
+	# so a rolling upgrade moves on to the next node only then.
+	exec /torpor/bin/torporctl --store-socket "$HOST$TORPOR_STORE_SOCKET" snapshots status >/dev/null
+	;;
 agent)
 	exec /torpor/bin/torpor-agent --socket-dir "$HOST$TORPOR_SHIM_SOCKET_DIR"
 	;;
-*) echo "usage: node.sh install|uninstall|prestop|snapshotter|agent" >&2; exit 2 ;;
+*) echo "usage: node.sh install|uninstall|prestop|snapshotter|ready|agent" >&2; exit 2 ;;
 esac

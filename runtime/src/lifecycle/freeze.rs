@@ -266,7 +266,7 @@ impl Actor {
             return Ok(None);
         }
         // Only while this node still holds the actor's lease.
-        if let Err(e) = self.store.confirm_lease(&rec.actor, &dir.key()).await {
+        if let Err(e) = self.confirm_lease(&rec.actor, &dir.key()).await {
             let e = e.context(&format!("thaw of actor {}", rec.actor));
             warn!(actor = rec.actor.as_str(), "thaw refused, the actor stays FROZEN: {e}");
             self.update(|r| r.last_error = Some(e.to_string()))?;

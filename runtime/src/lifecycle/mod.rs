@@ -43,6 +43,7 @@ mod timing;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::mpsc;
@@ -114,6 +115,10 @@ pub struct Actor {
     /// Ends of the unix connections between the containers, held while
     /// their containers are checkpointed ([`links`]).
     links: Arc<Mutex<links::HeldEnds>>,
+    /// Unix ms until which the actor's lease was last confirmed to hold (0:
+    /// never): by a resume, a thaw or the lease fence, which judges a
+    /// missing answer by it ([`crate::trigger::fence`]).
+    lease_valid_until: Arc<AtomicU64>,
 }
 
 /// Locks a std mutex, through a poisoned one (a panic elsewhere does not
@@ -144,7 +149,24 @@ impl Actor {
             frozen_watch: Arc::default(),
             freeze_changed: Arc::default(),
             links: Arc::default(),
+            lease_valid_until: Arc::default(),
         }
+    }
+
+    /// Confirms that this node still holds the actor's lease (for shim
+    /// `owner`), remembering until when ([`Actor::lease_valid_until`]).
+    pub(crate) async fn confirm_lease(&self, actor: &str, owner: &str) -> Result<Option<u64>> {
+        let answer = self.store.confirm_lease(actor, owner).await;
+        if let Ok(Some(until)) = answer {
+            self.lease_valid_until.fetch_max(until, Ordering::Relaxed);
+        }
+        answer
+    }
+
+    /// Until when (unix ms) the lease was last confirmed to hold; `None`
+    /// before any confirmation.
+    pub(crate) fn lease_valid_until(&self) -> Option<u64> {
+        Some(self.lease_valid_until.load(Ordering::Relaxed)).filter(|t| *t > 0)
     }
 
     /// The processes of app container `id`: its cgroup's, or its init's

@@ -65,7 +65,7 @@ impl Actor {
         let rec = self.record().ok_or_else(super::no_actor)?;
         if matches!(rec.state, Lifecycle::Frozen | Lifecycle::Suspended) {
             // Only while this node still holds the actor's lease.
-            if let Err(e) = self.store.confirm_lease(&rec.actor, &dir.key()).await {
+            if let Err(e) = self.confirm_lease(&rec.actor, &dir.key()).await {
                 let e = e.context(&format!("resume of actor {}", rec.actor));
                 warn!(actor = rec.actor.as_str(), "resume refused, the actor stays {}: {e}", rec.state);
                 self.update(|r| r.last_error = Some(e.to_string()))?;

@@ -16,7 +16,9 @@
 //! when the lease can be confirmed again (the object tier came back and
 //! nobody took the actor), it is thawed; when it was lost, it stays frozen
 //! until its pod is removed. Resumes and thaws confirm the lease first too
-//! ([`crate::lifecycle::Actor::resume`]).
+//! ([`crate::lifecycle::Actor::resume`]), and their answer counts as the
+//! last one: a daemon that restarts right after a resume does not freeze
+//! the actor while that answer holds.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -39,28 +41,33 @@ fn now_ms() -> u64 {
 pub fn start(actor: &Actor, group: String) {
     let actor = actor.clone();
     tokio::spawn(async move {
-        let mut valid_until = None;
         loop {
-            // Asked again well before the last answer runs out.
-            let left = valid_until.map_or(POLL, |t: u64| Duration::from_millis(t.saturating_sub(now_ms()) / 2));
+            // Asked again well before the last answer runs out (every
+            // POLL once it has: suspended, or frozen by the fence).
+            let now = now_ms();
+            let left = actor.lease_valid_until().filter(|t| *t > now).map_or(POLL, |t| Duration::from_millis((t - now) / 2));
             tokio::time::sleep(left.clamp(MIN_POLL, POLL)).await;
-            pass(&actor, &group, &mut valid_until).await;
+            pass(&actor, &group).await;
         }
     });
 }
 
-async fn pass(actor: &Actor, group: &str, valid_until: &mut Option<u64>) {
+/// One confirmation. A missing answer is judged by the last confirmation
+/// of any kind: a resume's or a thaw's counts as much as the fence's own
+/// (a daemon restarting right after a resume does not freeze the actor
+/// while the resume's answer holds).
+async fn pass(actor: &Actor, group: &str) {
         let Some(rec) = actor.status() else { return };
         crate::actor::report::heartbeat(&actor.store, &rec);
         let fenced = rec.fenced.is_some() && rec.state == Lifecycle::Frozen;
         if rec.state != Lifecycle::Running && !fenced {
-            // Not running: the last answer is stale by the time it runs again.
-            *valid_until = None;
+            // Not running: a resume or thaw confirms the lease first.
             return;
         }
+        let valid_until = actor.lease_valid_until();
         // No waiting on an answer past the time the last one gave.
-        let confirm = actor.store.confirm_lease(&rec.actor, group);
-        let answer = match *valid_until {
+        let confirm = actor.confirm_lease(&rec.actor, group);
+        let answer = match valid_until {
             Some(t) if !fenced => {
                 let left = Duration::from_millis(t.saturating_sub(now_ms()));
                 tokio::time::timeout(left, confirm)
@@ -71,8 +78,7 @@ async fn pass(actor: &Actor, group: &str, valid_until: &mut Option<u64>) {
         };
         match answer {
             Ok(None) => {}
-            Ok(Some(until)) => {
-                *valid_until = Some(until);
+            Ok(Some(_)) => {
                 if fenced {
                     match actor.resume().await {
                         Ok(_) => info!(actor = rec.actor.as_str(), "lease confirmed again: actor thawed"),
