@@ -247,35 +247,52 @@ where
     }
 }
 
+/// The whole of a dump's network lock, taken out in one transaction.
+const UNLOCK_RULES: &str = "*filter\n-D INPUT -j CRIU\n-D OUTPUT -j CRIU\n-F CRIU\n-X CRIU\nCOMMIT\n";
+
+/// What an xtables tool says when what it was to remove is not there.
+pub(crate) fn nothing_to_remove(stderr: &str) -> bool {
+    ["No chain", "does not exist", "does a matching rule exist", "Bad rule"].iter().any(|m| stderr.contains(m))
+}
+
 /// Removes a dump's network lock from the pod's network namespace
 /// ([`lock_network`]'s, or the one CRIU leaves after a dump it locked): the
 /// pod must stay reachable while suspended, for probes and activation.
+///
+/// Per family (both at once) one `iptables-restore` that takes out the
+/// whole lock; when it is not all there (a lock that failed halfway, or
+/// none), its pieces one by one, each one that is missing being fine.
 pub async fn unlock_criu_network(netns: &Path) -> Result<()> {
-    let mut errors = String::new();
-    for tool in ["iptables", "ip6tables"] {
-        for args in [
-            &["-D", "INPUT", "-j", "CRIU"][..],
-            &["-D", "OUTPUT", "-j", "CRIU"][..],
-            &["-F", "CRIU"][..],
-            &["-X", "CRIU"][..],
-        ] {
-            let o = iptables_in(netns, tool, args).await?;
-            let err = String::from_utf8_lossy(&o.stderr);
-            // A chain or rule that is not there is fine (nothing locked).
-            if !o.status.success()
-                && !err.contains("No chain")
-                && !err.contains("does a matching rule exist")
-                && !err.contains("Bad rule")
-            {
-                errors.push_str(&format!("{tool} {}: {}; ", args.join(" "), err.trim()));
-            }
+    let unlock = |restore: &'static str, tool: &'static str| async move {
+        if !restore_tools().contains(&restore) {
+            return String::new();
         }
-    }
+        match xtables_restore(netns, restore, UNLOCK_RULES, "unlock the network after the dump").await {
+            Ok(()) => String::new(),
+            Err(_) => unlock_piecewise(netns, tool).await,
+        }
+    };
+    let (v4, v6) = tokio::join!(unlock("iptables-restore", "iptables"), unlock("ip6tables-restore", "ip6tables"));
+    let errors = v4 + &v6;
     if errors.is_empty() {
         Ok(())
     } else {
         Err(Error::InvalidArgument(format!("unlock the network after the dump: {errors}")))
     }
+}
+
+/// The pieces of a network lock that are there, taken out with `tool`
+/// one by one; what failed, as text (empty: nothing).
+async fn unlock_piecewise(netns: &Path, tool: &str) -> String {
+    let mut errors = String::new();
+    for args in [&["-D", "INPUT", "-j", "CRIU"][..], &["-D", "OUTPUT", "-j", "CRIU"][..], &["-F", "CRIU"][..], &["-X", "CRIU"][..]] {
+        match iptables_in(netns, tool, args).await {
+            Ok(o) if o.status.success() || nothing_to_remove(&String::from_utf8_lossy(&o.stderr)) => {}
+            Ok(o) => errors.push_str(&format!("{tool} {}: {}; ", args.join(" "), String::from_utf8_lossy(&o.stderr).trim())),
+            Err(e) => errors.push_str(&format!("{tool} {}: {e}; ", args.join(" "))),
+        }
+    }
+    errors
 }
 
 
@@ -399,6 +416,13 @@ pub(crate) mod tests {
             assert!(!String::from_utf8_lossy(&rules.stdout).contains("CRIU"), "{tool}: {rules:?}");
         }
         assert!(connects().await);
+        // nothing locked, or half of a lock: lifted too
+        unlock_criu_network(&ns.path).await.unwrap();
+        iptables_in(&ns.path, "iptables", &["-N", "CRIU"]).await.unwrap();
+        iptables_in(&ns.path, "iptables", &["-I", "INPUT", "-j", "CRIU"]).await.unwrap();
+        unlock_criu_network(&ns.path).await.unwrap();
+        let rules = iptables_in(&ns.path, "iptables", &["-S"]).await.unwrap();
+        assert!(!String::from_utf8_lossy(&rules.stdout).contains("CRIU"), "{rules:?}");
         drop(listener);
     }
 }
