@@ -183,8 +183,13 @@ fn a_golden_snapshot_cloned_into_ten_actors_that_diverge() {
     let snap = golden.suspend();
     assert_eq!(snap, format!("{golden_actor}@1"));
     upload(a, &snap);
-    let digest = store_entry(a, &snap).unwrap_or_else(|| panic!("{snap} not in the store"))["manifest_digest"].clone();
+    let entry = store_entry(a, &snap).unwrap_or_else(|| panic!("{snap} not in the store"));
+    let digest = entry["manifest_digest"].clone();
+    let golden_bytes = entry["bytes"].as_u64().unwrap_or(0);
+    assert!(golden_bytes > 16 << 20, "the golden snapshot holds the actor's memory: {entry}");
     golden.pod.remove();
+    let fetched_b = || b.torporctl_json(&["snapshots", "status"])["fetched_bytes"].as_u64().unwrap_or(0);
+    let fetched_before = fetched_b();
 
     // Ten clones, five per node, created concurrently (one thread per
     // node); half name the generation, half the actor (its newest).
@@ -210,6 +215,13 @@ fn a_golden_snapshot_cloned_into_ten_actors_that_diverge() {
         all.into_iter().map(|(_, c)| c).collect()
     });
 
+    // Node B's five clones fetched the golden snapshot once: one local copy
+    // shared by all (the first checkout fetches it, the others wait and pin it).
+    let fetched = fetched_b() - fetched_before;
+    assert!(
+        fetched > 0 && fetched < golden_bytes * 3 / 2,
+        "node B fetched {fetched} bytes for 5 clones of a {golden_bytes}-byte snapshot: once, not 5 times"
+    );
     for (i, c) in clones.iter().enumerate() {
         assert!(c.node().owns_ip(&c.ip), "clone {i}: IP {} in node {}'s subnet", c.ip, c.node().letter);
         assert_eq!(c.cmd("get"), N.to_string(), "clone {i} (node {}) starts at the golden counter", c.node().letter);
