@@ -247,8 +247,8 @@ where
     }
 }
 
-/// The whole of a dump's network lock, taken out in one transaction.
-const UNLOCK_RULES: &str = "*filter\n-D INPUT -j CRIU\n-D OUTPUT -j CRIU\n-F CRIU\n-X CRIU\nCOMMIT\n";
+/// The pieces of a dump's network lock, taken out in this order.
+const UNLOCK_PIECES: [&str; 4] = ["-D INPUT -j CRIU", "-D OUTPUT -j CRIU", "-F CRIU", "-X CRIU"];
 
 /// What an xtables tool says when what it was to remove is not there.
 pub(crate) fn nothing_to_remove(stderr: &str) -> bool {
@@ -267,7 +267,8 @@ pub async fn unlock_criu_network(netns: &Path) -> Result<()> {
         if !restore_tools().contains(&restore) {
             return String::new();
         }
-        match xtables_restore(netns, restore, UNLOCK_RULES, "unlock the network after the dump").await {
+        let all = format!("*filter\n{}\nCOMMIT\n", UNLOCK_PIECES.join("\n"));
+        match xtables_restore(netns, restore, &all, "unlock the network after the dump").await {
             Ok(()) => String::new(),
             Err(_) => unlock_piecewise(netns, tool).await,
         }
@@ -285,11 +286,12 @@ pub async fn unlock_criu_network(netns: &Path) -> Result<()> {
 /// one by one; what failed, as text (empty: nothing).
 async fn unlock_piecewise(netns: &Path, tool: &str) -> String {
     let mut errors = String::new();
-    for args in [&["-D", "INPUT", "-j", "CRIU"][..], &["-D", "OUTPUT", "-j", "CRIU"][..], &["-F", "CRIU"][..], &["-X", "CRIU"][..]] {
-        match iptables_in(netns, tool, args).await {
+    for piece in UNLOCK_PIECES {
+        let args: Vec<&str> = piece.split(' ').collect();
+        match iptables_in(netns, tool, &args).await {
             Ok(o) if o.status.success() || nothing_to_remove(&String::from_utf8_lossy(&o.stderr)) => {}
-            Ok(o) => errors.push_str(&format!("{tool} {}: {}; ", args.join(" "), String::from_utf8_lossy(&o.stderr).trim())),
-            Err(e) => errors.push_str(&format!("{tool} {}: {e}; ", args.join(" "))),
+            Ok(o) => errors.push_str(&format!("{tool} {piece}: {}; ", String::from_utf8_lossy(&o.stderr).trim())),
+            Err(e) => errors.push_str(&format!("{tool} {piece}: {e}; ")),
         }
     }
     errors
