@@ -25,6 +25,7 @@ use crate::lifecycle::{commit_labels, lock, name_of, Actor};
 use crate::system::held_ports;
 use crate::system::netns::{self, TcpConnection};
 use crate::system::runc::CheckpointOpts;
+use crate::system::writeback::{self, EarlyWriteback};
 use crate::task::Status;
 
 /// The state of a background commit (see [`Actor::wait_commit`]).
@@ -134,7 +135,11 @@ impl Actor {
         let images: Vec<(String, PathBuf)> = ids.iter().map(|id| (id.clone(), staging.path.join(name_of(&rec, id)))).collect();
         // A freeze-tier actor whose checkpoint fails runs again (thawed),
         // any other frozen one goes back to frozen.
+        // The disk writes the dump while CRIU makes it: the fsync below then
+        // waits for its last part only.
+        let writeback = EarlyWriteback::start(&staging.path, writeback::EVERY);
         let checkpointed = self.checkpoint_all(&dir, &rec, netns.as_deref(), &images, was == Lifecycle::Frozen && !tier, &mut t).await;
+        writeback.stop().await;
         let connections = match checkpointed {
             Ok(c) => c,
             Err(e) => {

@@ -18,7 +18,8 @@
 //! - [`heap`]: the process's own allocator, kept small while actors sleep;
 //! - [`mounts`]: mounts a killed CRIU left below a directory, detached;
 //! - [`pidfd`]: another process's open files, taken through its pidfd;
-//! - [`unix_links`]: unix connections between the containers of a pod.
+//! - [`unix_links`]: unix connections between the containers of a pod;
+//! - [`writeback`]: a dump's files handed to the disk while CRIU writes them.
 
 pub mod cgroup;
 pub mod criu;
@@ -34,3 +35,4 @@ pub mod runc_options;
 pub mod sleeping_connections;
 pub mod stdio;
 pub mod unix_links;
+pub mod writeback;
