@@ -240,7 +240,17 @@ def render_markdown(data: dict, env: dict, svg_rel: str) -> str:
         "absolute goal (e.g. a p99 bound) is judged by the script that measured it (`goal_met`).",
         "- Timings depend on whatever else runs on the machine (the load average at the start is "
         "listed above): compare the ratio, measured in one run with interleaved samples, rather "
-        "than absolute times across runs.", "",
+        "than absolute times across runs.",
+        "- **suspend_1gib_ms spreads from 0.75 to 3.7 s on this machine, in its dump phase**, for "
+        "a reason outside torpor: writing new page cache is slow here once earlier writes are in "
+        "it. A plain `dd` of 1 GiB into a new file on the same disk took 0.47-1.4 s for the first "
+        "GiB and 2.7-3.1 s for each following one, 73% of its samples in the copy into the new "
+        "page cache folios (`copy_folio_from_iter_atomic`); a slow dump spends 40% of its samples "
+        "in the same copy (CRIU's `splice` into the image file). It did not change with the "
+        "guest's free page reporting made coarser, nor with the store's background work at nice "
+        "19; the mechanism (likely the VM host's own work for the virtual disk) was not found. "
+        "The same dump into recycled memory takes 0.40-0.58 s. Since the dump's early writeback "
+        "(`runtime::system::writeback`) the fsync after it takes 15 ms p50 (was 318).", "",
         "## Adding a benchmark", "",
         "See `bench/README.md`: a script `bench/<name>.py` measures with the helpers in "
         "`bench/bench.py` and merges its entries by name into `bench/results.json`; "
