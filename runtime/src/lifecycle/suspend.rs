@@ -133,11 +133,11 @@ impl Actor {
         report::phase("prepare");
 
         let images: Vec<(String, PathBuf)> = ids.iter().map(|id| (id.clone(), staging.path.join(name_of(&rec, id)))).collect();
-        // A freeze-tier actor whose checkpoint fails runs again (thawed),
-        // any other frozen one goes back to frozen.
         // The disk writes the dump while CRIU makes it: the fsync below then
         // waits for its last part only.
         let writeback = EarlyWriteback::start(&staging.path, writeback::EVERY);
+        // A freeze-tier actor whose checkpoint fails runs again (thawed),
+        // any other frozen one goes back to frozen.
         let checkpointed = self.checkpoint_all(&dir, &rec, netns.as_deref(), &images, was == Lifecycle::Frozen && !tier, &mut t).await;
         writeback.stop().await;
         let connections = match checkpointed {
