@@ -400,15 +400,17 @@ mod tests {
     const LONG: Duration = Duration::from_secs(600);
 
     /// A descriptor passed as 3 (the lazy-pages daemon's page-server
-    /// socket) is the same open file in the child.
-    #[test]
-    fn a_passed_descriptor_is_the_childs_fd_3() {
+    /// socket) is the same open file in the child. (Like every child in
+    /// this crate's tests, it is waited for through the reaper: a std
+    /// `wait` races the reaper's `waitpid(-1)` and can get ECHILD.)
+    #[tokio::test]
+    async fn a_passed_descriptor_is_the_childs_fd_3() {
         let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
         let ours = std::fs::read_link(format!("/proc/self/fd/{}", a.as_raw_fd())).unwrap();
         let mut cmd = Command::new("readlink");
         cmd.arg("/proc/self/fd/3");
         pass_fds(&mut cmd, vec![std::os::fd::OwnedFd::from(a)], 3);
-        let out = cmd.output().unwrap();
+        let out = output(cmd, LONG).await.unwrap();
         assert!(out.status.success(), "{out:?}");
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), ours.to_string_lossy());
     }

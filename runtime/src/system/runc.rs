@@ -596,8 +596,8 @@ mod tests {
 
     /// The child sees the inherited descriptors at 100, 101... (the same
     /// open files), named so in CRIU's options; the shim keeps its own.
-    #[test]
-    fn inherited_descriptors_reach_the_child_at_their_numbers() {
+    #[tokio::test]
+    async fn inherited_descriptors_reach_the_child_at_their_numbers() {
         use std::os::fd::AsRawFd;
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         let inherit: Vec<InheritFd> = [a, b]
@@ -609,7 +609,7 @@ mod tests {
         let mut cmd = Command::new("readlink");
         cmd.args(["/proc/self/fd/100", "/proc/self/fd/101"]);
         reaper::pass_fds(&mut cmd, inherit.iter().map(|i| i.fd.clone()).collect(), FIRST_INHERITED_FD);
-        let out = cmd.output().unwrap();
+        let out = reaper::output(cmd, std::time::Duration::from_secs(600)).await.unwrap();
         assert!(out.status.success(), "{out:?}");
         let ours: Vec<String> = inherit
             .iter()

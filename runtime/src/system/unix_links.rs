@@ -140,15 +140,15 @@ fn connected_unix_sockets() -> std::io::Result<Vec<UnixSocket>> {
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("sock_diag answer: {e}")))?;
             let len = msg.header.length as usize;
             match msg.payload {
-                NetlinkPayload::InnerMessage(SockDiagMessage::UnixResponse(r)) => {
-                    if r.header.kind == SOCK_STREAM || r.header.kind == SOCK_SEQPACKET {
-                        out.push(UnixSocket {
-                            inode: r.header.inode,
-                            peer: r.peer().filter(|p| *p != 0),
-                            queued: r.receive_queue_size().unwrap_or(0),
-                            seqpacket: r.header.kind == SOCK_SEQPACKET,
-                        });
-                    }
+                NetlinkPayload::InnerMessage(SockDiagMessage::UnixResponse(r))
+                    if r.header.kind == SOCK_STREAM || r.header.kind == SOCK_SEQPACKET =>
+                {
+                    out.push(UnixSocket {
+                        inode: r.header.inode,
+                        peer: r.peer().filter(|p| *p != 0),
+                        queued: r.receive_queue_size().unwrap_or(0),
+                        seqpacket: r.header.kind == SOCK_SEQPACKET,
+                    });
                 }
                 NetlinkPayload::Done(_) => return Ok(out),
                 NetlinkPayload::Error(e) => {
@@ -215,8 +215,9 @@ mod tests {
 
     /// A child process holds one end: the pair crosses two containers,
     /// with the queued bytes of both ends.
-    #[test]
-    fn a_pair_across_two_processes_is_one_link() {
+    #[tokio::test]
+    #[allow(clippy::zombie_processes)] // the reaper waits for it
+    async fn a_pair_across_two_processes_is_one_link() {
         use std::os::unix::process::CommandExt;
         let (mut a, b) = UnixStream::pair().unwrap();
         let (ia, ib) = (inode_of(&a), inode_of(&b));
@@ -227,6 +228,9 @@ mod tests {
         unsafe {
             cmd.pre_exec(move || if libc::dup2(raw, 3) < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
         }
+        // Waited for through the crate's reaper (its waitpid(-1) would
+        // take the exit from under a std wait).
+        let mut exits = crate::system::reaper::subscribe();
         let mut child = cmd.spawn().unwrap();
         drop(b);
         a.write_all(b"hi").unwrap();
@@ -235,7 +239,7 @@ mod tests {
         let listing = connected_unix_sockets().unwrap();
         let links = links_among(&listing, &members);
         child.kill().unwrap();
-        child.wait().unwrap();
+        exits.wait_for(child.id() as i32).await;
         let links = links.unwrap();
         assert_eq!(links.len(), 1, "{links:?}");
         let [x, y] = &links[0].ends;
