@@ -281,6 +281,44 @@ fn rootfs_changes_survive_suspend() {
     assert_eq!(a.inc(), 2);
 }
 
+/// The container's own tmpfs mounts (runc's `/dev`, the cgroup v1
+/// `/sys/fs/cgroup`), which the suspend carries instead of CRIU, come back
+/// with their files, device nodes, options and the mounts below them; the
+/// shim's copies are gone from the node once the restore is done.
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn the_containers_tmpfs_mounts_come_back() {
+    torpor_only();
+    let a = actor("susp-tmpfs", &[]);
+    assert_eq!(a.inc(), 1);
+    let token = unique_name("in-dev");
+    let mounts_of = |a: &Counter| {
+        let out = crictl(&["exec", "-s", &a.container, "/bin/sh", "-c", "grep -E ' /dev | /sys/fs/cgroup | /dev/pts ' /proc/self/mountinfo | cut -d' ' -f5,6,9-"]);
+        assert!(out.success(), "{out}");
+        out.stdout
+    };
+    let before = mounts_of(&a);
+    assert!(before.contains("/dev ") && before.contains(" tmpfs "), "{before}");
+    let out = crictl(&["exec", "-s", &a.container, "/bin/sh", "-c", &format!("echo {token} > /dev/torpor-marker")]);
+    assert!(out.success(), "{out}");
+
+    a.op("suspend");
+    assert_eq!(a.state(), "SUSPENDED");
+    a.op("resume");
+    assert_eq!(a.state(), "RUNNING");
+
+    assert_eq!(mounts_of(&a), before, "the same mounts, flags and tmpfs options");
+    let check = "cat /dev/torpor-marker && test -c /dev/null && echo x > /dev/null && test -c /dev/urandom \
+        && test -L /dev/fd && test -d /dev/pts && ls /sys/fs/cgroup";
+    let out = crictl(&["exec", "-s", &a.container, "/bin/sh", "-c", check]);
+    assert!(out.success(), "{out}\n{}", a.diagnostics(&[]));
+    assert_eq!(out.stdout.lines().next(), Some(token.as_str()), "{out}");
+    assert!(out.stdout.lines().count() > 1, "/sys/fs/cgroup is not empty: {out}");
+    let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!host.lines().any(|l| l.contains(".restore/tmpfs-") || l.contains(".lazy/tmpfs-")), "a tmpfs handed to CRIU stayed mounted on the node:\n{host}");
+    assert_eq!(a.inc(), 2);
+}
+
 #[test]
 #[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn exec_into_suspended_resumes_first() {

@@ -25,6 +25,7 @@ use crate::lifecycle::{commit_labels, lock, name_of, Actor};
 use crate::system::held_ports;
 use crate::system::netns::{self, TcpConnection};
 use crate::system::runc::CheckpointOpts;
+use crate::system::tmpfs;
 use crate::system::writeback::{self, EarlyWriteback};
 use crate::task::Status;
 
@@ -493,12 +494,19 @@ impl Actor {
     /// stays outside the snapshot.
     /// `external`: its ends of the pod's unix connections ([`super::links`]).
     /// `network_locked`: the shim holds the pod's network lock.
-    async fn dump_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path, external: Vec<String>, network_locked: bool) -> Result<()> {
+    /// The container's own tmpfs mounts are archived by torpor, not CRIU
+    /// ([`crate::system::tmpfs`]).
+    async fn dump_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path, mut external: Vec<String>, network_locked: bool) -> Result<()> {
         let work = dir.work_dir(generation, id, "dump");
         std::fs::create_dir_all(image)
             .and_then(|_| std::fs::create_dir_all(&work))
             .io_context(|| format!("create {image:?}"))?;
         let terminal = self.tasks.app_info(id)?.terminal;
+        let (pid, img) = (self.tasks.init_pid(id)?, image.to_path_buf());
+        let mounts = tokio::task::spawn_blocking(move || tmpfs::capture(pid, &img))
+            .await
+            .map_err(|e| Error::Io { context: format!("archive the tmpfs mounts of {id}"), source: std::io::Error::other(e) })??;
+        external.extend(mounts);
         let opts = CheckpointOpts {
             exit: true,
             open_tcp: true,

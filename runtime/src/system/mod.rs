@@ -10,13 +10,16 @@
 //!   OOM kills, memory and CPU use, the freezer, killing what is left;
 //! - [`stdio`]: containerd's FIFOs ↔ a process's pipes or pty;
 //! - [`rootfs`]: a container's rootfs changes as an OCI layer changeset;
+//! - [`tmpfs`]: the container's own tmpfs mounts, carried beside CRIU's
+//!   images instead of by CRIU's tar;
 //! - [`netns`]: ports, iptables and CRIU's network lock in the pod's netns;
 //! - [`held_ports`]: listeners held for a sleeping actor, probes answered,
 //!   connections handed over;
 //! - [`sleeping_connections`]: a sleeping actor's TCP connections, kept
 //!   (their packets dropped, never reset) and watched (they wake it);
 //! - [`heap`]: the process's own allocator, kept small while actors sleep;
-//! - [`mounts`]: mounts a killed CRIU left below a directory, detached;
+//! - [`mounts`]: mountinfo, and mounts a killed CRIU left below a
+//!   directory, detached;
 //! - [`pidfd`]: another process's open files, taken through its pidfd;
 //! - [`unix_links`]: unix connections between the containers of a pod;
 //! - [`writeback`]: a dump's files handed to the disk while CRIU writes them.
@@ -34,5 +37,6 @@ pub mod runc;
 pub mod runc_options;
 pub mod sleeping_connections;
 pub mod stdio;
+pub mod tmpfs;
 pub mod unix_links;
 pub mod writeback;

@@ -1,4 +1,5 @@
-//! Mounts left below one of the runtime's own directories.
+//! Mounts: the mountinfo of a process ([`mountinfo`]), and the mounts
+//! left below one of the runtime's own directories.
 //!
 //! CRIU mounts its cgroup yard (`.criu.cgyard.*`, a tmpfs with a mount of
 //! each hierarchy) inside its work directory during a restore, and takes it
@@ -15,11 +16,10 @@ use tracing::{info, warn};
 /// Lazily unmounts (`MNT_DETACH`) every mount point strictly below `dir`
 /// in this process's mount namespace, deepest first. Returns how many went.
 pub fn detach_under(dir: &Path) -> usize {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else { return 0 };
+    let Ok(info) = mountinfo("/proc/self/mountinfo") else { return 0 };
     let mut points: Vec<PathBuf> = info
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|p| PathBuf::from(unescape(p)))
+        .into_iter()
+        .map(|m| PathBuf::from(m.mount_point))
         .filter(|p| p.starts_with(dir) && p != dir)
         .collect();
     // Deepest first. A path listed twice is two mounts stacked on it: each
@@ -38,6 +38,51 @@ pub fn detach_under(dir: &Path) -> usize {
         info!(dir = %dir.display(), mounts = n, "detached mounts left below the directory (a killed CRIU's cgroup yard)");
     }
     n
+}
+
+/// One line of a `/proc/<pid>/mountinfo` (proc(5)), its paths unescaped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MountInfo {
+    /// The device of the mounted file system, `major:minor`.
+    pub dev: String,
+    /// The directory of the file system mounted (`/` for all of it).
+    pub root: String,
+    /// Where it is mounted, in the reader's root.
+    pub mount_point: String,
+    /// The per-mount options (`rw,nosuid,relatime`).
+    pub mount_options: String,
+    pub fstype: String,
+    /// The file system's own options (`rw,size=65536k,mode=755`).
+    pub super_options: String,
+}
+
+/// The mounts listed in `text` (a mountinfo); lines it cannot read are
+/// skipped.
+pub fn parse_mountinfo(text: &str) -> Vec<MountInfo> {
+    text.lines()
+        .filter_map(|l| {
+            let (front, back) = l.split_once(" - ")?;
+            let f: Vec<&str> = front.split(' ').collect();
+            let b: Vec<&str> = back.split(' ').collect();
+            if f.len() < 6 || b.len() < 3 {
+                return None;
+            }
+            Some(MountInfo {
+                dev: f[2].to_string(),
+                root: unescape(f[3]),
+                mount_point: unescape(f[4]),
+                mount_options: f[5].to_string(),
+                fstype: b[0].to_string(),
+                super_options: b[2].to_string(),
+            })
+        })
+        .collect()
+}
+
+/// The mounts of the mountinfo file at `path`.
+pub fn mountinfo(path: &str) -> crate::error::Result<Vec<MountInfo>> {
+    use crate::error::IoContext;
+    Ok(parse_mountinfo(&std::fs::read_to_string(path).io_context(|| format!("read {path}"))?))
 }
 
 /// mountinfo escapes space, tab, newline and backslash as `\ooo`.

@@ -79,6 +79,21 @@ pub fn upper_dir<'a>(fstype: &str, options: impl IntoIterator<Item = &'a str>) -
 /// run meanwhile (after its dump). The archive is deterministic for the same
 /// tree: unchanged files give the same bytes, which the store deduplicates.
 pub fn capture(upper: &Path, out: &Path) -> Result<DiffStats> {
+    capture_tree(upper, out, None)
+}
+
+/// Writes the tree of the mount at `root` to `out` as [`capture`] does,
+/// without crossing into the mounts below it: a mount point is archived
+/// as an empty directory (or an empty file, for a file bind mount), so
+/// that the mounts can be made on it again. Used for the container's own
+/// tmpfs mounts ([`crate::system::tmpfs`]); nothing may write to the tree
+/// meanwhile (the container is frozen).
+pub fn capture_mount(root: &Path, out: &Path) -> Result<DiffStats> {
+    let dev = std::fs::symlink_metadata(root).io_context(|| format!("stat {root:?}"))?.dev();
+    capture_tree(root, out, Some(dev))
+}
+
+fn capture_tree(upper: &Path, out: &Path, one_fs: Option<u64>) -> Result<DiffStats> {
     let mut tmp = out.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
@@ -88,6 +103,7 @@ pub fn capture(upper: &Path, out: &Path) -> Result<DiffStats> {
         tar: tar::Builder::new(BufWriter::new(file)),
         links: HashMap::new(),
         stats: DiffStats::default(),
+        one_fs,
     };
     let written = w.walk(Path::new("")).and_then(|()| {
         let file = w
@@ -111,6 +127,8 @@ struct Capture<'a> {
     /// Hard links: (dev, inode) → the first path archived.
     links: HashMap<(u64, u64), PathBuf>,
     stats: DiffStats,
+    /// The device of the one file system walked ([`capture_mount`]).
+    one_fs: Option<u64>,
 }
 
 impl Capture<'_> {
@@ -118,13 +136,14 @@ impl Capture<'_> {
         let dir = self.upper.join(rel);
         let mut names = std::fs::read_dir(&dir)
             .and_then(|d| d.map(|e| e.map(|e| e.file_name())).collect::<std::io::Result<Vec<OsString>>>())
-            .io_context(|| format!("read rootfs upper directory {dir:?}"))?;
+            .io_context(|| format!("read directory {dir:?}"))?;
         names.sort();
         for name in names {
             let rel = rel.join(&name);
             let path = self.upper.join(&rel);
             let md = std::fs::symlink_metadata(&path).io_context(|| format!("stat {path:?}"))?;
             let ft = md.file_type();
+            let mount_point = self.one_fs.is_some_and(|dev| dev != md.dev());
             if name.as_bytes().starts_with(WHITEOUT) {
                 return Err(Error::FailedPrecondition(format!(
                     "{path:?}: a file whose name starts with \".wh.\" cannot be carried in a rootfs diff \
@@ -137,7 +156,8 @@ impl Capture<'_> {
                 self.marker(&rel.with_file_name(wh))?;
                 continue;
             }
-            for attr in ["trusted.overlay.redirect", "trusted.overlay.metacopy"] {
+            // The overlay's own attributes (an upper directory's, not a tmpfs's).
+            for attr in ["trusted.overlay.redirect", "trusted.overlay.metacopy"].into_iter().filter(|_| self.one_fs.is_none()) {
                 if xattr::get(&path, attr).io_context(|| format!("read xattr {attr} of {path:?}"))?.is_some() {
                     return Err(Error::FailedPrecondition(format!(
                         "{path:?} carries {attr}: a rootfs overlay mounted with redirect_dir or metacopy cannot be captured as a diff"
@@ -154,6 +174,15 @@ impl Capture<'_> {
                 context: format!("archive {path:?}"),
                 source: e,
             };
+            if mount_point {
+                // Kept, empty: what is mounted on it is not this tree's.
+                if ft.is_dir() || ft.is_file() {
+                    h.set_entry_type(if ft.is_dir() { tar::EntryType::Directory } else { tar::EntryType::Regular });
+                    self.tar.append_data(&mut h, &rel, std::io::empty()).map_err(io)?;
+                    self.stats.entries += 1;
+                }
+                continue;
+            }
             if ft.is_dir() {
                 h.set_entry_type(tar::EntryType::Directory);
                 self.tar.append_data(&mut h, &rel, std::io::empty()).map_err(io)?;

@@ -24,6 +24,7 @@ use crate::system::reaper;
 use crate::system::runc::{self, CheckpointOpts, RestoreFrom, Runc};
 use crate::system::runc_options::RuncOptions;
 use crate::system::stdio::{self, ProcessIo, StdioConfig};
+use crate::system::tmpfs;
 use crate::task::container::{Container, ContainerState, Exec};
 use crate::task::process::{ExecState, ExitInfo, Process, Status};
 
@@ -411,12 +412,18 @@ impl Tasks {
         let (runc_ref, b, pf) = (&runc, &bundle, &pid_file);
         let launched = async {
             std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
-            bundle::operation_criu_config(b, &from.criu_options())?;
+            // The container's own tmpfs mounts, if the suspend carried them
+            // (system::tmpfs): mounted here until CRIU has bound them.
+            let mounts = tmpfs::prepare(&from.image, work)?;
+            let mut options = from.criu_options();
+            options.extend(mounts.external.iter().map(|e| format!("external {e}")));
+            bundle::operation_criu_config(b, &options)?;
             let io = stdio::launch(&stdio, |socket, stdio| async move {
                 runc_ref.restore(id, b, from, pf, socket.as_deref(), stdio).await
             })
-            .await?;
-            Ok::<_, Error>((io, runc::read_pid(&pid_file)?))
+            .await;
+            drop(mounts);
+            Ok::<_, Error>((io?, runc::read_pid(&pid_file)?))
         }
         .await;
         let result = self.settle_restoring(id, launched);
