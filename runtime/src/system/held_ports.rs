@@ -43,7 +43,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{Error, IoContext, Result};
-use crate::system::netns::{connect_in, in_netns, iptables_in, listening_ports, remove_rules_later};
+use crate::system::netns::{connect_in, in_netns, listening_ports, remove_rules_later, xtables_restore};
 
 /// How long a new connection may stay silent before it counts as real
 /// traffic (a server-speaks-first client). A TCP probe closes sooner.
@@ -119,38 +119,43 @@ fn syn_drop_ports(listen: &[SocketAddr]) -> [(&'static str, Vec<u16>); 2] {
 /// (the hold's `rules_in`), so pairs never go before they came.
 static SYN_DROP_RULES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Inserts (or removes) the pair of rules that drops (not refuses) a new
-/// connection to a port of `listen` while nothing listens on it: the first
-/// accepts a SYN that has a listening socket, the second drops the rest.
+/// The `*-restore` input that inserts (or removes) the pairs of rules for
+/// `ports`: per chunk of [`MULTIPORT_MAX`] ports, the first accepts a SYN
+/// that has a listening socket, the second drops the rest; inserted at the
+/// top, accept first. Not on loopback: the shim's own proxy connects to the
+/// actor that way.
+fn syn_drop_rules(ports: &[u16], insert: bool) -> String {
+    let mut rules = String::from("*filter\n");
+    for chunk in ports.chunks(MULTIPORT_MAX) {
+        let list = chunk.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
+        let syn = format!("! -i lo -p tcp --syn -m multiport --dports {list}");
+        let (accept, drop) = if insert { ("-I INPUT 1", "-I INPUT 2") } else { ("-D INPUT", "-D INPUT") };
+        rules.push_str(&format!("{accept} {syn} -m socket --nowildcard -j ACCEPT\n{drop} {syn} -j DROP\n"));
+    }
+    rules.push_str("COMMIT\n");
+    rules
+}
+
+/// Inserts (or removes) the pairs of rules that drop (not refuse) a new
+/// connection to a port of `listen` while nothing listens on it: one
+/// transaction per family (`iptables-restore --noflush`), both at once, so
+/// a pair is never half in.
 async fn syn_drop(netns: &Path, listen: &[SocketAddr], insert: bool) -> Result<()> {
     let _serial = SYN_DROP_RULES.lock().await;
-    let mut errors = Vec::new();
-    for (tool, ports) in syn_drop_ports(listen) {
-        for chunk in ports.chunks(MULTIPORT_MAX) {
-            let list = chunk.iter().map(u16::to_string).collect::<Vec<_>>().join(",");
-            // Not on loopback: the shim's own proxy connects to the actor that way.
-            let syn = ["INPUT", "!", "-i", "lo", "-p", "tcp", "--syn", "-m", "multiport", "--dports", &list];
-            let accept: Vec<&str> = syn.iter().copied().chain(["-m", "socket", "--nowildcard", "-j", "ACCEPT"]).collect();
-            let drop: Vec<&str> = syn.iter().copied().chain(["-j", "DROP"]).collect();
-            // In: the pair at the top, accept first. Out: each once.
-            let steps: [(&str, Option<&str>, &[&str]); 2] =
-                if insert { [("-I", Some("1"), &accept), ("-I", Some("2"), &drop)] } else { [("-D", None, &accept), ("-D", None, &drop)] };
-            for (op, pos, rule) in steps {
-                let mut args = vec![op, rule[0]];
-                args.extend(pos);
-                args.extend(&rule[1..]);
-                match iptables_in(netns, tool, &args).await {
-                    Ok(out) if out.status.success() => {}
-                    Ok(out) => errors.push(format!("{tool} {op} (ports {list}): {}", String::from_utf8_lossy(&out.stderr).trim())),
-                    Err(e) => errors.push(format!("{tool} {op} (ports {list}): {e}")),
-                }
-            }
+    let what = if insert { "drop SYNs to the held ports" } else { "stop dropping SYNs to the held ports" };
+    let change = |tool: &'static str, ports: Vec<u16>| async move {
+        if ports.is_empty() {
+            return Ok(());
         }
-    }
+        xtables_restore(netns, &format!("{tool}-restore"), &syn_drop_rules(&ports, insert), what).await
+    };
+    let [(t4, p4), (t6, p6)] = syn_drop_ports(listen);
+    let (v4, v6) = tokio::join!(change(t4, p4), change(t6, p6));
+    let errors: Vec<String> = [v4, v6].into_iter().filter_map(|r| r.err().map(|e| e.to_string())).collect();
     if errors.is_empty() {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!("in {netns:?}: {}", errors.join("; "))))
+        Err(Error::InvalidArgument(errors.join("; ")))
     }
 }
 
@@ -549,6 +554,7 @@ fn is_kube_probe(head: &[u8]) -> bool {
 mod tests {
     use super::*;
     use crate::system::netns::tests::TestNetns;
+    use crate::system::netns::iptables_in;
 
     #[test]
     fn recognises_kube_probes() {
@@ -599,6 +605,26 @@ mod tests {
         assert_eq!(upstream_of(addr("0.0.0.0:80")), addr("127.0.0.1:80"));
         assert_eq!(upstream_of(addr("[::]:80")), addr("[::1]:80"));
         assert_eq!(upstream_of(addr("10.1.2.3:80")), addr("10.1.2.3:80"));
+    }
+
+    #[test]
+    fn syn_drop_rules_are_one_transaction() {
+        let ports: Vec<u16> = (1..=16).collect();
+        let list: Vec<String> = (1..=15).map(|p| p.to_string()).collect();
+        let syn = format!("! -i lo -p tcp --syn -m multiport --dports {}", list.join(","));
+        assert_eq!(
+            syn_drop_rules(&ports, true),
+            format!(
+                "*filter\n-I INPUT 1 {syn} -m socket --nowildcard -j ACCEPT\n-I INPUT 2 {syn} -j DROP\n\
+                 -I INPUT 1 ! -i lo -p tcp --syn -m multiport --dports 16 -m socket --nowildcard -j ACCEPT\n\
+                 -I INPUT 2 ! -i lo -p tcp --syn -m multiport --dports 16 -j DROP\nCOMMIT\n"
+            )
+        );
+        assert_eq!(
+            syn_drop_rules(&[80], false),
+            "*filter\n-D INPUT ! -i lo -p tcp --syn -m multiport --dports 80 -m socket --nowildcard -j ACCEPT\n\
+             -D INPUT ! -i lo -p tcp --syn -m multiport --dports 80 -j DROP\nCOMMIT\n"
+        );
     }
 
     #[test]
