@@ -27,6 +27,7 @@ struct FileConfig {
     log_level: Option<String>,
     shutdown_timeout: Option<String>,
     metrics_address: Option<String>,
+    resident_programs: Option<Vec<String>>,
     #[serde(default)]
     snapshotter: FileSnapshotter,
     #[serde(default)]
@@ -99,6 +100,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Where `/metrics` is served (`None`: not served).
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// Programs kept in memory for the resumes (`crate::resident`).
+    pub resident_programs: Vec<String>,
     pub snapshotter: SnapshotterConfig,
     pub store: StoreConfig,
 }
@@ -265,6 +268,7 @@ impl Default for Config {
             log_level: DEFAULT_LOG_LEVEL.into(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             metrics_address: None,
+            resident_programs: crate::resident::DEFAULT_PROGRAMS.iter().map(|p| p.to_string()).collect(),
             snapshotter: SnapshotterConfig {
                 address: PathBuf::from(DEFAULT_SNAPSHOTTER_ADDRESS),
                 mount_options: Vec::new(),
@@ -452,6 +456,15 @@ impl Config {
                 None => d.shutdown_timeout,
             },
             metrics_address: parse_metrics_address(f.metrics_address.as_deref())?,
+            resident_programs: match f.resident_programs {
+                Some(p) => {
+                    if let Some(bad) = p.iter().find(|p| p.is_empty() || p.contains('\0') || (p.contains('/') && !p.starts_with('/'))) {
+                        return Err(format!("resident_programs: {bad:?} is neither a program name nor an absolute path"));
+                    }
+                    p
+                }
+                None => d.resident_programs,
+            },
             snapshotter: SnapshotterConfig {
                 address: f.snapshotter.address.unwrap_or(d.snapshotter.address),
                 mount_options: f.snapshotter.mount_options.unwrap_or_default(),
@@ -766,6 +779,14 @@ remote_url = "s3://bucket/prefix"
         assert_eq!(m("metrics_address = \"127.0.0.1:9464\""), Some("127.0.0.1:9464".parse().unwrap()));
         assert_eq!(m("metrics_address = \"[::1]:9464\""), Some("[::1]:9464".parse().unwrap()));
         assert_eq!(m("metrics_address = \"\""), None, "empty: off");
+        let r = |t: &str| Config::parse(t).unwrap().resident_programs;
+        assert_eq!(r(""), vec!["criu", "runc"], "CRIU and runc by default");
+        assert_eq!(r("resident_programs = []"), Vec::<String>::new(), "none: off");
+        assert_eq!(r("resident_programs = [\"criu\", \"/opt/runc\"]"), vec!["criu", "/opt/runc"]);
+        for bad in ["\"\"", "\"bin/runc\""] {
+            let e = Config::parse(&format!("resident_programs = [{bad}]")).unwrap_err();
+            assert!(e.contains("resident_programs"), "{e}");
+        }
     }
 
     #[test]

@@ -167,6 +167,13 @@ pub async fn run(cfg: Config) -> Result<()> {
     let metrics_listener = cfg.metrics_address.map(crate::metrics::http::bind).transpose()?;
     // CRIU's kernel cache, before the first suspend or resume needs it.
     tokio::spawn(crate::criu_cache::warm());
+    // The restore path's programs, in memory for the daemon's life: the
+    // task holds them until the runtime stops.
+    let programs = cfg.resident_programs.clone();
+    tokio::spawn(async move {
+        let _held = crate::resident::lock_programs(&programs).await;
+        std::future::pending::<()>().await
+    });
 
     let root = cfg.root.clone();
     let opts = Options {

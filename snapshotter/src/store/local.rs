@@ -255,7 +255,11 @@ pub fn build_entries(root: &Path, chunking: &ChunkingConfig) -> Result<Vec<Entry
 /// write, truncation, replacement or `chmod` changes it; ctime cannot be
 /// set back from userspace.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Fingerprint(Vec<(u64, u64, u64, (i64, i64), (i64, i64))>);
+pub struct Fingerprint(Vec<FileStat>);
+
+/// One file's device, inode, size, and (seconds, nanoseconds) of its mtime
+/// and ctime.
+type FileStat = (u64, u64, u64, (i64, i64), (i64, i64));
 
 /// The [`Fingerprint`] of the files of `m` under `root`.
 pub fn fingerprint(root: &Path, m: &Manifest) -> std::io::Result<Fingerprint> {
