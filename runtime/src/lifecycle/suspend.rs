@@ -502,8 +502,8 @@ impl Actor {
             .and_then(|_| std::fs::create_dir_all(&work))
             .io_context(|| format!("create {image:?}"))?;
         let terminal = self.tasks.app_info(id)?.terminal;
-        let (pid, img) = (self.tasks.init_pid(id)?, image.to_path_buf());
-        let mounts = tokio::task::spawn_blocking(move || tmpfs::capture(pid, &img))
+        let (pid, img, fresh) = (self.tasks.init_pid(id)?, image.to_path_buf(), self.tasks.fresh_tmpfs_mounts(id)?);
+        let mounts = tokio::task::spawn_blocking(move || tmpfs::capture(pid, &img, &fresh))
             .await
             .map_err(|e| Error::Io { context: format!("archive the tmpfs mounts of {id}"), source: std::io::Error::other(e) })??;
         external.extend(mounts);

@@ -15,10 +15,13 @@
 //! in the container's mount namespace. Once CRIU is done, the shim's
 //! mount is detached ([`Prepared`] drops); the container's stays.
 //!
-//! Only a tmpfs that the container alone has is taken: mounted at its root
-//! (`/`), once, and not a mount of the shim's own namespace (a pod's
-//! `/dev/shm`, a memory `emptyDir`: CRIU binds those from the host
-//! already). A mount whose options torpor does not know is left to CRIU.
+//! Only a tmpfs that runc made for the container alone is taken: at a
+//! mount point where the spec asks for a `tmpfs` (or, on cgroup v1, its
+//! `cgroup`), mounted at its root (`/`), once, and not a mount of the
+//! shim's own namespace. A pod's `/dev/shm`, a memory `emptyDir` or a
+//! kubelet's token volume are binds of host mounts, which CRIU binds from
+//! the host already. A mount whose options torpor does not know is left to
+//! CRIU.
 //! The manifest ([`MANIFEST`]) comes from the snapshot: its options are
 //! checked against the same list before they reach `mount(2)`.
 
@@ -71,11 +74,16 @@ fn archive_name(i: usize) -> String {
 }
 
 /// The carried mounts among the mounts of a container (`theirs`, its
-/// init's mountinfo) that the shim's namespace (`ours`) does not have.
-pub fn own_mounts(theirs: &[MountInfo], ours: &[MountInfo]) -> Vec<Kept> {
+/// init's mountinfo) that the shim's namespace (`ours`) does not have, at
+/// the mount points where its spec has runc make a fresh tmpfs
+/// (`fresh`: the destinations of its `tmpfs` mounts, and of its `cgroup`
+/// mount on cgroup v1). A volume a kubelet mounted as a tmpfs on the host
+/// (a service account token) is a bind in the spec: never taken, even
+/// when the shim does not see the kubelet's mounts.
+pub fn own_mounts(theirs: &[MountInfo], ours: &[MountInfo], fresh: &[String]) -> Vec<Kept> {
     let mut kept = Vec::new();
     for m in theirs {
-        if m.fstype != "tmpfs" || m.root != "/" {
+        if m.fstype != "tmpfs" || m.root != "/" || !fresh.contains(&m.mount_point) {
             continue;
         }
         let shared = ours.iter().any(|o| o.dev == m.dev) || theirs.iter().filter(|o| o.dev == m.dev).count() > 1;
@@ -163,10 +171,11 @@ fn flag(name: &str) -> Option<MsFlags> {
 /// Archives the own tmpfs mounts of the container whose init is `pid`
 /// (frozen) into `image` and writes the manifest; returns CRIU's
 /// `external` resources for the dump (`mnt[/dev]:torpor-tmpfs-0`).
-pub fn capture(pid: i32, image: &Path) -> Result<Vec<String>> {
+/// `fresh`: see [`own_mounts`].
+pub fn capture(pid: i32, image: &Path, fresh: &[String]) -> Result<Vec<String>> {
     let theirs = mounts::mountinfo(&format!("/proc/{pid}/mountinfo"))?;
     let ours = mounts::mountinfo("/proc/self/mountinfo")?;
-    let kept = own_mounts(&theirs, &ours);
+    let kept = own_mounts(&theirs, &ours, fresh);
     let mut external = Vec::with_capacity(kept.len());
     for (i, k) in kept.iter().enumerate() {
         let root = PathBuf::from(format!("/proc/{pid}/root{}", k.mountpoint));

@@ -27,7 +27,8 @@ const SHIM: &str = "\
 /// cannot hold are left to CRIU.
 #[test]
 fn the_containers_own_tmpfs_mounts() {
-    let kept = own_mounts(&parse_mountinfo(CONTAINER), &parse_mountinfo(SHIM));
+    let fresh: Vec<String> = ["/dev", "/sys/fs/cgroup", "/dev/shm", "/run", "/a", "/b", "/weird name"].map(String::from).to_vec();
+    let kept = own_mounts(&parse_mountinfo(CONTAINER), &parse_mountinfo(SHIM), &fresh);
     assert_eq!(
         kept,
         vec![
@@ -39,6 +40,11 @@ fn the_containers_own_tmpfs_mounts() {
             },
         ]
     );
+    // A tmpfs the spec binds in (a kubelet's token volume) is not taken,
+    // though the shim's namespace does not show it.
+    let token = "2113 2101 0:389 / /var/run/secrets/kubernetes.io/serviceaccount ro,relatime - tmpfs tmpfs rw,size=1m\n";
+    assert!(own_mounts(&parse_mountinfo(token), &[], &fresh).is_empty());
+    assert_eq!(own_mounts(&parse_mountinfo(token), &[], &["/var/run/secrets/kubernetes.io/serviceaccount".to_string()]).len(), 1);
 }
 
 /// A manifest from a snapshot is checked before anything reaches mount(2)
