@@ -501,8 +501,8 @@ impl Actor {
         std::fs::create_dir_all(image)
             .and_then(|_| std::fs::create_dir_all(&work))
             .io_context(|| format!("create {image:?}"))?;
-        let terminal = self.tasks.app_info(id)?.terminal;
-        let (pid, img, fresh) = (self.tasks.init_pid(id)?, image.to_path_buf(), self.tasks.fresh_tmpfs_mounts(id)?);
+        let info = self.tasks.app_info(id)?;
+        let (pid, img, fresh) = (info.pid, image.to_path_buf(), self.tasks.fresh_tmpfs_mounts(id)?);
         let mounts = tokio::task::spawn_blocking(move || tmpfs::capture(pid, &img, &fresh))
             .await
             .map_err(|e| Error::Io { context: format!("archive the tmpfs mounts of {id}"), source: std::io::Error::other(e) })??;
@@ -512,7 +512,7 @@ impl Actor {
             open_tcp: true,
             external_unix_sockets: true,
             file_locks: true,
-            terminal,
+            terminal: info.terminal,
             image_path: image.to_path_buf(),
             work_path: work,
             external,

@@ -157,11 +157,13 @@ impl Capture<'_> {
                 continue;
             }
             // The overlay's own attributes (an upper directory's, not a tmpfs's).
-            for attr in ["trusted.overlay.redirect", "trusted.overlay.metacopy"].into_iter().filter(|_| self.one_fs.is_none()) {
-                if xattr::get(&path, attr).io_context(|| format!("read xattr {attr} of {path:?}"))?.is_some() {
-                    return Err(Error::FailedPrecondition(format!(
-                        "{path:?} carries {attr}: a rootfs overlay mounted with redirect_dir or metacopy cannot be captured as a diff"
-                    )));
+            if self.one_fs.is_none() {
+                for attr in ["trusted.overlay.redirect", "trusted.overlay.metacopy"] {
+                    if xattr::get(&path, attr).io_context(|| format!("read xattr {attr} of {path:?}"))?.is_some() {
+                        return Err(Error::FailedPrecondition(format!(
+                            "{path:?} carries {attr}: a rootfs overlay mounted with redirect_dir or metacopy cannot be captured as a diff"
+                        )));
+                    }
                 }
             }
             let mut h = tar::Header::new_gnu();
