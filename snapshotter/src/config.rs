@@ -28,6 +28,7 @@ struct FileConfig {
     shutdown_timeout: Option<String>,
     metrics_address: Option<String>,
     resident_programs: Option<Vec<String>>,
+    rcu_expedited: Option<bool>,
     #[serde(default)]
     snapshotter: FileSnapshotter,
     #[serde(default)]
@@ -102,6 +103,8 @@ pub struct Config {
     pub metrics_address: Option<std::net::SocketAddr>,
     /// Programs kept in memory for the resumes (`crate::resident`).
     pub resident_programs: Vec<String>,
+    /// The node's RCU grace periods expedited while the daemon runs (`crate::rcu`).
+    pub rcu_expedited: bool,
     pub snapshotter: SnapshotterConfig,
     pub store: StoreConfig,
 }
@@ -269,6 +272,7 @@ impl Default for Config {
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             metrics_address: None,
             resident_programs: crate::resident::DEFAULT_PROGRAMS.iter().map(|p| p.to_string()).collect(),
+            rcu_expedited: true,
             snapshotter: SnapshotterConfig {
                 address: PathBuf::from(DEFAULT_SNAPSHOTTER_ADDRESS),
                 mount_options: Vec::new(),
@@ -465,6 +469,7 @@ impl Config {
                 }
                 None => d.resident_programs,
             },
+            rcu_expedited: f.rcu_expedited.unwrap_or(d.rcu_expedited),
             snapshotter: SnapshotterConfig {
                 address: f.snapshotter.address.unwrap_or(d.snapshotter.address),
                 mount_options: f.snapshotter.mount_options.unwrap_or_default(),
@@ -787,6 +792,11 @@ remote_url = "s3://bucket/prefix"
             let e = Config::parse(&format!("resident_programs = [{bad}]")).unwrap_err();
             assert!(e.contains("resident_programs"), "{e}");
         }
+        let x = |t: &str| Config::parse(t).unwrap().rcu_expedited;
+        assert!(x(""), "expedited by default");
+        assert!(!x("rcu_expedited = false"), "false: the node's setting is left alone");
+        let e = Config::parse("rcu_expedited = \"yes\"").unwrap_err();
+        assert!(e.contains("rcu_expedited"), "{e}");
     }
 
     #[test]

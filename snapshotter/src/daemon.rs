@@ -165,6 +165,9 @@ pub async fn run(cfg: Config) -> Result<()> {
     // The metrics port first: one in use stops the start before any
     // state is created.
     let metrics_listener = cfg.metrics_address.map(crate::metrics::http::bind).transpose()?;
+    // Expedited RCU grace periods for the resumes, the node's own setting
+    // back when this returns.
+    let _rcu = if cfg.rcu_expedited { crate::rcu::expedite() } else { None };
     // CRIU's kernel cache, before the first suspend or resume needs it.
     tokio::spawn(crate::criu_cache::warm());
     // The restore path's programs, in memory for the daemon's life: the

@@ -10,6 +10,7 @@ pub mod error;
 pub mod metrics;
 pub mod overlay;
 pub mod page_server;
+pub mod rcu;
 pub mod resident;
 pub mod store;
 pub mod store_api;

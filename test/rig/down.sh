@@ -170,6 +170,16 @@ if pid="$(rig_snapshotter_pid)"; then
 	stop_pid torpor-snapshotter "$pid"
 fi
 rm -f "$TORPOR_RIG_SNAPSHOTTER_PIDFILE"
+# A snapshotter killed before its stop leaves the node's RCU setting
+# expedited and its own value in a marker (snapshotter::rcu): put back
+# once no snapshotter of any rig is left.
+rcu_marker=/run/torpor-snapshotter.rcu_expedited
+if [ -f "$rcu_marker" ] && ! pgrep -x torpor-snapshot >/dev/null; then
+	case "$(cat "$rcu_marker")" in
+	0 | 1) cat "$rcu_marker" >/sys/kernel/rcu_expedited || true ;;
+	esac
+	rm -f "$rcu_marker"
+fi
 
 # the S3 server, node A's (its data under $TORPOR_RIG_S3_DIR stays until --purge)
 if [ "$TORPOR_RIG_NODE" = a ]; then
