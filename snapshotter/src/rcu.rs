@@ -86,7 +86,8 @@ fn expedite_at(knob: &Path, marker: &Path) -> Result<Option<Expedited>, String> 
         (Some(was), _) => was,
         (None, 1) => return Ok(None),
         (None, now) => {
-            write_marker(marker, now)?;
+            // Whole (temp file, rename) before the knob changes.
+            crate::store::write_atomic(marker, format!("{now}\n").as_bytes()).map_err(|e| e.to_string())?;
             now
         }
     };
@@ -111,13 +112,6 @@ fn parse_value(s: &str) -> Result<u8, String> {
 
 fn write_value(knob: &Path, v: u8) -> std::io::Result<()> {
     std::fs::write(knob, format!("{v}\n"))
-}
-
-/// The marker, written whole (temp file, rename) before the knob changes.
-fn write_marker(marker: &Path, was: u8) -> Result<(), String> {
-    let tmp = marker.with_extension("tmp");
-    std::fs::write(&tmp, format!("{was}\n")).map_err(|e| format!("write {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, marker).map_err(|e| format!("rename {} to {}: {e}", tmp.display(), marker.display()))
 }
 
 #[cfg(test)]

@@ -70,6 +70,17 @@ impl ContainerSpec {
     }
 }
 
+/// The mount points where `spec` has runc make a fresh tmpfs: its `tmpfs`
+/// mounts, and its `cgroup` mount (a tmpfs on cgroup v1).
+pub fn fresh_tmpfs_mounts(spec: &Spec) -> Vec<String> {
+    spec.mounts()
+        .iter()
+        .flatten()
+        .filter(|m| matches!(m.typ().as_deref(), Some("tmpfs" | "cgroup")))
+        .map(|m| m.destination().to_string_lossy().into_owned())
+        .collect()
+}
+
 /// The shim a container of `bundle` (id `id`) is served by.
 pub fn group_of(bundle: &Path, id: &str) -> String {
     read_spec(bundle).map(|s| ContainerSpec::of(&s).group(id)).unwrap_or_else(|_| id.to_string())

@@ -868,22 +868,15 @@ impl Tasks {
         ids
     }
 
-    /// What the lifecycle needs of app container `id`.
     /// The mount points where container `id`'s spec has runc make a fresh
-    /// tmpfs: its `tmpfs` mounts, and its `cgroup` mount (a tmpfs on
-    /// cgroup v1), for [`crate::system::tmpfs`].
+    /// tmpfs ([`crate::oci::spec::fresh_tmpfs_mounts`]), for
+    /// [`crate::system::tmpfs`].
     pub fn fresh_tmpfs_mounts(&self, id: &str) -> Result<Vec<String>> {
         let bundle = self.with(id, |c| Ok(c.bundle.clone()))?;
-        let spec = crate::oci::spec::read_spec(&bundle)?;
-        Ok(spec
-            .mounts()
-            .iter()
-            .flatten()
-            .filter(|m| matches!(m.typ().as_deref(), Some("tmpfs" | "cgroup")))
-            .map(|m| m.destination().to_string_lossy().into_owned())
-            .collect())
+        Ok(crate::oci::spec::fresh_tmpfs_mounts(&crate::oci::spec::read_spec(&bundle)?))
     }
 
+    /// What the lifecycle needs of app container `id`.
     pub fn app_info(&self, id: &str) -> Result<AppInfo> {
         self.with(id, |c| {
             Ok(AppInfo {
