@@ -64,6 +64,19 @@ fn children_of_shim(shim: &str) -> Vec<String> {
     found
 }
 
+/// What `list` still lists once it lists nothing, or [`LIVENESS`] has
+/// passed.
+fn still_listed(list: impl Fn() -> Vec<String>) -> Vec<String> {
+    let deadline = std::time::Instant::now() + LIVENESS;
+    loop {
+        let left = list();
+        if left.is_empty() || std::time::Instant::now() >= deadline {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// The counter of these tests: 64 MiB of checked memory; `attempt`: the
 /// container's restart count.
 fn counter(attempt: u32) -> CounterSpec {
@@ -144,9 +157,11 @@ fn crash_with(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&s
         Some(r) if r["orphaned"] == true => Some(Some(r)),
         Some(_) => None,
     });
-    let left = processes_in_cgroup(&a.container);
+    // A SIGKILLed process stays listed until its parent (containerd, the
+    // subreaper of the dead shim's children) has reaped it: waited for.
+    let left = still_listed(|| processes_in_cgroup(&a.container));
     assert!(left.is_empty(), "processes of the old container left after {point}: {left:?}");
-    let left = children_of_shim(&shim);
+    let left = still_listed(|| children_of_shim(&shim));
     assert!(left.is_empty(), "children of the dead shim left after {point}: {left:?}");
     eprintln!("{point}: the dead shim's record: {}", kept.as_ref().map(|k| k.to_string()).unwrap_or("removed".into()));
     // An operator sees a kept checkpoint (and only then) in torporctl status.

@@ -48,7 +48,7 @@ use crate::system::runc_options::RuncOptions;
 /// shim ran with (the pod's sandbox id under CRI). Never fails: everything
 /// is logged.
 pub async fn after_shim_death(namespace: &str, shim: &str, id: &str, bundle: &Path) {
-    kill_tagged(shim);
+    kill_tagged(shim).await;
     let runc = container_gone(namespace, id, bundle).await;
 
     // The actor's store is the dead shim's: every container's cleanup looks

@@ -371,12 +371,33 @@ fn exit_status(code: i32) -> std::process::ExitStatus {
     }
 }
 
+/// How often [`kill_tagged`] scans at most, and the pause between scans.
+const KILL_SCANS: usize = 100;
+const KILL_SCAN_PAUSE: Duration = Duration::from_millis(10);
+
 /// SIGKILLs every process tagged with the dead shim's id (its runc, CRIU
-/// and lazy-pages children, which outlive it).
-pub fn kill_tagged(shim: &str) {
+/// and lazy-pages children, which outlive it), until none is left: a
+/// tagged process may fork between a scan and its kill (CRIU forking the
+/// restored tree, runc starting CRIU), and its child inherits the tag, so
+/// the scan is repeated until one finds no live tagged process (a zombie
+/// has no environment, so it does not count), at most [`KILL_SCANS`] times.
+pub async fn kill_tagged(shim: &str) {
+    for _ in 0..KILL_SCANS {
+        if kill_tagged_once(shim) == 0 {
+            return;
+        }
+        tokio::time::sleep(KILL_SCAN_PAUSE).await;
+    }
+    warn!(shim, "cleanup: processes the dead shim left were still alive after {KILL_SCANS} rounds of SIGKILL");
+}
+
+/// One scan of [`kill_tagged`]: how many tagged processes it found alive
+/// and SIGKILLed.
+fn kill_tagged_once(shim: &str) -> usize {
     let needle = format!("{}={shim}", TAG_ENV);
     let me = std::process::id().to_string();
-    let Ok(rd) = std::fs::read_dir("/proc") else { return };
+    let Ok(rd) = std::fs::read_dir("/proc") else { return 0 };
+    let mut killed = 0;
     for e in rd.flatten() {
         let pid = e.file_name().to_string_lossy().into_owned();
         if pid == me || !pid.bytes().all(|b| b.is_ascii_digit()) {
@@ -388,9 +409,11 @@ pub fn kill_tagged(shim: &str) {
             warn!(pid = pid.as_str(), comm = comm.trim(), "cleanup: killing a process the dead shim left");
             if let Ok(p) = pid.parse::<i32>() {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::Signal::SIGKILL);
+                killed += 1;
             }
         }
     }
+    killed
 }
 
 #[cfg(test)]
@@ -398,6 +421,23 @@ mod tests {
     use super::*;
 
     const LONG: Duration = Duration::from_secs(600);
+
+    /// A tagged process that keeps forking tagged children (CRIU forking
+    /// a restored tree) leaves none alive: the scan is repeated until one
+    /// finds nothing.
+    #[tokio::test]
+    async fn kill_tagged_leaves_no_tagged_process_even_one_forked_meanwhile() {
+        let shim = format!("kill-tagged-test-{}", std::process::id());
+        let mut cmd = Command::new("/bin/sh");
+        cmd.args(["-c", "while :; do sleep 100 & done"]).env(TAG_ENV, &shim);
+        // The reaper runs: the killed ones do not stay zombies.
+        let _exits = subscribe();
+        drop(cmd.spawn().unwrap());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(kill_tagged_once(&shim) > 1, "the forking shell and some children were found");
+        kill_tagged(&shim).await;
+        assert_eq!(kill_tagged_once(&shim), 0, "a tagged process is still alive");
+    }
 
     /// A descriptor passed as 3 (the lazy-pages daemon's page-server
     /// socket) is the same open file in the child. (Like every child in
