@@ -48,6 +48,10 @@ pub struct Config {
 #[derive(Debug, Clone, Default)]
 struct Seen {
     label: Option<String>,
+    /// The last label of a settled state (not SUSPENDING or RESUMING):
+    /// what a change made by another trigger is reported from, so that a
+    /// pass that caught the actor mid-resume still reports the resume.
+    settled: Option<String>,
     condition: Option<(String, String)>,
 }
 
@@ -259,12 +263,14 @@ impl Agent {
         let uid = pod.uid().unwrap_or_default();
         let seen = self.seen.entry(uid.clone()).or_insert_with(|| Seen {
             label: pod.labels().get(STATE_LABEL).cloned(),
+            settled: pod.labels().get(STATE_LABEL).cloned(),
             condition: report::condition(pod),
         });
         let label = state::label_value(actor.state());
         let before = seen.label.clone();
-        if !acted {
-            if let Some(before) = before.as_deref().filter(|b| *b != label) {
+        let settled = !state::is_transient(actor.state());
+        if !acted && settled {
+            if let Some(before) = seen.settled.as_deref().filter(|b| *b != label) {
                 let (reason, note) = match (before, label.as_str()) {
                     ("suspended", "running") => (
                         "Resumed",
@@ -302,6 +308,9 @@ impl Agent {
         let (status, reason) = report::condition_for(actor.state());
         let want = (status.to_string(), reason);
         let seen = self.seen.entry(uid).or_default();
+        if settled {
+            seen.settled = Some(label.clone());
+        }
         seen.label = Some(label);
         if seen.condition.as_ref() != Some(&want) {
             let message = match actor.snapshot() {

@@ -80,7 +80,7 @@ pub enum Plan {
 pub fn plan(desired: Desired, current: &str) -> Plan {
     match (desired, current) {
         (d, c) if d.actor_state() == c => Plan::Done,
-        (_, "SUSPENDING" | "RESUMING") => Plan::Wait,
+        (_, s) if is_transient(s) => Plan::Wait,
         (Desired::Running, "SUSPENDED" | "FROZEN") => Plan::Run(Op::Resume),
         (Desired::Suspended, "RUNNING" | "FROZEN") => Plan::Run(Op::Suspend),
         (Desired::Frozen, "RUNNING") => Plan::Run(Op::Freeze),
@@ -97,6 +97,12 @@ pub fn label_value(actor_state: &str) -> String {
         return "unknown".into();
     }
     actor_state.to_ascii_lowercase()
+}
+
+/// A state the actor passes through (SUSPENDING, RESUMING), not one it
+/// settles in.
+pub fn is_transient(actor_state: &str) -> bool {
+    matches!(actor_state, "SUSPENDING" | "RESUMING")
 }
 
 /// The Event reasons of an operation: (on success, on failure). `from` is
@@ -146,6 +152,8 @@ mod tests {
         assert_eq!(plan(Desired::Suspended, "FROZEN"), Plan::Run(Op::Suspend));
         assert_eq!(plan(Desired::Suspended, "SUSPENDED"), Plan::Done);
         assert_eq!(plan(Desired::Suspended, "SUSPENDING"), Plan::Wait);
+        assert!(is_transient("SUSPENDING") && is_transient("RESUMING"));
+        assert!(!is_transient("RUNNING") && !is_transient("SUSPENDED") && !is_transient("FROZEN"));
         assert_eq!(plan(Desired::Running, "SUSPENDED"), Plan::Run(Op::Resume));
         assert_eq!(plan(Desired::Running, "FROZEN"), Plan::Run(Op::Resume));
         assert_eq!(plan(Desired::Running, "RUNNING"), Plan::Done);
