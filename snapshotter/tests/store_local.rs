@@ -582,6 +582,33 @@ async fn actor_lease_on_a_directory_object_tier() {
     assert!(Store::open(bad).await.err().unwrap().to_string().contains("node_id"));
 }
 
+/// A restarted daemon renews the leases it finds in its database at once:
+/// its predecessor renewed them up to `lease_ttl / 3` (plus the restart)
+/// ago, and a shim's confirmation is answered from them (a CI run froze an
+/// actor by the lease fence when the first renewal waited a full interval).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reopened_store_renews_its_leases_at_once() {
+    let e = env();
+    let mut cfg = config(&e.root, &e.objects);
+    cfg.lease_ttl = Duration::from_secs(300); // the renewal interval: 100 s
+    let x = actor("ns/restarted");
+    let before = {
+        let a = Store::open(cfg.clone()).await.unwrap();
+        a.acquire(&x, "s1").await.unwrap();
+        let l = a.actor_leases().unwrap();
+        a.shutdown().await;
+        l[0].doc.expires_unix_ms
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let a = Store::open(cfg).await.unwrap();
+    wait_for("the reopened store's first lease renewal", Duration::from_secs(60), || {
+        a.actor_leases().unwrap().first().is_some_and(|l| l.doc.expires_unix_ms > before)
+    })
+    .await;
+    assert_eq!(a.actor_leases().unwrap()[0].doc.epoch, 1, "renewed, not taken anew");
+    a.shutdown().await;
+}
+
 /// Set a file's last-modified time (a local-directory object tier's
 /// last-modified time of the object).
 fn set_mtime(p: &std::path::Path, t: std::time::SystemTime) {

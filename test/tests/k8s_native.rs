@@ -223,6 +223,13 @@ fn an_agent_restart_resyncs_without_acting_twice() {
     assert_eq!(ns.pod("actor")["metadata"]["labels"][STATE], "suspended");
     // and the new agent acts on a new request
     resume_by_annotation(&ns, "actor", "node-a", "1");
+    // The new daemon renewed the lease at its start: the lease fence did
+    // not freeze the resumed actor when the validity its predecessor last
+    // promised (at most lease_ttl 6 s less 2 s) ran out.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let node = cluster().node("node-a");
+    assert_eq!(node.metric(r#"torpor_lifecycle_operations_total{op="fence_freeze",outcome="ok"}"#), 0.0, "the lease fence froze an actor");
+    assert_eq!(actor(&ns, "actor", "node-a")["state"], "RUNNING");
 }
 
 #[test]

@@ -438,8 +438,10 @@ impl Store {
 
     /// The actor may go on running on this node (a resume, a thaw, the
     /// shim's periodic check): this node holds its lease for shim `owner`
-    /// and it stays valid for more than `lease_ttl / 3` — else it is renewed
-    /// now. Returns the epoch and the time until which that holds (the
+    /// and the validity it may promise ([`Store::valid_until`]) has more
+    /// than `lease_ttl / 6` left — else it is renewed now, while there is
+    /// still time for the renewal before that validity runs out (the shim
+    /// does not wait for an answer past it). Returns the epoch and the time until which that holds (the
     /// expiry less the margin: other nodes judge expiry by their clocks).
     pub async fn confirm(&self, actor: &ActorName, owner: &str) -> Result<(u64, u64)> {
         if let Some(answer) = self.confirm_now(actor, owner) {
@@ -472,7 +474,7 @@ impl Store {
             return Some(Err(Error::LeaseLost { actor: actor.clone(), detail: format!("shim {} of this node holds it now", h.doc.owner) }));
         }
         let valid = self.valid_until(&h);
-        (valid > now_ms()).then_some(Ok((h.doc.epoch, valid)))
+        answers_from_memory(valid, now_ms(), millis(self.lease_ttl())).then_some(Ok((h.doc.epoch, valid)))
     }
 
     /// The `durable_generation` a lease object names, if it can be trusted:
@@ -652,5 +654,31 @@ impl Store {
                 .collect(),
             Err(e) => vec![format!("actor leases unreadable: {e}")],
         }
+    }
+}
+
+/// A confirmation is answered from memory while the validity it promises
+/// (`valid_until`, unix ms) has more than a sixth of the TTL to run; past
+/// that the lease is renewed first, with that sixth left for the renewal
+/// before the shim stops waiting for the answer.
+fn answers_from_memory(valid_until: u64, now: u64, ttl_ms: u64) -> bool {
+    valid_until > now.saturating_add(ttl_ms / 6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::answers_from_memory;
+
+    /// A CI run's fence freeze: a lease renewed at 25.1 s (TTL 6 s) promised
+    /// validity until 29.1 s; confirmations were answered from memory up to
+    /// the end, and the renewal asked at 29.15 s came too late.
+    #[test]
+    fn a_confirmation_renews_while_there_is_time_left_for_it() {
+        let (ttl, valid) = (6_000, 29_100);
+        assert!(answers_from_memory(valid, 25_100, ttl), "just renewed");
+        assert!(answers_from_memory(valid, 28_000, ttl), "more than a sixth of the TTL left");
+        assert!(!answers_from_memory(valid, 28_100, ttl), "a sixth left: renewed first");
+        assert!(!answers_from_memory(valid, 29_150, ttl), "run out");
+        assert!(!answers_from_memory(0, u64::MAX, ttl));
     }
 }

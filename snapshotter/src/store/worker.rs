@@ -110,17 +110,22 @@ pub(super) async fn worker(store: Weak<Store>, wake: Arc<Notify>, mut shutdown: 
 }
 
 /// Renews the actor leases this node holds every `every` (a third of the
-/// lease's TTL), apart from the uploader: a long upload must not let them lapse.
+/// lease's TTL), apart from the uploader: a long upload must not let them
+/// lapse. The first pass is at once: the leases a restarted daemon finds in
+/// its database were last renewed by its predecessor, up to `every` (plus
+/// the restart) ago.
 pub(super) async fn lease_worker(store: Weak<Store>, every: Duration, mut shutdown: watch::Receiver<bool>) {
     loop {
+        {
+            let Some(s) = store.upgrade() else { return };
+            if *shutdown.borrow() {
+                return;
+            }
+            s.lease_pass().await;
+        }
         tokio::select! {
             _ = tokio::time::sleep(every) => {}
             _ = shutdown.changed() => { return; }
         }
-        let Some(s) = store.upgrade() else { return };
-        if *shutdown.borrow() {
-            return;
-        }
-        s.lease_pass().await;
     }
 }
