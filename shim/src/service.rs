@@ -65,6 +65,17 @@ impl Shim for Service {
     async fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
         // containerd runs `start` in the bundle directory.
         let grouping = group_of(std::path::Path::new("."), &opts.id);
+        // A container of a pod whose shim already serves (one started
+        // through `start`, as `ctr c restore` of a CRI container does): that
+        // shim's address, as runc-v2 answers. Spawned anyway, a second shim
+        // process would set itself up (control socket, triggers) only to
+        // find the address taken and exit, leaving its control socket.
+        let address = opts.socket_address(&grouping);
+        if serving(&address) {
+            info!(container = opts.id.as_str(), shim = grouping.as_str(), "grouped with the pod's running shim");
+            containerd_shim::asynchronous::util::write_str_to_file("address", &address).await?;
+            return Ok(address);
+        }
         let address = spawn(opts, &grouping, Vec::new()).await?;
         containerd_shim::asynchronous::util::write_str_to_file("address", &address).await?;
         Ok(address)
@@ -147,4 +158,10 @@ impl Shim for Service {
         runtime.start_triggers(&self.id);
         TaskService::new(runtime, events, self.exit.clone())
     }
+}
+
+/// Does a shim serve ttrpc at `address` (`unix://<path>`)? containerd's
+/// `CanConnect` of runc-v2's `start`.
+fn serving(address: &str) -> bool {
+    address.strip_prefix("unix://").is_some_and(|p| std::os::unix::net::UnixStream::connect(p).is_ok())
 }

@@ -530,6 +530,10 @@ fn cri_counter_continues_at_the_pod_ip_after_restore() {
         shims.is_empty(),
         "a shim of its own for the restored container: {shims:?}"
     );
+    // not even one that set itself up and left (its control socket)
+    let dir = std::env::var("TORPOR_SHIM_SOCKET_DIR").unwrap_or_else(|_| "/run/torpor/shims".into());
+    let sock = format!("{dir}/{rid}.sock");
+    assert!(!std::path::Path::new(&sock).exists(), "a control socket for the restored container: {sock}");
 }
 
 /// `ctr c checkpoint --rw --task` / `ctr c restore --rw --live`: files

@@ -3,7 +3,8 @@
 //! `/run/torpor/actors.lock/<escaped actor id>` (directory 0700). A second
 //! shim that creates a container of the same actor while the claim is held
 //! is refused, naming the holder; the kernel drops the lock when a shim
-//! dies, so a crash never leaves a stale claim.
+//! dies, so a crash never leaves a stale claim (the cleanup after the
+//! death removes its file: [`remove_stale`]).
 //!
 //! Node-local: across nodes, the actor's lease in the object tier (taken
 //! by [`crate::lifecycle::Actor::init`] right after the claim, through the
@@ -92,6 +93,19 @@ impl Claim {
     }
 }
 
+/// Removes the claim file of `actor` that a dead shim left (the kernel
+/// dropped its lock, the file stays): taken and released at once. One a
+/// live shim holds is left alone.
+pub fn remove_stale(actor: &str) {
+    remove_stale_in(&claim_dir(), actor);
+}
+
+fn remove_stale_in(dir: &Path, actor: &str) {
+    if claim_path(dir, actor).exists() {
+        drop(Claim::take_in(dir, actor, "cleanup after a shim death"));
+    }
+}
+
 impl Drop for Claim {
     fn drop(&mut self) {
         // Unlinked while still locked: whoever opened the old file finds
@@ -119,5 +133,22 @@ mod tests {
         let b = Claim::take_in(&d, "ns/pod", "shim-b").unwrap();
         drop((b, other));
         assert_eq!(std::fs::read_dir(&d).unwrap().count(), 0, "released claims leave no file");
+    }
+
+    #[test]
+    fn a_dead_holders_claim_file_is_removed_a_live_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("locks");
+        std::fs::create_dir_all(&d).unwrap();
+        // a dead shim's: the file, no lock
+        std::fs::write(d.join("ns%2fdead"), "claimed by shim s1 (pid 1)").unwrap();
+        let live = Claim::take_in(&d, "ns/live", "shim-live").unwrap();
+        for actor in ["ns/dead", "ns/live", "ns/never"] {
+            remove_stale_in(&d, actor);
+        }
+        assert!(!d.join("ns%2fdead").exists(), "the dead shim's claim file is removed");
+        assert!(d.join("ns%2flive").exists(), "a held claim stays");
+        assert!(Claim::take_in(&d, "ns/live", "shim-b").is_err(), "and stays held");
+        drop(live);
     }
 }

@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
+use crate::actor::claim;
 use crate::actor::store_client::SnapshotStore;
 use crate::actor::{state_root, Lifecycle, Record, Store};
 use crate::error::Result;
@@ -82,7 +83,9 @@ pub async fn after_shim_death(namespace: &str, shim: &str, id: &str, bundle: &Pa
     if let Err(e) = remove_request_dir(shim) {
         warn!("after the shim died: remove the request directory: {e}");
     }
+    let actor = rec.actor.clone();
     settle(&SnapshotStore::new(), &store, rec).await;
+    claim::remove_stale(&actor);
 }
 
 /// Cleanup of container `id` alone (bundle `bundle`) when containerd lets
