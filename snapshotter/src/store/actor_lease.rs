@@ -441,8 +441,9 @@ impl Store {
     /// and the validity it may promise ([`Store::valid_until`]) has more
     /// than `lease_ttl / 6` left — else it is renewed now, while there is
     /// still time for the renewal before that validity runs out (the shim
-    /// does not wait for an answer past it). Returns the epoch and the time until which that holds (the
-    /// expiry less the margin: other nodes judge expiry by their clocks).
+    /// does not wait for an answer past it). Returns the epoch and the time
+    /// until which that holds (the expiry less the margin: other nodes judge
+    /// expiry by their clocks).
     pub async fn confirm(&self, actor: &ActorName, owner: &str) -> Result<(u64, u64)> {
         if let Some(answer) = self.confirm_now(actor, owner) {
             return answer;
