@@ -70,13 +70,13 @@ impl Shim for Service {
         // shim's address, as runc-v2 answers. Spawned anyway, a second shim
         // process would set itself up (control socket, triggers) only to
         // find the address taken and exit, leaving its control socket.
-        let address = opts.socket_address(&grouping);
-        if serving(&address) {
+        let running = opts.socket_address(&grouping);
+        let address = if serving(&running) {
             info!(container = opts.id.as_str(), shim = grouping.as_str(), "grouped with the pod's running shim");
-            containerd_shim::asynchronous::util::write_str_to_file("address", &address).await?;
-            return Ok(address);
-        }
-        let address = spawn(opts, &grouping, Vec::new()).await?;
+            running
+        } else {
+            spawn(opts, &grouping, Vec::new()).await?
+        };
         containerd_shim::asynchronous::util::write_str_to_file("address", &address).await?;
         Ok(address)
     }

@@ -693,31 +693,13 @@ impl KubeNode {
         self.containerd.trim_end_matches("/containerd.sock").to_string()
     }
 
-    /// A sample of the node's torpor-snapshotter metrics (`metrics_address`
-    /// of its config, written by test/rig/up.sh), e.g.
+    /// A sample of the node's torpor-snapshotter metrics, e.g.
     /// `torpor_lifecycle_operations_total{op="fence_freeze",outcome="ok"}`;
     /// 0 when not exposed (a counter not moved yet).
     #[track_caller]
     pub fn metric(&self, sample: &str) -> f64 {
-        let path = format!("{}/snapshotter.toml", self.state_dir());
-        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
-        let addr = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("metrics_address"))
-            .and_then(|v| v.trim().strip_prefix('='))
-            .map(|v| v.trim().trim_matches(|c| c == '\'' || c == '"').to_string())
-            .unwrap_or_else(|| panic!("{path} sets no metrics_address"));
-        let mut c = TcpStream::connect(&addr).unwrap_or_else(|e| panic!("connect to {}'s metrics at {addr}: {e}", self.name));
-        c.set_read_timeout(Some(Duration::from_secs(60))).ok();
-        // HTTP/1.0: the whole body, not chunked, then the close
-        write!(c, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap_or_else(|e| panic!("ask {addr}: {e}"));
-        let mut raw = String::new();
-        c.read_to_string(&mut raw).unwrap_or_else(|e| panic!("read the metrics of {addr}: {e}"));
-        assert!(raw.starts_with("HTTP/1.") && raw.split(' ').nth(1) == Some("200"), "{addr}/metrics: {raw}");
-        raw.lines()
-            .find_map(|l| l.strip_prefix(sample).and_then(|v| v.strip_prefix(' ')))
-            .map(|v| v.trim().parse().unwrap_or_else(|e| panic!("{sample} = {v:?}: {e}")))
-            .unwrap_or(0.0)
+        let addr = crate::metrics::address_in(&format!("{}/snapshotter.toml", self.state_dir()));
+        crate::metrics::value(&crate::metrics::scrape(&addr), sample)
     }
 
     /// The CRI runtime handlers the node's containerd has now (`crictl info`).

@@ -36,6 +36,7 @@ mod cleanup;
 pub mod cluster;
 mod counter;
 mod ctr;
+pub mod metrics;
 mod node;
 mod torporctl;
 pub use cleanup::{arm_failpoint, Cleanup};
