@@ -26,6 +26,10 @@ const MALLOC_ARENAS: i32 = 2;
 const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn main() {
+    // Started by runc as `criu` (see torpor_runtime::system::criu_launcher).
+    if torpor_runtime::system::criu_launcher::invoked() {
+        torpor_runtime::system::criu_launcher::main();
+    }
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "-v" || a == "--version" || a == "-version") {
         println!("containerd-shim-torpor-v1:");

@@ -314,10 +314,13 @@ fn the_containers_tmpfs_mounts_come_back() {
     assert!(out.success(), "{out}\n{}", a.diagnostics(&[]));
     assert_eq!(out.stdout.lines().next(), Some(token.as_str()), "{out}");
     assert!(out.stdout.lines().count() > 1, "/sys/fs/cgroup is not empty: {out}");
-    let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    // This container's (other tests' restores may hold theirs right now).
+    // This container's (other tests' restores may hold theirs right now),
+    // detached in the background once CRIU has bound them.
     let ours = |l: &&str| l.contains(&format!("{}.restore/tmpfs-", a.container)) || l.contains(&format!("{}.lazy/tmpfs-", a.container));
-    assert!(!host.lines().any(|l| ours(&l)), "a tmpfs handed to CRIU stayed mounted on the node:\n{host}");
+    wait_for("the tmpfs mounts handed to CRIU to be detached from the node", LIVENESS, || {
+        let host = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        (!host.lines().any(|l| ours(&l))).then_some(())
+    });
     assert_eq!(a.inc(), 2);
 }
 

@@ -183,7 +183,7 @@ impl Actor {
             Ok(inherit) => match streamed {
                 Some(pages) => self.restore_streamed(id, image, &criu_work(bundle_dir).join("lazy"), pages, inherit).await,
                 None => {
-                    let from = RestoreFrom { image: image.to_path_buf(), work: criu_work(bundle_dir), lazy: false, inherit };
+                    let from = RestoreFrom { image: image.to_path_buf(), work: criu_work(bundle_dir), lazy: false, lazy_daemon: None, inherit };
                     self.tasks.restore(id, &from).await
                 }
             },

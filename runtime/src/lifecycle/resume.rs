@@ -17,7 +17,7 @@ use crate::failpoint;
 use crate::oci::annotations::OnRestoreFailure;
 use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{lock, name_of, Actor};
-use crate::system::reaper;
+use crate::system::{criu_launcher, reaper};
 use crate::system::runc::{InheritFd, RestoreFrom};
 use crate::task::Status;
 
@@ -334,11 +334,16 @@ impl Actor {
         }
         if lazy_pages_enabled() {
             let work = dir.work_dir(generation, id, "lazy");
-            let started = LazyDaemon::start(&image, &work).await;
+            // With the CRIU launcher in front, CRIU waits for the daemon to
+            // listen, while runc prepares the restore; else it is waited
+            // for here.
+            let overlapped = criu_launcher::in_front();
+            let started = if overlapped { LazyDaemon::spawn(LazyDaemon::command(&image, &work), &work) } else { LazyDaemon::start(&image, &work).await };
             t.mark("lazy_pages_start");
             match started {
                 Ok(daemon) => {
-                    let from = RestoreFrom { image: image.clone(), work, lazy: true, inherit: inherit.clone() };
+                    let lazy_daemon = overlapped.then_some(daemon.pid);
+                    let from = RestoreFrom { image: image.clone(), work, lazy: true, lazy_daemon, inherit: inherit.clone() };
                     let restored = self.tasks.restore(id, &from).await;
                     t.mark("runc_restore");
                     match restored {
@@ -356,7 +361,7 @@ impl Actor {
             }
         }
         let work = dir.work_dir(generation, id, "restore");
-        let restored = self.tasks.restore(id, &RestoreFrom { image, work, lazy: false, inherit }).await;
+        let restored = self.tasks.restore(id, &RestoreFrom { image, work, lazy: false, lazy_daemon: None, inherit }).await;
         t.mark("runc_restore");
         restored
     }
@@ -385,7 +390,7 @@ impl Actor {
     pub(crate) async fn restore_streamed(&self, id: &str, image: &Path, work: &Path, pages: PageSource<'_>, inherit: Vec<InheritFd>) -> Result<i32> {
         let container_dir = image_name(image)?;
         let mut daemon = LazyDaemon::start_streamed(image, work, pages, container_dir).await?;
-        let from = RestoreFrom { image: image.to_path_buf(), work: work.to_path_buf(), lazy: true, inherit };
+        let from = RestoreFrom { image: image.to_path_buf(), work: work.to_path_buf(), lazy: true, lazy_daemon: None, inherit };
         let restore = self.tasks.restore(id, &from);
         tokio::pin!(restore);
         let pid = daemon.pid;
@@ -532,7 +537,6 @@ struct LazyDaemon {
 impl LazyDaemon {
     /// Starts the daemon and waits until it listens in `work`.
     async fn start(image: &Path, work: &Path) -> Result<LazyDaemon> {
-        std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
         Self::spawn_and_wait(Self::command(image, work), work).await
     }
 
@@ -551,15 +555,22 @@ impl LazyDaemon {
         cmd
     }
 
-    /// Spawns the daemon `cmd` and waits until it listens in `work`.
-    async fn spawn_and_wait(mut cmd: std::process::Command, work: &Path) -> Result<LazyDaemon> {
+    /// Spawns the daemon `cmd` (to listen in `work`, which is created).
+    fn spawn(mut cmd: std::process::Command, work: &Path) -> Result<LazyDaemon> {
+        std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
         let exit = reaper::subscribe();
         reaper::tag(&mut cmd);
         let child = cmd.spawn().io_context(|| "spawn criu lazy-pages".into())?;
         let pid = child.id() as i32;
         drop(child); // reaped by the reaper
+        Ok(LazyDaemon { pid, exit })
+    }
+
+    /// Spawns the daemon `cmd` and waits until it listens in `work`.
+    async fn spawn_and_wait(cmd: std::process::Command, work: &Path) -> Result<LazyDaemon> {
+        let mut daemon = Self::spawn(cmd, work)?;
+        let pid = daemon.pid;
         let socket = work.join("lazy-pages.socket");
-        let mut daemon = LazyDaemon { pid, exit };
         // Looked for every millisecond (it takes a few): the restore waits on it.
         for _ in 0..2000 {
             if socket.exists() {
@@ -584,7 +595,6 @@ impl LazyDaemon {
     /// handed to CRIU (`--page-server --ps-socket`).
     async fn start_streamed(image: &Path, work: &Path, pages: PageSource<'_>, container_dir: &str) -> Result<LazyDaemon> {
         use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-        std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
         let refused = |why: String| Error::store(StoreErrorKind::Unavailable, format!("the store's page server ({}): {why}", pages.socket.display()));
         let mut conn = tokio::net::UnixStream::connect(pages.socket).await.map_err(|e| refused(format!("connect: {e}")))?;
         conn.write_all(format!("torpor-pages/1 {} {container_dir}\n", pages.lease).as_bytes()).await.map_err(|e| refused(format!("handshake: {e}")))?;

@@ -6,6 +6,8 @@
 //! - [`runc`]: the runc (and, through it, CRIU) command driver, bound to
 //!   containerd's runtime options ([`runc_options`]);
 //! - [`criu`]: the CRIU version check;
+//! - [`criu_launcher`]: the `criu` runc runs, in front of the real one
+//!   (answers its VERSION requests);
 //! - [`cgroup`]: a container's cgroup on v1 or v2, under either runc driver:
 //!   OOM kills, memory and CPU use, the freezer, killing what is left;
 //! - [`stdio`]: containerd's FIFOs ↔ a process's pipes or pty;
@@ -26,6 +28,7 @@
 
 pub mod cgroup;
 pub mod criu;
+pub mod criu_launcher;
 pub mod heap;
 pub mod held_ports;
 pub mod mounts;

@@ -9,17 +9,18 @@
 //! The deadline bounds the runc invocation: after `create`, `exec` or
 //! `restore --detach` returned, the container process is not touched.
 
+use std::ffi::OsString;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::debug;
+use tracing::{debug, warn};
 use serde::Deserialize;
 
 use crate::error::{Error, IoContext, Result};
-use crate::system::reaper;
+use crate::system::{criu_launcher, reaper};
 
 /// Where torpor keeps runc's state, one directory per containerd namespace.
 pub const DEFAULT_ROOT: &str = "/run/torpor/runc";
@@ -166,9 +167,16 @@ impl Runc {
 
     /// Runs a runc subcommand that does not touch a container's stdio.
     async fn run(&self, args: &[&str]) -> Result<Vec<u8>> {
+        self.run_env(args, &[]).await
+    }
+
+    /// [`Runc::run`] with `env` added to runc's environment.
+    async fn run_env(&self, args: &[&str], env: &[(OsString, OsString)]) -> Result<Vec<u8>> {
         debug!(args = ?args, "runc");
         let deadline = deadline_of(args[0])?;
-        let out = reaper::output(self.command(args), deadline).await.map_err(|e| self.timed_out(args, deadline, e))?;
+        let mut cmd = self.command(args);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
+        let out = reaper::output(cmd, deadline).await.map_err(|e| self.timed_out(args, deadline, e))?;
         if out.status.success() {
             Ok(out.stdout)
         } else {
@@ -178,15 +186,17 @@ impl Runc {
 
     /// Runs a runc subcommand that hands `stdio` to the container process.
     async fn run_with_stdio(&self, args: &[&str], stdio: ProcessStdio) -> Result<()> {
-        self.run_with_stdio_fds(args, stdio, &[]).await
+        self.run_with_stdio_fds(args, stdio, &[], &[]).await
     }
 
     /// [`Runc::run_with_stdio`], with the descriptors `inherit` open in
     /// runc (and so in the CRIU it starts) as numbers
-    /// [`FIRST_INHERITED_FD`], [`FIRST_INHERITED_FD`] + 1, ...
-    async fn run_with_stdio_fds(&self, args: &[&str], stdio: ProcessStdio, inherit: &[InheritFd]) -> Result<()> {
+    /// [`FIRST_INHERITED_FD`], [`FIRST_INHERITED_FD`] + 1, ..., and `env`
+    /// added to its environment.
+    async fn run_with_stdio_fds(&self, args: &[&str], stdio: ProcessStdio, inherit: &[InheritFd], env: &[(OsString, OsString)]) -> Result<()> {
         debug!(args = ?args, inherited = inherit.len(), "runc");
         let mut cmd = self.command(args);
+        cmd.envs(env.iter().map(|(k, v)| (k, v)));
         cmd.stdin(stdio.stdin).stdout(stdio.stdout).stderr(stdio.stderr);
         if !inherit.is_empty() {
             reaper::pass_fds(&mut cmd, inherit.iter().map(|i| i.fd.clone()).collect(), FIRST_INHERITED_FD);
@@ -328,10 +338,10 @@ pub struct CheckpointOpts {
 impl Runc {
     /// `runc checkpoint`. On failure the error quotes CRIU's log.
     pub async fn checkpoint(&self, id: &str, o: &CheckpointOpts) -> Result<()> {
-        crate::system::criu::check().await?;
+        let env = criu_env().await?;
         let args = checkpoint_args(id, o);
         let refs: Vec<&str> = args.iter().map(String::as_str).collect();
-        self.run(&refs).await.map(|_| ()).map_err(|e| self.with_criu_log(e, &o.work_path, "dump.log"))
+        self.run_env(&refs, &env).await.map(|_| ()).map_err(|e| self.with_criu_log(e, &o.work_path, "dump.log"))
     }
 
     /// `runc restore --detach` of `image` into the bundle's container.
@@ -350,7 +360,14 @@ impl Runc {
             from.work.to_string_lossy(),
             pid_file.to_string_lossy(),
         );
-        crate::system::criu::check().await?;
+        let mut env = criu_env().await?;
+        if let Some(pid) = from.lazy_daemon {
+            if env.is_empty() {
+                return Err(Error::FailedPrecondition("a lazy-pages daemon that may not listen yet, and no CRIU launcher to wait for it".into()));
+            }
+            env.push((criu_launcher::ENV_LAZY_SOCKET.into(), from.work.join("lazy-pages.socket").into_os_string()));
+            env.push((criu_launcher::ENV_LAZY_PID.into(), pid.to_string().into()));
+        }
         let console = console_socket.map(|p| p.to_string_lossy().into_owned());
         let mut args = vec![
             "restore", "--detach", "--no-subreaper", "--tcp-established", "--bundle", &b, "--image-path", &i,
@@ -363,7 +380,7 @@ impl Runc {
             args.extend(["--console-socket", c, "--shell-job"]);
         }
         args.push(id);
-        self.run_with_stdio_fds(&args, stdio, &from.inherit)
+        self.run_with_stdio_fds(&args, stdio, &from.inherit, &env)
             .await
             .map_err(|e| self.with_criu_log(e, &from.work, "restore.log"))
     }
@@ -390,6 +407,20 @@ impl Runc {
         Error::Runc {
             command,
             message: format!("{message}; CRIU log ({}):\n{}", kept.display(), tail.join("\n")),
+        }
+    }
+}
+
+/// The environment of a runc that runs CRIU, once CRIU passed its check:
+/// the [`criu_launcher`] in front of it (without the launcher, with a
+/// warning, runc runs CRIU from PATH itself).
+async fn criu_env() -> Result<Vec<(OsString, OsString)>> {
+    let criu = crate::system::criu::check().await?;
+    match criu_launcher::install().and_then(|dir| criu_launcher::env(&dir, criu)) {
+        Ok(env) => Ok(env),
+        Err(e) => {
+            warn!("runc runs CRIU without torpor's launcher in front of it: {e}");
+            Ok(Vec::new())
         }
     }
 }
@@ -451,6 +482,9 @@ pub struct RestoreFrom {
     /// Memory is served on demand by a `criu lazy-pages` daemon already
     /// listening in `work` (userfaultfd), instead of being copied first.
     pub lazy: bool,
+    /// The pid of that daemon when it may not listen yet: CRIU waits for
+    /// it (through the [`criu_launcher`]).
+    pub lazy_daemon: Option<i32>,
     /// Open files the restored processes get instead of new ones (CRIU's
     /// `--inherit-fd`), set through the container's CRIU configuration
     /// ([`RestoreFrom::criu_options`]).
@@ -604,7 +638,7 @@ mod tests {
             .into_iter()
             .map(|s| InheritFd { resource: "socket:[1]".into(), fd: Arc::new(OwnedFd::from(s)) })
             .collect();
-        let from = RestoreFrom { image: "/i".into(), work: "/w".into(), lazy: false, inherit: inherit.clone() };
+        let from = RestoreFrom { image: "/i".into(), work: "/w".into(), lazy: false, lazy_daemon: None, inherit: inherit.clone() };
         assert_eq!(from.criu_options(), ["inherit-fd fd[100]:socket:[1]", "inherit-fd fd[101]:socket:[1]"]);
         let mut cmd = Command::new("readlink");
         cmd.args(["/proc/self/fd/100", "/proc/self/fd/101"]);

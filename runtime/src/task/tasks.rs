@@ -422,7 +422,14 @@ impl Tasks {
                 runc_ref.restore(id, b, from, pf, socket.as_deref(), stdio).await
             })
             .await;
-            drop(mounts);
+            if io.is_ok() {
+                // CRIU has bound them: detached off the resume's path (a
+                // new restore of this container uses a new work directory).
+                tokio::task::spawn_blocking(move || drop(mounts));
+            } else {
+                // A retry may use this work directory again.
+                drop(mounts);
+            }
             Ok::<_, Error>((io?, runc::read_pid(&pid_file)?))
         }
         .await;
