@@ -202,8 +202,34 @@ pub fn main() -> ! {
     let Ok(path) = std::ffi::CString::new(real.clone().into_os_string().into_encoded_bytes()) else {
         die(&format!("{ENV_BIN} ({}) holds a NUL byte", real.display()));
     };
-    let err = nix::unistd::execv(&path, &argv).err();
+    // CRIU, and what it runs, see the environment runc had.
+    let env: Vec<std::ffi::CString> = real_criu_env(std::env::vars_os(), dir().ok().as_deref())
+        .into_iter()
+        .filter_map(|(k, v)| {
+            let mut kv = k.into_encoded_bytes();
+            kv.push(b'=');
+            kv.extend(v.into_encoded_bytes());
+            std::ffi::CString::new(kv).ok()
+        })
+        .collect();
+    let err = nix::unistd::execve(&path, &argv, &env).err();
     die(&format!("exec {}: {}", real.display(), err.map(|e| e.to_string()).unwrap_or_default()));
+}
+
+/// The environment `vars` without what the shim added for the launcher
+/// (its variables, and the launcher directory `me` in PATH).
+fn real_criu_env(vars: impl Iterator<Item = (OsString, OsString)>, me: Option<&Path>) -> Vec<(OsString, OsString)> {
+    let ours = [ENV_BIN, ENV_VERSION, ENV_ID, ENV_LAZY_SOCKET, ENV_LAZY_PID];
+    vars.filter(|(k, _)| !ours.iter().any(|o| k == o))
+        .map(|(k, v)| {
+            if k != "PATH" {
+                return (k, v);
+            }
+            let kept: Vec<PathBuf> = std::env::split_paths(&v).filter(|d| Some(d.as_path()) != me).collect();
+            let v = std::env::join_paths(kept).unwrap_or(v);
+            (k, v)
+        })
+        .collect()
 }
 
 /// Waits until the lazy-pages daemon listens on `socket`: the socket
@@ -271,6 +297,26 @@ mod tests {
         assert_eq!(action(&request(Criu_req_type::VERSION), None), Action::Exec);
         // Bytes that are no request.
         assert_eq!(action(&[0xff, 0xff, 0xff], Some((4, 2, 1))), Action::Exec);
+    }
+
+    #[test]
+    fn the_real_criu_gets_runcs_environment_back() {
+        let me = Path::new("/run/torpor/criu-launcher/ab");
+        let vars = [
+            ("PATH", "/run/torpor/criu-launcher/ab:/usr/local/sbin:/usr/bin"),
+            (ENV_BIN, "/usr/local/sbin/criu"),
+            (ENV_VERSION, "4.2.1"),
+            (ENV_ID, "1:2:3:4.5"),
+            (ENV_LAZY_SOCKET, "/w/lazy-pages.socket"),
+            (ENV_LAZY_PID, "7"),
+            ("HOME", "/root"),
+        ];
+        let env = real_criu_env(vars.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))), Some(me));
+        let expect: Vec<(OsString, OsString)> = [("PATH", "/usr/local/sbin:/usr/bin"), ("HOME", "/root")]
+            .iter()
+            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
+            .collect();
+        assert_eq!(env, expect);
     }
 
     #[test]
