@@ -51,12 +51,12 @@ pub async fn check() -> Result<&'static Installed> {
     Ok(CHECKED.get_or_init(|| found))
 }
 
-/// The first executable `criu` in PATH, skipping `skip` (the launcher's
-/// own directory: [`crate::system::criu_launcher`]).
-pub fn find_in_path(path: &std::ffi::OsStr, skip: Option<&Path>) -> Option<PathBuf> {
+/// The first executable `criu` in `path` (a PATH value; the shim's own
+/// never holds the launcher's directory, only runc's does).
+pub fn find_in_path(path: &std::ffi::OsStr) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     std::env::split_paths(path)
-        .filter(|d| d.is_absolute() && Some(d.as_path()) != skip)
+        .filter(|d| d.is_absolute())
         .map(|d| d.join("criu"))
         .find(|c| std::fs::metadata(c).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false))
 }
@@ -76,8 +76,7 @@ async fn check_version() -> Result<Installed> {
         ))
     };
     let path = std::env::var_os("PATH").unwrap_or_default();
-    let skip = crate::system::criu_launcher::dir().ok();
-    let bin = find_in_path(&path, skip.as_deref()).ok_or_else(|| not_found(format!("no executable `criu` in PATH ({})", path.to_string_lossy())))?;
+    let bin = find_in_path(&path).ok_or_else(|| not_found(format!("no executable `criu` in PATH ({})", path.to_string_lossy())))?;
     let id = file_id(&bin).ok_or_else(|| not_found(format!("{} cannot be read", bin.display())))?;
     let mut cmd = Command::new(&bin);
     cmd.arg("--version");
@@ -120,23 +119,20 @@ mod tests {
     }
 
     #[test]
-    fn criu_is_looked_up_in_path_past_the_launcher() {
+    fn criu_is_looked_up_in_path() {
         use std::os::unix::fs::PermissionsExt;
         let t = std::env::temp_dir().join(format!("torpor-criu-path-{}", std::process::id()));
-        let (launcher, real, plain) = (t.join("launcher"), t.join("real"), t.join("plain"));
-        for d in [&launcher, &real, &plain] {
+        let (real, plain) = (t.join("real"), t.join("plain"));
+        for d in [&real, &plain] {
             std::fs::create_dir_all(d).unwrap();
         }
-        for d in [&launcher, &real] {
-            std::fs::write(d.join("criu"), "#!/bin/sh\n").unwrap();
-            std::fs::set_permissions(d.join("criu"), std::fs::Permissions::from_mode(0o755)).unwrap();
-        }
-        // Not executable: skipped.
+        std::fs::write(real.join("criu"), "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(real.join("criu"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        // Not executable: skipped; a relative entry: skipped.
         std::fs::write(plain.join("criu"), "").unwrap();
-        let path = std::env::join_paths([&plain, &launcher, &real]).unwrap();
-        assert_eq!(find_in_path(&path, None), Some(launcher.join("criu")));
-        assert_eq!(find_in_path(&path, Some(&launcher)), Some(real.join("criu")));
-        assert_eq!(find_in_path(&std::env::join_paths([&plain]).unwrap(), None), None);
+        let path = std::env::join_paths([plain.as_path(), Path::new("relative"), real.as_path()]).unwrap();
+        assert_eq!(find_in_path(&path), Some(real.join("criu")));
+        assert_eq!(find_in_path(&std::env::join_paths([&plain]).unwrap()), None);
         let id = file_id(&real.join("criu")).unwrap();
         assert_eq!(file_id(&real.join("criu")), Some(id.clone()));
         std::fs::write(real.join("criu"), "#!/bin/sh\n# another\n").unwrap();

@@ -94,6 +94,11 @@ pub fn install() -> Result<PathBuf> {
 fn install_once() -> Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
     let exe = std::env::current_exe().io_context(|| "the shim's own path".into())?;
+    // A binary replaced under the running shim reads as "<path> (deleted)":
+    // there is nothing to link to (runc then runs the real CRIU itself).
+    if !exe.is_file() {
+        return Err(Error::FailedPrecondition(format!("the shim's binary {} is no longer there", exe.display())));
+    }
     let dir = dir()?;
     let link = dir.join("criu");
     if std::fs::read_link(&link).is_ok_and(|t| t == exe) {
