@@ -479,11 +479,11 @@ pub struct RestoreFrom {
     pub image: PathBuf,
     /// CRIU work directory (logs; the lazy-pages socket).
     pub work: PathBuf,
-    /// Memory is served on demand by a `criu lazy-pages` daemon already
-    /// listening in `work` (userfaultfd), instead of being copied first.
+    /// Memory is served on demand by a `criu lazy-pages` daemon listening
+    /// in `work` (userfaultfd), instead of being copied first.
     pub lazy: bool,
-    /// The pid of that daemon when it may not listen yet: CRIU waits for
-    /// it (through the [`criu_launcher`]).
+    /// The pid of that daemon when it may not listen yet (it was started
+    /// beside runc): CRIU waits for it, through the [`criu_launcher`].
     pub lazy_daemon: Option<i32>,
     /// Open files the restored processes get instead of new ones (CRIU's
     /// `--inherit-fd`), set through the container's CRIU configuration
