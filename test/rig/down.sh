@@ -251,6 +251,19 @@ while read -r ns id; do
 		"${TORPOR_STATE_ROOT:-/var/lib/torpor}/actors/${id:?}"
 done < <(bundles)
 
+# CRIU launchers (runtime::system::criu_launcher) of the rig's shim binaries,
+# and those whose binary is gone
+for l in /run/torpor/criu-launcher/*/criu; do
+	[ -L "$l" ] || continue
+	t="$(readlink "$l")"
+	case "$t" in
+	"$TORPOR_RIG_STATE"/*) ;;
+	*) [ -e "$l" ] && continue ;;
+	esac
+	rm -f "$l"
+	rmdir "$(dirname "$l")" 2>/dev/null
+done
+
 # shim sockets: those seen above plus the well-known hash of every bundle
 # (sha256 of <containerd address>/<namespace>/<id>, see containerd pkg/shim).
 while read -r ns id; do

@@ -63,13 +63,17 @@ pub fn invoked() -> bool {
     std::env::args_os().next().is_some_and(|a0| Path::new(&a0).file_name() == Some("criu".as_ref()))
 }
 
-/// The launcher directory of the running binary (not created).
-pub fn dir() -> Result<PathBuf> {
+/// The running binary's path.
+fn own_path() -> Result<PathBuf> {
+    std::env::current_exe().io_context(|| "the shim's own path".into())
+}
+
+/// The launcher directory of the binary at `exe` (not created).
+fn dir_for(exe: &Path) -> PathBuf {
     use sha2::Digest;
-    let exe = std::env::current_exe().io_context(|| "the shim's own path".into())?;
     let digest = sha2::Sha256::digest(exe.as_os_str().as_encoded_bytes());
     let name: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
-    Ok(Path::new(LAUNCHER_ROOT).join(name))
+    Path::new(LAUNCHER_ROOT).join(name)
 }
 
 /// The launcher directory, once [`install`] succeeded in this process.
@@ -93,13 +97,14 @@ pub fn install() -> Result<PathBuf> {
 /// returns it: `<dir>/criu` links to this binary (replaced atomically).
 fn install_once() -> Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
-    let exe = std::env::current_exe().io_context(|| "the shim's own path".into())?;
+    let exe = own_path()?;
     // A binary replaced under the running shim reads as "<path> (deleted)":
     // there is nothing to link to (runc then runs the real CRIU itself).
     if !exe.is_file() {
         return Err(Error::FailedPrecondition(format!("the shim's binary {} is no longer there", exe.display())));
     }
-    let dir = dir()?;
+    remove_dangling(Path::new(LAUNCHER_ROOT));
+    let dir = dir_for(&exe);
     let link = dir.join("criu");
     if std::fs::read_link(&link).is_ok_and(|t| t == exe) {
         return Ok(dir);
@@ -110,6 +115,20 @@ fn install_once() -> Result<PathBuf> {
     std::os::unix::fs::symlink(&exe, &tmp).io_context(|| format!("link {} to {}", tmp.display(), exe.display()))?;
     std::fs::rename(&tmp, &link).io_context(|| format!("rename {} to {}", tmp.display(), link.display()))?;
     Ok(dir)
+}
+
+/// Removes the launcher directories under `root` whose binary is gone (a
+/// shim binary removed or moved): theirs is a link to nothing. One still
+/// being made (no link yet) is left alone.
+fn remove_dangling(root: &Path) {
+    let Ok(entries) = std::fs::read_dir(root) else { return };
+    for d in entries.flatten().map(|e| e.path()) {
+        let link = d.join("criu");
+        if std::fs::read_link(&link).is_ok_and(|target| !target.exists()) {
+            let _ = std::fs::remove_file(&link);
+            let _ = std::fs::remove_dir(&d);
+        }
+    }
 }
 
 /// The environment runc gets for a checkpoint or restore: the launcher
@@ -172,7 +191,8 @@ pub fn main() -> ! {
     let Some(real) = std::env::var_os(ENV_BIN).map(PathBuf::from).filter(|p| p.is_absolute()) else {
         die(&format!("{ENV_BIN} is not set to the real CRIU's absolute path: this launcher only runs under the torpor shim"));
     };
-    if std::env::current_exe().is_ok_and(|me| std::fs::canonicalize(&real).is_ok_and(|r| r == me)) {
+    let me = own_path().ok();
+    if me.as_ref().is_some_and(|me| std::fs::canonicalize(&real).is_ok_and(|r| &r == me)) {
         die(&format!("{ENV_BIN} ({}) is the launcher itself", real.display()));
     }
     if args.get(1).is_some_and(|a| a == "swrk") {
@@ -200,6 +220,8 @@ pub fn main() -> ! {
         let pid = std::env::var(ENV_LAZY_PID).ok().and_then(|p| p.parse::<i32>().ok());
         wait_listening(Path::new(&socket), pid);
     }
+    // Arguments and environment entries come from C strings, so none
+    // holds a NUL byte and none is dropped here.
     let argv: Vec<std::ffi::CString> = std::iter::once(real.clone().into_os_string())
         .chain(args.into_iter().skip(1))
         .filter_map(|a| std::ffi::CString::new(a.into_encoded_bytes()).ok())
@@ -208,7 +230,7 @@ pub fn main() -> ! {
         die(&format!("{ENV_BIN} ({}) holds a NUL byte", real.display()));
     };
     // CRIU, and what it runs, see the environment runc had.
-    let env: Vec<std::ffi::CString> = real_criu_env(std::env::vars_os(), dir().ok().as_deref())
+    let env: Vec<std::ffi::CString> = real_criu_env(std::env::vars_os(), me.as_deref().map(dir_for).as_deref())
         .into_iter()
         .filter_map(|(k, v)| {
             let mut kv = k.into_encoded_bytes();
@@ -322,6 +344,22 @@ mod tests {
             .map(|(k, v)| (OsString::from(k), OsString::from(v)))
             .collect();
         assert_eq!(env, expect);
+    }
+
+    #[test]
+    fn launchers_of_gone_binaries_are_removed() {
+        let root = tempfile::tempdir().unwrap();
+        let bin = root.path().join("shim");
+        std::fs::write(&bin, "").unwrap();
+        for (name, target) in [("live", bin.clone()), ("gone", root.path().join("removed-shim"))] {
+            std::fs::create_dir(root.path().join(name)).unwrap();
+            std::os::unix::fs::symlink(&target, root.path().join(name).join("criu")).unwrap();
+        }
+        std::fs::create_dir(root.path().join("making")).unwrap();
+        remove_dangling(root.path());
+        assert!(root.path().join("live/criu").exists());
+        assert!(!root.path().join("gone").exists());
+        assert!(root.path().join("making").exists(), "a launcher still being made stays");
     }
 
     #[test]
