@@ -24,6 +24,7 @@ use crate::oci::bundle;
 use crate::system::rootfs;
 use crate::system::runc::RestoreFrom;
 use crate::task::tasks::criu_work;
+use crate::task::ExitHold;
 
 /// A container being restored by identity from a snapshot of the store
 /// (between its create and its start).
@@ -177,7 +178,10 @@ impl Actor {
         let adopted = lock(&self.adoptions).remove(id);
         let started = std::time::Instant::now();
         // From a streamed checkout: its memory is served while it arrives.
-        let streamed = adopted.as_ref().and_then(|a| a.checkout.page_server.as_deref().map(|socket| PageSource { socket, lease: &a.checkout.lease }));
+        let hold = adopted.as_ref().is_some_and(|a| a.checkout.page_server.is_some()).then(ExitHold::new);
+        let streamed = adopted
+            .as_ref()
+            .and_then(|a| a.checkout.page_server.as_deref().zip(hold.as_ref()).map(|(socket, hold)| PageSource { socket, lease: &a.checkout.lease, hold }));
         let restored = match self.link_fds_of_image(id, image) {
             Err(e) => Err(e),
             Ok(inherit) => match streamed {
@@ -200,7 +204,7 @@ impl Actor {
             match &restored {
                 Ok(_) => {
                     let ms = started.elapsed().as_millis() as u64;
-                    if let Err(e) = self.recovered(id, &a, pending, ms).await {
+                    if let Err(e) = self.recovered(id, &a, pending, ms, hold).await {
                         warn!(container = id, "restored from a kept checkpoint, but the record could not be saved: {e}");
                     }
                 }
@@ -227,8 +231,9 @@ impl Actor {
     /// The container restored by identity runs: its checkout is released,
     /// the dead shims' records of the actor are superseded, and the actor
     /// is RUNNING once no other container waits for its restore.
-    pub(crate) async fn recovered(&self, id: &str, adopted: &Adopted, pending: bool, ms: u64) -> Result<()> {
-        let streamed = adopted.checkout.page_server.is_some();
+    /// `hold` is the streamed restore's (see [`PageSource::hold`]).
+    pub(crate) async fn recovered(&self, id: &str, adopted: &Adopted, pending: bool, ms: u64, hold: Option<ExitHold>) -> Result<()> {
+        let streamed = hold.is_some();
         if !streamed {
             self.store.release_logged(&adopted.checkout.lease).await;
         }
@@ -249,7 +254,7 @@ impl Actor {
         };
         if streamed {
             // Released once its memory is all here (or its stream failed).
-            self.release_when_served(adopted.checkout.lease.clone(), true);
+            self.release_when_served(adopted.checkout.lease.clone(), hold);
         }
         let gone = identity::supersede(&self.state_root, &actor);
         info!(actor = actor.as_str(), container = id, from = %adopted.snapshot, ms, superseded = ?gone, "{} restored from its snapshot", adopted.identity);

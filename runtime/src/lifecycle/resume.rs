@@ -19,7 +19,7 @@ use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{lock, name_of, Actor};
 use crate::system::{criu_launcher, reaper};
 use crate::system::runc::{InheritFd, RestoreFrom};
-use crate::task::Status;
+use crate::task::{ExitHold, Status};
 
 impl Actor {
     /// RUNNING again (see the module doc).
@@ -157,7 +157,8 @@ impl Actor {
         // What `last_error` says once RUNNING: nothing, or that the actor
         // was started cold after its restore failed.
         let mut ran_cold = None;
-        let pages = co.page_server.as_deref().map(|socket| PageSource { socket, lease: &co.lease });
+        let hold = co.page_server.is_some().then(ExitHold::new);
+        let pages = co.page_server.as_deref().zip(hold.as_ref()).map(|(socket, hold)| PageSource { socket, lease: &co.lease, hold });
         let mut result = self.restore_all(&dir, &rec, &co.path, pages, &mut t).await;
         report::phase("criu_restore");
         if let Err(e) = &result {
@@ -201,7 +202,7 @@ impl Actor {
             let _ = self.update(|r| r.leases.retain(|l| *l != co.lease));
             return Err(e);
         }
-        self.release_when_served(co.lease.clone(), co.page_server.is_some());
+        self.release_when_served(co.lease.clone(), hold);
         // Kept in memory (status shows it), saved with the next change.
         let _ = self.update_if(|r| {
             r.last_resume_phases = t.phases();
@@ -367,12 +368,13 @@ impl Actor {
     }
 
     /// The checkout `lease` is released once the lazy-pages daemons are
-    /// done with it (and, `streamed`, once its stream ended: see
+    /// done with it (and, when it is streamed (`hold`: see
+    /// [`PageSource::hold`]), once its stream ended: see
     /// [`Actor::watch_stream`]); the store's gc and retention remove the
     /// snapshot.
-    pub(crate) fn release_when_served(&self, lease: String, streamed: bool) {
-        if streamed {
-            self.watch_stream(lease.clone());
+    pub(crate) fn release_when_served(&self, lease: String, hold: Option<ExitHold>) {
+        if let Some(hold) = hold {
+            self.watch_stream(lease.clone(), hold);
         }
         let pending: Vec<_> = std::mem::take(&mut *lock(&self.lazy));
         let me = self.clone();
@@ -389,6 +391,9 @@ impl Actor {
     /// streamed checkout (`pages`), CRIU's work in `work`.
     pub(crate) async fn restore_streamed(&self, id: &str, image: &Path, work: &Path, pages: PageSource<'_>, inherit: Vec<InheritFd>) -> Result<i32> {
         let container_dir = image_name(image)?;
+        // An init that dies of memory its stream failed to bring is not
+        // reported as an exit before the stream's end says so.
+        self.tasks.hold_init_exit(id, pages.hold)?;
         let mut daemon = LazyDaemon::start_streamed(image, work, pages, container_dir).await?;
         let from = RestoreFrom { image: image.to_path_buf(), work: work.to_path_buf(), lazy: true, lazy_daemon: None, inherit };
         let restore = self.tasks.restore(id, &from);
@@ -414,7 +419,11 @@ impl Actor {
         match restored {
             Ok(pid) => {
                 if !served {
-                    lock(&self.lazy).push(daemon.finish(self.lazy_stop.subscribe()));
+                    // A daemon that fails now leaves pages unserved, which
+                    // the processes would read as zeros: they are killed at
+                    // once (the failed stream then suspends the actor again).
+                    let cgroup = self.record().and_then(|r| r.cgroups.get(id).cloned());
+                    lock(&self.lazy).push(daemon.finish_streamed(self.lazy_stop.subscribe(), cgroup));
                 }
                 Ok(pid)
             }
@@ -449,10 +458,12 @@ impl Actor {
     /// process whose daemon is gone would read zeros for its missing
     /// pages) and the actor is SUSPENDED again, its snapshot intact in the
     /// object tier, with the reason. Suspends wait for it like for the
-    /// daemons.
-    fn watch_stream(&self, lease: String) {
+    /// daemons. The exits of the restored inits wait for it too (`hold`,
+    /// dropped once the processes are stopped, or the stream is done).
+    fn watch_stream(&self, lease: String, hold: ExitHold) {
         let me = self.clone();
         lock(&self.lazy).push(tokio::spawn(async move {
+            let _hold = hold;
             match me.store.wait_stream(&lease).await {
                 Ok(done) => {
                     info!(lease = lease.as_str(), ms = done.done_ms, ready_ms = done.ready_ms, first_page_ms = done.first_page_ms, bytes = done.fetched_bytes, chunks = done.chunks, pages_served = done.pages_served, pages_waited = done.pages_waited, working_set_chunks = done.working_set_chunks, "streamed checkout complete: the snapshot is local");
@@ -522,6 +533,9 @@ pub(crate) fn lazy_pages_enabled() -> bool {
 pub(crate) struct PageSource<'a> {
     pub socket: &'a Path,
     pub lease: &'a str,
+    /// Held until the stream ended (see [`Actor::watch_stream`]), or the
+    /// restore failed: the restored inits' exits wait for it.
+    pub hold: &'a ExitHold,
 }
 
 /// How long a lazy-pages daemon may take to serve all of a restored
@@ -624,21 +638,41 @@ impl LazyDaemon {
     /// would keep the next suspend waiting; the restored process then
     /// faults on the pages it still lacks, which CRIU reports), or when
     /// `stop` changes (its processes were stopped: a failed stream).
-    fn finish(mut self, mut stop: tokio::sync::watch::Receiver<u64>) -> tokio::task::JoinHandle<()> {
+    fn finish(self, stop: tokio::sync::watch::Receiver<u64>) -> tokio::task::JoinHandle<()> {
+        tokio::spawn(async move {
+            self.wait_served(stop).await;
+        })
+    }
+
+    /// [`LazyDaemon::finish`] of a streamed restore's daemon: when it fails
+    /// (its page server went away), the processes of `cgroup` are killed.
+    fn finish_streamed(self, stop: tokio::sync::watch::Receiver<u64>, cgroup: Option<String>) -> tokio::task::JoinHandle<()> {
         tokio::spawn(async move {
             let pid = self.pid;
-            tokio::select! {
-                r = tokio::time::timeout(LAZY_DEADLINE, self.exit.wait_for(pid)) => {
-                    if r.is_ok() {
-                        return;
-                    }
-                    warn!(pid, deadline = ?LAZY_DEADLINE, "criu lazy-pages did not finish serving its pages in time: killed");
+            if let Some(status) = self.wait_served(stop).await.filter(|s| *s != 0) {
+                warn!(pid, status, "criu lazy-pages of a streamed restore failed before it served every page: its processes are killed");
+                if let Some(cg) = cgroup {
+                    crate::system::cgroup::kill_cgroup(&cg).await;
                 }
-                _ = stop.changed() => debug!(pid, "criu lazy-pages stopped: its processes were"),
             }
-            self.kill();
-            let _ = self.exit.wait_for(pid).await;
         })
+    }
+
+    /// Its exit status if it ended by itself; `None` if it was killed.
+    async fn wait_served(mut self, mut stop: tokio::sync::watch::Receiver<u64>) -> Option<i32> {
+        let pid = self.pid;
+        tokio::select! {
+            r = tokio::time::timeout(LAZY_DEADLINE, self.exit.wait_for(pid)) => {
+                if let Ok(status) = r {
+                    return Some(status);
+                }
+                warn!(pid, deadline = ?LAZY_DEADLINE, "criu lazy-pages did not finish serving its pages in time: killed");
+            }
+            _ = stop.changed() => debug!(pid, "criu lazy-pages stopped: its processes were"),
+        }
+        self.kill();
+        let _ = self.exit.wait_for(pid).await;
+        None
     }
 
     fn kill(&self) {

@@ -132,6 +132,10 @@ pub struct Container {
     pub netns: Option<PathBuf>,
     /// Its rootfs overlay's upper directory, captured at each suspend.
     pub rootfs_upper: Option<PathBuf>,
+    /// Set while a restore of it may still be undone (its memory streams
+    /// in): its init's exit waits until the sender is dropped (see
+    /// [`crate::task::ExitHold`]).
+    pub exit_hold: Option<tokio::sync::watch::Receiver<()>>,
 }
 
 impl Container {

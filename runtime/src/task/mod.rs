@@ -9,4 +9,4 @@ pub mod tasks;
 
 pub use container::{Container, ContainerState};
 pub use process::{wait_exit, ExecState, ExitInfo, Status};
-pub use tasks::{AppInfo, Event, NewContainer, ProcessState, Tasks};
+pub use tasks::{AppInfo, Event, ExitHold, NewContainer, ProcessState, Tasks};

@@ -92,6 +92,26 @@ struct Table {
 
 const EARLY_EXITS: usize = 512;
 
+/// Held by whoever may still undo a restore ([`Tasks::unrestore`]) whose
+/// memory streams in: a process whose memory source failed may die of it
+/// before the undo. While the hold lives, the exit of an init it covers
+/// ([`Tasks::hold_init_exit`]) waits; once it is dropped, the exit is
+/// reported, unless the restore was undone meanwhile (then it was not an
+/// exit).
+pub struct ExitHold(tokio::sync::watch::Sender<()>);
+
+impl ExitHold {
+    pub fn new() -> Self {
+        ExitHold(tokio::sync::watch::Sender::new(()))
+    }
+}
+
+impl Default for ExitHold {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// All containers of this shim.
 #[derive(Clone)]
 pub struct Tasks {
@@ -177,12 +197,43 @@ impl Tasks {
     }
 
     async fn process_exited(&self, cid: &str, exec_id: &str, pid: i32, status: i32) {
+        if let Some(mut hold) = self.take_exit_hold(cid, exec_id, pid) {
+            info!(container = cid, pid, status, "init exited while its restore may still be undone: the exit waits");
+            let (me, cid, exec_id) = (self.clone(), cid.to_string(), exec_id.to_string());
+            tokio::spawn(async move {
+                while hold.changed().await.is_ok() {}
+                me.record_exit(&cid, &exec_id, pid, status).await;
+            });
+            return;
+        }
+        self.record_exit(cid, exec_id, pid, status).await;
+    }
+
+    /// The pending [`ExitHold`] on the exit of init `pid` of container
+    /// `cid`, taken (an exit is held once).
+    fn take_exit_hold(&self, cid: &str, exec_id: &str, pid: i32) -> Option<tokio::sync::watch::Receiver<()>> {
+        if !exec_id.is_empty() {
+            return None;
+        }
+        let mut t = self.lock();
+        let c = t.containers.get_mut(cid)?;
+        if c.state.checkpointed() || c.init.pid != pid {
+            return None;
+        }
+        c.exit_hold.take().filter(|h| h.has_changed().is_ok())
+    }
+
+    async fn record_exit(&self, cid: &str, exec_id: &str, pid: i32, status: i32) {
         // Wait for the output outside the lock, then record the exit.
         let (drain, kill_all, runc) = {
-            let mut t = self.lock();
+            let mut guard = self.lock();
+            let t = &mut *guard;
             let Some(c) = t.containers.get_mut(cid) else { return };
             if exec_id.is_empty() && c.state.checkpointed() {
-                // The suspend's checkpoint ended the process: not an exit.
+                // The suspend's checkpoint ended the process, or its
+                // restore was undone while the exit was held (the undo
+                // retired the pid after it was reaped): not an exit.
+                t.retired_pids.remove(&pid);
                 return;
             }
             if c.process(exec_id).map(|p| p.pid).ok() != Some(pid) {
@@ -242,6 +293,15 @@ impl Tasks {
         }
     }
 
+    /// Until `hold` is dropped, the exit of container `id`'s init waits
+    /// (see [`ExitHold`]).
+    pub fn hold_init_exit(&self, id: &str, hold: &ExitHold) -> Result<()> {
+        self.with(id, |c| {
+            c.exit_hold = Some(hold.0.subscribe());
+            Ok(())
+        })
+    }
+
     /// Whether container `id` exists.
     pub fn contains(&self, id: &str) -> bool {
         self.lock().containers.contains_key(id)
@@ -268,6 +328,7 @@ impl Tasks {
             sandbox: new.sandbox,
             netns: new.netns,
             rootfs_upper: new.rootfs_upper,
+            exit_hold: None,
         };
         {
             let mut t = self.lock();
@@ -961,4 +1022,94 @@ fn container_mut<'a>(t: &'a mut Table, id: &str) -> Result<&'a mut Container> {
 /// The bundle's CRIU work directory for a restore at Start.
 pub fn criu_work(bundle: &Path) -> PathBuf {
     bundle.join("criu-work")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A table with one running app container whose init is `pid` (in its
+    /// own pid namespace: no `runc kill` at its exit).
+    fn table_with(pid: i32) -> (Tasks, mpsc::UnboundedReceiver<Event>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let tasks = Tasks::new("test", tx);
+        let bundle = PathBuf::from("/nonexistent/bundle");
+        let mut init = Process::new("", StdioConfig::default());
+        init.pid = pid;
+        let c = Container {
+            id: "app".into(),
+            runc: Runc::new("/nonexistent/runc", "/nonexistent/root", &bundle),
+            bundle,
+            init,
+            state: ContainerState::Running,
+            execs: HashMap::new(),
+            actor: ActorSpec::default(),
+            own_pid_ns: true,
+            memory_cgroup: None,
+            sandbox: false,
+            netns: None,
+            rootfs_upper: None,
+            exit_hold: None,
+        };
+        tasks.lock().containers.insert("app".into(), c);
+        (tasks, rx)
+    }
+
+    /// Lets every spawned task run as far as it can.
+    async fn settle_tasks() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_held_exit_is_reported_once_the_hold_is_dropped() {
+        let (tasks, mut events) = table_with(4242);
+        let hold = ExitHold::new();
+        tasks.hold_init_exit("app", &hold).unwrap();
+        tasks.process_exited("app", "", 4242, 9).await;
+        settle_tasks().await;
+        assert!(events.try_recv().is_err(), "no exit while the hold lives");
+        assert_eq!(tasks.status("app"), Some(Status::Running));
+        drop(hold);
+        match events.recv().await {
+            Some(Event::Exit { container_id, exec_id, pid, exit }) => {
+                assert_eq!((container_id.as_str(), exec_id.as_str(), pid, exit.status), ("app", "", 4242, 9));
+            }
+            other => panic!("expected the held exit, got {other:?}"),
+        }
+        assert_eq!(tasks.status("app"), Some(Status::Stopped));
+    }
+
+    #[tokio::test]
+    async fn a_held_exit_of_an_undone_restore_is_no_exit() {
+        let (tasks, mut events) = table_with(4343);
+        let hold = ExitHold::new();
+        tasks.hold_init_exit("app", &hold).unwrap();
+        tasks.process_exited("app", "", 4343, 9).await;
+        settle_tasks().await;
+        // What `unrestore` does before its `runc delete`.
+        {
+            let mut t = tasks.lock();
+            let c = t.containers.get_mut("app").unwrap();
+            c.state = ContainerState::Suspended { io: ProcessIo::null() };
+            t.retired_pids.insert(4343);
+        }
+        drop(hold);
+        settle_tasks().await;
+        assert!(events.try_recv().is_err(), "an undone restore's init did not exit");
+        assert_eq!(tasks.status("app"), Some(Status::Running), "to containerd it still runs");
+        assert!(tasks.lock().retired_pids.is_empty(), "the retired pid is not kept for a later process");
+    }
+
+    #[tokio::test]
+    async fn an_exit_without_a_hold_or_after_it_is_reported_at_once() {
+        let (tasks, mut events) = table_with(4444);
+        {
+            let hold = ExitHold::new();
+            tasks.hold_init_exit("app", &hold).unwrap();
+        }
+        tasks.process_exited("app", "", 4444, 0).await;
+        assert!(matches!(events.try_recv(), Ok(Event::Exit { pid: 4444, .. })), "a dropped hold holds nothing");
+    }
 }
