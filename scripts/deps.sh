@@ -267,7 +267,7 @@ build_criu() {
 
 	local debver url sha
 	read -r suite debver url sha upstream <<<"$found"
-	criu_dir=$TORPOR_DEPS_CACHE/criu-$upstream
+	criu_dir=$TORPOR_DEPS_CACHE/criu-$upstream-$CRIU_BUILD
 	if cache_complete "$criu_dir" sbin/criu; then
 		return 0
 	fi
@@ -282,7 +282,20 @@ build_criu() {
 	local src
 	src=$(find "$tmp" -mindepth 1 -maxdepth 1 -type d -name 'criu-*' | head -n1)
 	[[ -n $src ]] || { rm -rf "$tmp"; die "unexpected layout of $tarball"; }
-	if ! make -C "$src" -j"$(nproc)" criu >"$tmp/build.log" 2>&1; then
+	# CRIU_BUILD=lean: no GnuTLS (NO_GNUTLS) and no nftables (CRIU's
+	# Makefile.config finds libnftables through pkg-config only: the wrapper
+	# hides it).
+	local flags=()
+	case $CRIU_BUILD in
+	lean)
+		printf '#!/bin/sh\nfor a in "$@"; do case "$a" in libnftables*) exit 1;; esac; done\nexec pkg-config "$@"\n' >"$tmp/pkg-config"
+		chmod +x "$tmp/pkg-config"
+		flags=(NO_GNUTLS=1 PKG_CONFIG="$tmp/pkg-config")
+		;;
+	full) ;;
+	*) rm -rf "$tmp"; die "CRIU_BUILD must be lean or full, not '$CRIU_BUILD'" ;;
+	esac
+	if ! make -C "$src" -j"$(nproc)" "${flags[@]}" criu >"$tmp/build.log" 2>&1; then
 		cp "$tmp/build.log" /tmp/torpor-deps-criu-build.log
 		tail -n 30 "$tmp/build.log" >&2
 		rm -rf "$tmp"
@@ -295,16 +308,16 @@ build_criu() {
 	rm -rf "$criu_dir.tmp"
 	mkdir -p "$criu_dir.tmp/sbin"
 	install -m 0755 "$src/criu/criu" "$criu_dir.tmp/sbin/criu"
-	printf 'criu %s\nsource: Debian %s criu %s\nurl: %s\nsha256: %s\n' \
-		"$upstream" "$suite" "$debver" "$url" "$sha" >"$criu_dir.tmp/BUILDINFO"
+	printf 'criu %s\nsource: Debian %s criu %s\nurl: %s\nsha256: %s\nbuild: %s %s\n' \
+		"$upstream" "$suite" "$debver" "$url" "$sha" "$CRIU_BUILD" "${flags[*]}" >"$criu_dir.tmp/BUILDINFO"
 	finish_cache "$criu_dir"
 	rm -rf "$tmp"
 }
 
 install_criu() {
-	criu_dir=$TORPOR_DEPS_CACHE/criu-$CRIU_VERSION
+	criu_dir=$TORPOR_DEPS_CACHE/criu-$CRIU_VERSION-$CRIU_BUILD
 	if cache_complete "$criu_dir" sbin/criu; then
-		log "criu $CRIU_VERSION: cached"
+		log "criu $CRIU_VERSION ($CRIU_BUILD): cached"
 	else
 		build_criu # sets criu_dir (the version built may differ, see there)
 	fi
