@@ -65,9 +65,13 @@ fn suspend_and_resume_move_the_metrics_and_promtool_accepts_them() {
     assert_eq!(c.status()["state"], "RUNNING");
     assert_eq!(c.inc(), 2, "the counter went on from where it was");
 
-    let after = wait_for("the resume to show in the metrics", LIVENESS, || {
+    // The resume streamed the snapshot back: its fetch is observed when
+    // the stream has brought the last chunk, which may come after the
+    // resume's answer.
+    let after = wait_for("the resume and its fetch to show in the metrics", LIVENESS, || {
         let m = scrape(&addr);
         let moved = value(&m, &count("total", "resume")) > value(&before, &count("total", "resume"))
+            && value(&m, &count("total", "fetch")) > value(&before, &count("total", "fetch"))
             && value(&m, r#"torpor_actors{state="running"}"#) >= 1.0;
         moved.then_some(m)
     });
