@@ -272,9 +272,23 @@ build_criu() {
 		return 0
 	fi
 
-	log "building criu $upstream (Debian $debver source from $suite)"
+	log "building criu $upstream ($CRIU_BUILD; Debian $debver source from $suite)"
 	local tmp tarball
 	tmp=$(mktemp -d)
+	# CRIU_BUILD=lean: no GnuTLS (NO_GNUTLS) and no nftables (CRIU's
+	# Makefile.config finds libnftables through pkg-config only: the wrapper
+	# hides it).
+	local flags=() what
+	case $CRIU_BUILD in
+	lean)
+		printf '#!/bin/sh\nfor a in "$@"; do case "$a" in libnftables*) exit 1;; esac; done\nexec pkg-config "$@"\n' >"$tmp/pkg-config"
+		chmod +x "$tmp/pkg-config"
+		flags=(NO_GNUTLS=1 PKG_CONFIG="$tmp/pkg-config")
+		what="lean (NO_GNUTLS=1; libnftables hidden from pkg-config)"
+		;;
+	full) what="full (every feature its build finds)" ;;
+	*) rm -rf "$tmp"; die "CRIU_BUILD must be lean or full, not '$CRIU_BUILD'" ;;
+	esac
 	tarball=$tmp/${url##*/}
 	curl -fsSL --retry 3 -o "$tarball" "$url" || { rm -rf "$tmp"; die "download of $url failed"; }
 	echo "$sha  $tarball" | sha256sum -c --quiet - || { rm -rf "$tmp"; die "checksum mismatch for $url"; }
@@ -282,19 +296,6 @@ build_criu() {
 	local src
 	src=$(find "$tmp" -mindepth 1 -maxdepth 1 -type d -name 'criu-*' | head -n1)
 	[[ -n $src ]] || { rm -rf "$tmp"; die "unexpected layout of $tarball"; }
-	# CRIU_BUILD=lean: no GnuTLS (NO_GNUTLS) and no nftables (CRIU's
-	# Makefile.config finds libnftables through pkg-config only: the wrapper
-	# hides it).
-	local flags=()
-	case $CRIU_BUILD in
-	lean)
-		printf '#!/bin/sh\nfor a in "$@"; do case "$a" in libnftables*) exit 1;; esac; done\nexec pkg-config "$@"\n' >"$tmp/pkg-config"
-		chmod +x "$tmp/pkg-config"
-		flags=(NO_GNUTLS=1 PKG_CONFIG="$tmp/pkg-config")
-		;;
-	full) ;;
-	*) rm -rf "$tmp"; die "CRIU_BUILD must be lean or full, not '$CRIU_BUILD'" ;;
-	esac
 	if ! make -C "$src" -j"$(nproc)" "${flags[@]}" criu >"$tmp/build.log" 2>&1; then
 		cp "$tmp/build.log" /tmp/torpor-deps-criu-build.log
 		tail -n 30 "$tmp/build.log" >&2
@@ -308,8 +309,8 @@ build_criu() {
 	rm -rf "$criu_dir.tmp"
 	mkdir -p "$criu_dir.tmp/sbin"
 	install -m 0755 "$src/criu/criu" "$criu_dir.tmp/sbin/criu"
-	printf 'criu %s\nsource: Debian %s criu %s\nurl: %s\nsha256: %s\nbuild: %s %s\n' \
-		"$upstream" "$suite" "$debver" "$url" "$sha" "$CRIU_BUILD" "${flags[*]}" >"$criu_dir.tmp/BUILDINFO"
+	printf 'criu %s\nsource: Debian %s criu %s\nurl: %s\nsha256: %s\nbuild: %s\n' \
+		"$upstream" "$suite" "$debver" "$url" "$sha" "$what" >"$criu_dir.tmp/BUILDINFO"
 	finish_cache "$criu_dir"
 	rm -rf "$tmp"
 }

@@ -178,7 +178,7 @@ impl Actor {
         let adopted = lock(&self.adoptions).remove(id);
         let started = std::time::Instant::now();
         // From a streamed checkout: its memory is served while it arrives.
-        let hold = adopted.as_ref().is_some_and(|a| a.checkout.page_server.is_some()).then(ExitHold::new);
+        let hold = adopted.as_ref().is_some_and(|a| a.checkout.page_server.is_some()).then(ExitHold::default);
         let streamed = adopted
             .as_ref()
             .and_then(|a| a.checkout.page_server.as_deref().zip(hold.as_ref()).map(|(socket, hold)| PageSource { socket, lease: &a.checkout.lease, hold }));

@@ -157,7 +157,7 @@ impl Actor {
         // What `last_error` says once RUNNING: nothing, or that the actor
         // was started cold after its restore failed.
         let mut ran_cold = None;
-        let hold = co.page_server.is_some().then(ExitHold::new);
+        let hold = co.page_server.is_some().then(ExitHold::default);
         let pages = co.page_server.as_deref().zip(hold.as_ref()).map(|(socket, hold)| PageSource { socket, lease: &co.lease, hold });
         let mut result = self.restore_all(&dir, &rec, &co.path, pages, &mut t).await;
         report::phase("criu_restore");
@@ -422,8 +422,7 @@ impl Actor {
                     // A daemon that fails now leaves pages unserved, which
                     // the processes would read as zeros: they are killed at
                     // once (the failed stream then suspends the actor again).
-                    let cgroup = self.record().and_then(|r| r.cgroups.get(id).cloned());
-                    lock(&self.lazy).push(daemon.finish_streamed(self.lazy_stop.subscribe(), cgroup));
+                    lock(&self.lazy).push(daemon.finish_streamed(self.lazy_stop.subscribe(), self.cgroup_of(id)));
                 }
                 Ok(pid)
             }
@@ -443,7 +442,7 @@ impl Actor {
     async fn stop_streamed_restore(&self, id: &str, restore: impl std::future::Future<Output = Result<i32>>, pages: PageSource<'_>, work: &Path, status: i32) -> Error {
         let why = format!("criu lazy-pages ended with status {status} during the restore (its page server {} went away; see {:?})", pages.socket.display(), work.join("lazy-pages.log"));
         warn!(container = id, "{why}: the restore is stopped");
-        if let Some(cg) = self.record().and_then(|r| r.cgroups.get(id).cloned()) {
+        if let Some(cg) = self.cgroup_of(id) {
             crate::system::cgroup::kill_cgroup(&cg).await;
         }
         if restore.await.is_ok() {
@@ -478,6 +477,11 @@ impl Actor {
                 Err(e) => me.stream_failed(&lease, e).await,
             }
         }));
+    }
+
+    /// The cgroup (OCI cgroupsPath) app container `id` was restored into.
+    fn cgroup_of(&self, id: &str) -> Option<String> {
+        self.record().and_then(|r| r.cgroups.get(id).cloned())
     }
 
     /// See [`Actor::watch_stream`].

@@ -98,19 +98,8 @@ const EARLY_EXITS: usize = 512;
 /// ([`Tasks::hold_init_exit`]) waits; once it is dropped, the exit is
 /// reported, unless the restore was undone meanwhile (then it was not an
 /// exit).
+#[derive(Default)]
 pub struct ExitHold(tokio::sync::watch::Sender<()>);
-
-impl ExitHold {
-    pub fn new() -> Self {
-        ExitHold(tokio::sync::watch::Sender::new(()))
-    }
-}
-
-impl Default for ExitHold {
-    fn default() -> Self {
-        Self::new()
-    }
-}
 
 /// All containers of this shim.
 #[derive(Clone)]
@@ -1062,13 +1051,19 @@ mod tests {
         }
     }
 
+    /// The init `pid` of [`table_with`] exits (`status`) under a hold.
+    async fn exited_under_a_hold(pid: i32, status: i32) -> (Tasks, mpsc::UnboundedReceiver<Event>, ExitHold) {
+        let (tasks, events) = table_with(pid);
+        let hold = ExitHold::default();
+        tasks.hold_init_exit("app", &hold).unwrap();
+        tasks.process_exited("app", "", pid, status).await;
+        settle_tasks().await;
+        (tasks, events, hold)
+    }
+
     #[tokio::test]
     async fn a_held_exit_is_reported_once_the_hold_is_dropped() {
-        let (tasks, mut events) = table_with(4242);
-        let hold = ExitHold::new();
-        tasks.hold_init_exit("app", &hold).unwrap();
-        tasks.process_exited("app", "", 4242, 9).await;
-        settle_tasks().await;
+        let (tasks, mut events, hold) = exited_under_a_hold(4242, 9).await;
         assert!(events.try_recv().is_err(), "no exit while the hold lives");
         assert_eq!(tasks.status("app"), Some(Status::Running));
         drop(hold);
@@ -1083,11 +1078,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_held_exit_of_an_undone_restore_is_no_exit() {
-        let (tasks, mut events) = table_with(4343);
-        let hold = ExitHold::new();
-        tasks.hold_init_exit("app", &hold).unwrap();
-        tasks.process_exited("app", "", 4343, 9).await;
-        settle_tasks().await;
+        let (tasks, mut events, hold) = exited_under_a_hold(4343, 9).await;
         // What `unrestore` does before its `runc delete`.
         {
             let mut t = tasks.lock();
@@ -1106,7 +1097,7 @@ mod tests {
     async fn an_exit_without_a_hold_or_after_it_is_reported_at_once() {
         let (tasks, mut events) = table_with(4444);
         {
-            let hold = ExitHold::new();
+            let hold = ExitHold::default();
             tasks.hold_init_exit("app", &hold).unwrap();
         }
         tasks.process_exited("app", "", 4444, 0).await;
