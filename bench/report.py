@@ -250,7 +250,22 @@ def render_markdown(data: dict, env: dict, svg_rel: str) -> str:
         "guest's free page reporting made coarser, nor with the store's background work at nice "
         "19; the mechanism (likely the VM host's own work for the virtual disk) was not found. "
         "The same dump into recycled memory takes 0.40-0.58 s. Since the dump's early writeback "
-        "(`runtime::system::writeback`) the fsync after it takes 15 ms p50 (was 318).", "",
+        "(`runtime::system::writeback`) the fsync after it takes 15 ms p50 (was 318).",
+        "- **Where resume_256mib_ms goes** (sched tracepoints over probe resumes of the bench's "
+        "actor, 2026-12-05): from the lazy-pages daemon's exec, runc is exec'd 5.6 ms later (the "
+        "shim's restore set-up between the two spawns), asks CRIU's version through the launcher at "
+        "11.8 ms (answered by 14.5), execs the real `criu swrk` at 18.4 ms (cgroups, mounts and the "
+        "request in between), CRIU exits at 41.6 ms and runc at 43.5 ms. So runc costs about 15 ms "
+        "of the restore besides CRIU's 23 ms. Inside CRIU (restore.log of 9 resumes, 13-30 ms): "
+        "about 3.5 ms between its pre-resume notification and the tasks' resumption, 2-4 ms at its "
+        "start in a fork-and-ptrace probe of the kernel (`kerndat_has_ptrace_get_rseq_conf`, run "
+        "on every invocation; 0.45 ms on an idle machine), and 1 ms for runc's post-restore "
+        "notification. The 2 CPUs are 96% busy during the resume's 64 ms: CRIU (restore and "
+        "lazy-pages daemon) 48 ms, torpor-snapshotter 46 ms (digesting the chunks of the snapshot "
+        "the suspend just wrote: the bench resumes right after the suspend), runc 12 ms, the shim "
+        "6 ms. In paired runs (alternating in one rig, n=12-15 each), neither the lazy-pages daemon "
+        "at SCHED_IDLE or nice 19 (52.0 and 54.4 ms p50 against 61.7; then 57.6 against 59.6) nor "
+        "the snapshotter at nice 19 (62.9 against 58.4) made a difference beyond the noise.", "",
         "## Adding a benchmark", "",
         "See `bench/README.md`: a script `bench/<name>.py` measures with the helpers in "
         "`bench/bench.py` and merges its entries by name into `bench/results.json`; "
