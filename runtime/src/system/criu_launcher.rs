@@ -261,7 +261,7 @@ fn real_criu_env(vars: impl Iterator<Item = (OsString, OsString)>, me: Option<&P
 
 /// Waits until the lazy-pages daemon listens on `socket`: the socket
 /// exists, the daemon `pid` is gone, or [`LAZY_WAIT`] passed.
-fn wait_listening(socket: &Path, pid: Option<i32>) {
+pub(crate) fn wait_listening(socket: &Path, pid: Option<i32>) {
     let started = std::time::Instant::now();
     while !socket.exists() && started.elapsed() < LAZY_WAIT {
         if pid.is_some_and(|p| !Path::new(&format!("/proc/{p}")).exists()) {

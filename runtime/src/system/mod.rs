@@ -8,6 +8,8 @@
 //! - [`criu`]: the CRIU version check;
 //! - [`criu_launcher`]: the `criu` runc runs, in front of the real one
 //!   (answers its VERSION requests);
+//! - [`criu_restore`]: a restore driven over CRIU's RPC without runc, into
+//!   runc's state;
 //! - [`cgroup`]: a container's cgroup on v1 or v2, under either runc driver:
 //!   OOM kills, memory and CPU use, the freezer, killing what is left;
 //! - [`stdio`]: containerd's FIFOs ↔ a process's pipes or pty;
@@ -29,6 +31,7 @@
 pub mod cgroup;
 pub mod criu;
 pub mod criu_launcher;
+pub mod criu_restore;
 pub mod heap;
 pub mod held_ports;
 pub mod mounts;

@@ -121,6 +121,18 @@ impl Runc {
         c
     }
 
+    /// runc's state directory of container `id`.
+    pub fn state_dir(&self, id: &str) -> PathBuf {
+        self.root.join(id)
+    }
+
+    /// Whether runc runs with no global flags (`--systemd-cgroup`): its
+    /// state is then what a direct CRIU restore writes
+    /// ([`crate::system::criu_restore`]).
+    pub fn plain(&self) -> bool {
+        self.global.is_empty()
+    }
+
     /// The last error-level message runc logged, or `fallback`.
     pub fn last_error(&self, fallback: &str) -> String {
         let Ok(text) = std::fs::read_to_string(&self.log) else {
@@ -383,6 +395,14 @@ impl Runc {
         self.run_with_stdio_fds(&args, stdio, &from.inherit, &env)
             .await
             .map_err(|e| self.with_criu_log(e, &from.work, "restore.log"))
+    }
+
+    /// A restore driven over CRIU's RPC without runc
+    /// ([`crate::system::criu_restore`]) failed with `e`: reported as a
+    /// failed `runc restore` would be, with CRIU's log.
+    pub fn direct_restore_failed(&self, e: Error, work: &Path) -> Error {
+        let e = Error::Runc { command: "restore".into(), message: format!("{e} (CRIU driven by the shim; log file: {})", work.join("restore.log").display()) };
+        self.with_criu_log(e, work, "restore.log")
     }
 
     /// Adds the error lines of CRIU's log to a runc error and keeps the full

@@ -20,6 +20,7 @@ use crate::error::{Error, IoContext, Result};
 use crate::oci::annotations::ActorSpec;
 use crate::oci::bundle;
 use crate::system::cgroup;
+use crate::system::criu_restore;
 use crate::system::reaper;
 use crate::system::runc::{self, CheckpointOpts, RestoreFrom, Runc};
 use crate::system::runc_options::RuncOptions;
@@ -460,6 +461,9 @@ impl Tasks {
         let work = &from.work;
         let pid_file = bundle.join("init.pid");
         let (runc_ref, b, pf) = (&runc, &bundle, &pid_file);
+        // Who drove CRIU: the shim itself (criu_restore) or runc.
+        let by_shim = std::sync::atomic::AtomicBool::new(false);
+        let by_ref = &by_shim;
         let launched = async {
             std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
             // The container's own tmpfs mounts, if the suspend carried them
@@ -468,8 +472,23 @@ impl Tasks {
             let mut options = from.criu_options();
             options.extend(mounts.external.iter().map(|e| format!("external {e}")));
             bundle::operation_criu_config(b, &options)?;
+            // Driven over CRIU's RPC by the shim when the container's last
+            // dump left a template (and no terminal): else by runc.
+            let direct = if stdio.terminal || !runc_ref.plain() { None } else { criu_restore::template_for(id, b) };
+            by_shim.store(direct.is_some(), std::sync::atomic::Ordering::Relaxed);
             let io = stdio::launch(&stdio, |socket, stdio| async move {
-                runc_ref.restore(id, b, from, pf, socket.as_deref(), stdio).await
+                let Some(t) = direct else {
+                    return runc_ref.restore(id, b, from, pf, socket.as_deref(), stdio).await;
+                };
+                match criu_restore::restore(t, &runc_ref.state_dir(id), from, pf, stdio).await {
+                    Ok(_) => Ok(()),
+                    Err(criu_restore::Failure::Setup(e, stdio)) => {
+                        warn!(container = id, "restore without runc could not be set up, runc restores: {e}");
+                        by_ref.store(false, std::sync::atomic::Ordering::Relaxed);
+                        runc_ref.restore(id, b, from, pf, socket.as_deref(), stdio).await
+                    }
+                    Err(criu_restore::Failure::Restore(e)) => Err(runc_ref.direct_restore_failed(e, &from.work)),
+                }
             })
             .await;
             if io.is_ok() {
@@ -494,7 +513,7 @@ impl Tasks {
             }
         }
         let pid = result?;
-        info!(container = id, pid, lazy = from.lazy, ms = started.elapsed().as_millis() as u64, "container restored");
+        info!(container = id, pid, lazy = from.lazy, criu_driven_by = if by_shim.into_inner() { "shim" } else { "runc" }, ms = started.elapsed().as_millis() as u64, "container restored");
         self.claim_early_exit(id, "", pid);
         Ok(pid)
     }
@@ -630,6 +649,9 @@ impl Tasks {
             c.state = ContainerState::Dumping { back: Box::new(back) };
             Ok((c.runc.clone(), c.bundle.clone()))
         })?;
+        if runc.plain() {
+            criu_restore::save_template(&runc.state_dir(id), &bundle);
+        }
         let r = match bundle::operation_criu_config(&bundle, &opts.criu_options()) {
             Ok(()) => runc.checkpoint(id, opts).await,
             Err(e) => Err(e.context(&format!("checkpoint of {id}"))),
