@@ -29,6 +29,8 @@ pub struct CounterSpec {
     own_pid_namespace: bool,
     /// Host directories bind-mounted: (host path, container path).
     mounts: Vec<(String, String)>,
+    /// CRI `linux.resources` (limits), if any.
+    resources: Option<Value>,
 }
 
 impl Default for CounterSpec {
@@ -43,7 +45,7 @@ impl CounterSpec {
     /// in a pod-shared one the restored pids must be free in the new pod's
     /// namespace: see docs/ARCHITECTURE.md).
     pub fn new() -> CounterSpec {
-        CounterSpec { alloc_mib: None, seed: None, extra: Vec::new(), attempt: 0, own_pid_namespace: true, mounts: Vec::new() }
+        CounterSpec { alloc_mib: None, seed: None, extra: Vec::new(), attempt: 0, own_pid_namespace: true, mounts: Vec::new(), resources: None }
     }
 
     /// `--alloc-mib N`: N MiB of patterned memory, checked by `sum`.
@@ -77,6 +79,12 @@ impl CounterSpec {
         self
     }
 
+    /// CRI `linux.resources` (`memory_limit_in_bytes`, `cpu_shares`...).
+    pub fn resources(mut self, resources: Value) -> CounterSpec {
+        self.resources = Some(resources);
+        self
+    }
+
     /// No security context: CRI's default pid namespace (the pod's).
     pub fn in_the_pods_pid_namespace(mut self) -> CounterSpec {
         self.own_pid_namespace = false;
@@ -104,6 +112,9 @@ impl CounterSpec {
         config["metadata"]["attempt"] = self.attempt.into();
         if self.own_pid_namespace {
             config["linux"]["security_context"] = json!({"namespace_options": {"pid": 1}});
+        }
+        if let Some(r) = &self.resources {
+            config["linux"]["resources"] = r.clone();
         }
         if !self.mounts.is_empty() {
             config["mounts"] = self.mounts.iter().map(|(h, c)| json!({"host_path": h, "container_path": c})).collect();

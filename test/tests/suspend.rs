@@ -281,6 +281,81 @@ fn rootfs_changes_survive_suspend() {
     assert_eq!(a.inc(), 2);
 }
 
+/// The container's limits, as the cgroup v1 files of its init say.
+fn cgroup_limits(pid: u32) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let mut out = Vec::new();
+    for (ctrl, file) in [("memory", "memory.limit_in_bytes"), ("cpu", "cpu.shares"), ("cpu", "cpu.cfs_quota_us"), ("pids", "pids.max")] {
+        let dir = text.lines().find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+            ctrls.split(',').any(|c| c == ctrl).then(|| path.to_string())
+        });
+        let Some(dir) = dir else { continue };
+        let mount = if ctrl == "cpu" && Path::new("/sys/fs/cgroup/cpu,cpuacct").exists() { "cpu,cpuacct" } else { ctrl };
+        let v = std::fs::read_to_string(format!("/sys/fs/cgroup/{mount}{dir}/{file}")).unwrap_or_default();
+        out.push((file.to_string(), v.trim().to_string()));
+    }
+    out
+}
+
+/// What runc says of the container (`runc state`, the shim's runc root).
+fn runc_state(container: &str) -> Value {
+    let out = std::process::Command::new("runc").args(["--root", "/run/torpor/runc/k8s.io", "state", container]).output().expect("run runc state");
+    assert!(out.status.success(), "runc state {container}: {}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("runc state's JSON")
+}
+
+/// A resume is driven over CRIU's RPC by the shim, from the template its
+/// suspend took (root's alone), and leaves what runc's restore would: runc's
+/// own state names the restored init as running, the container's cgroup
+/// limits are back, exec works, and the next cycle too. A garbled template
+/// is not used: runc restores.
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn a_restore_without_runc_leaves_runcs_state_and_the_limits() {
+    use std::os::unix::fs::PermissionsExt;
+    torpor_only();
+    let limits = serde_json::json!({"memory_limit_in_bytes": 512 * MIB, "cpu_shares": 256, "cpu_period": 100000, "cpu_quota": 50000});
+    let a = CounterSpec::new().in_the_pods_pid_namespace().resources(limits).start(Pod::run("susp-direct"));
+    assert_eq!(a.inc(), 1);
+    let before = cgroup_limits(init_pid(&a.container));
+    assert!(before.contains(&("memory.limit_in_bytes".into(), (512 * MIB).to_string())), "{before:?}");
+    let bundle = PathBuf::from(format!("{}/io.containerd.runtime.v2.task/k8s.io/{}", a.pod.node.rig.containerd_state, a.container));
+    let template = bundle.join("torpor-restore-template.json");
+    let restores = |by: &str| a.pod.node.log_about(&[&a.container], 400).lines().filter(|l| l.contains("container restored") && l.contains(&format!("criu_driven_by=\"{by}\""))).count();
+
+    a.op("suspend");
+    assert_eq!(a.state(), "SUSPENDED");
+    let mode = std::fs::metadata(&template).expect("the restore template").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "template mode {mode:o}");
+    a.op("resume");
+    assert_eq!(a.state(), "RUNNING");
+    assert_eq!(restores("shim"), 1, "{}", a.pod.node.log_about(&[&a.container], 40));
+    assert_eq!(a.inc(), 2);
+    // The restored init (containerd's info keeps the first pid).
+    let counter = || {
+        let pids = container_processes(&a.container, "counter --port");
+        assert_eq!(pids.len(), 1, "one counter process in the container: {pids:?}");
+        pids[0]
+    };
+    let st = runc_state(&a.container);
+    assert_eq!(st["status"], "running", "{st}");
+    assert_eq!(st["pid"].as_u64(), Some(u64::from(counter())), "{st}");
+    assert_eq!(cgroup_limits(counter()), before);
+    let out = crictl(&["exec", "-s", &a.container, "/bin/sh", "-c", "echo exec-ok"]);
+    assert!(out.success() && out.stdout.trim() == "exec-ok", "{out}");
+
+    a.op("suspend");
+    std::fs::write(&template, "{garbled").expect("garble the template");
+    a.op("resume");
+    assert_eq!(a.state(), "RUNNING");
+    assert_eq!(restores("runc"), 1, "{}", a.pod.node.log_about(&[&a.container], 40));
+    assert_eq!(a.inc(), 3);
+    assert_eq!(runc_state(&a.container)["pid"].as_u64(), Some(u64::from(counter())));
+    assert_eq!(cgroup_limits(counter()), before);
+}
+
 /// The container's own tmpfs mounts (runc's `/dev`, the cgroup v1
 /// `/sys/fs/cgroup`), which the suspend carries instead of CRIU, come back
 /// with their files, device nodes, options and the mounts below them; the

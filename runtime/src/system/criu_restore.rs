@@ -32,6 +32,7 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use protobuf::Message;
@@ -262,12 +263,16 @@ pub enum Failure {
     Restore(Error),
 }
 
-/// The restore of container `id` (runc state directory `state_dir`)
-/// from `from`, with `stdio`, as the template `t` says: the restored
-/// init's pid, also written to `pid_file`.
+/// The restore from `from` of the container of template `t` (runc state
+/// directory `state_dir`), with `stdio`: the restored init's pid, also
+/// written to `pid_file`.
 pub async fn restore(t: Template, state_dir: &Path, from: &RestoreFrom, pid_file: &Path, stdio: ProcessStdio) -> std::result::Result<i32, Failure> {
     let deadline = match reaper::deadline_from_env(crate::system::runc::CRIU_DEADLINE_ENV, crate::system::runc::CRIU_DEADLINE) {
         Ok(d) => d,
+        Err(e) => return Err(Failure::Setup(e, stdio)),
+    };
+    let criu = match criu::check().await {
+        Ok(c) => c.bin.clone(),
         Err(e) => return Err(Failure::Setup(e, stdio)),
     };
     let mut run = Run { state_dir: state_dir.to_path_buf(), made_state_dir: false, criu_root: None, cgroups: Vec::new(), made: Vec::new(), cgroups_path: t.config()["cgroups"]["path"].as_str().map(str::to_string) };
@@ -278,7 +283,7 @@ pub async fn restore(t: Template, state_dir: &Path, from: &RestoreFrom, pid_file
             return Err(Failure::Setup(e, stdio));
         }
     };
-    let result = run.exchange(&t, from, prepared, stdio, deadline).await;
+    let result = run.exchange(&t, from, prepared, &criu, stdio, deadline).await;
     match result {
         Ok(pid) => {
             run.finish();
@@ -312,8 +317,8 @@ struct Run {
 struct Prepared {
     images: File,
     work: File,
-    /// Inherited namespaces: (CRIU key, file), passed as 4, 5, ...
-    namespaces: Vec<(String, File)>,
+    /// Inherited namespaces, passed as 4, 5, ...
+    namespaces: Vec<File>,
     opts: Criu_opts,
 }
 
@@ -383,7 +388,7 @@ impl Run {
                     i.set_key(key.into());
                     i.set_fd(4 + namespaces.len() as i32);
                     opts.inherit_fd.push(i);
-                    namespaces.push((key.to_string(), f));
+                    namespaces.push(f);
                 }
                 other => {
                     let mut j = Join_namespace::new();
@@ -445,7 +450,7 @@ impl Run {
         paths.sort_by_key(|(c, _)| order(c));
         for (ctrl, dir) in paths {
             if !dir.exists() {
-                std::fs::create_dir_all(&dir).io_context(|| format!("create cgroup {dir:?}"))?;
+                std::fs::create_dir(&dir).io_context(|| format!("create cgroup {dir:?}"))?;
                 self.made.push(dir.clone());
             }
             self.cgroups.push(dir.clone());
@@ -484,28 +489,27 @@ impl Run {
     /// Starts CRIU, puts it in the cgroups, sends the request, answers its
     /// notifications (runc's state written on `post-restore`) and waits
     /// for it: the restored init's pid.
-    async fn exchange(&mut self, t: &Template, from: &RestoreFrom, p: Prepared, stdio: ProcessStdio, deadline: Duration) -> Result<i32> {
+    async fn exchange(&mut self, t: &Template, from: &RestoreFrom, p: Prepared, criu: &Path, stdio: ProcessStdio, deadline: Duration) -> Result<i32> {
         use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
         let started = Instant::now();
-        let installed = criu::check().await?;
         let (client, server) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
             .map_err(|source| Error::Sys { context: "socketpair for CRIU".into(), source })?;
-        let mut cmd = std::process::Command::new(&installed.bin);
+        let mut cmd = std::process::Command::new(criu);
         cmd.args(["swrk", "3"]).stdin(stdio.stdin).stdout(stdio.stdout).stderr(stdio.stderr);
         // Not in the shim's process group (signals to it are not CRIU's).
         std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let Prepared { images, work, namespaces, mut opts } = p;
-        let mut passed: Vec<OwnedFd> = vec![server];
-        for (_, f) in namespaces {
-            passed.push(OwnedFd::from(f));
-        }
-        reaper::pass_fds(&mut cmd, passed, 3);
-        if !from.inherit.is_empty() {
-            reaper::pass_fds(&mut cmd, from.inherit.iter().map(|i| i.fd.clone()).collect(), FIRST_INHERITED_FD);
-        }
+        // The RPC socket as 3, the namespaces from 4, the inherited files
+        // from FIRST_INHERITED_FD (as the CRIU configuration names them).
+        let mut passed: Vec<Arc<OwnedFd>> = vec![Arc::new(server)];
+        passed.extend(namespaces.into_iter().map(|f| Arc::new(OwnedFd::from(f))));
+        let mut targets: Vec<i32> = (3..).take(passed.len()).collect();
+        passed.extend(from.inherit.iter().map(|i| i.fd.clone()));
+        targets.extend((FIRST_INHERITED_FD..).take(from.inherit.len()));
+        reaper::pass_fds_at(&mut cmd, passed, targets);
         let mut sub = reaper::subscribe();
         reaper::tag(&mut cmd);
-        let child = cmd.spawn().io_context(|| format!("spawn {} swrk", installed.bin.display()))?;
+        let child = cmd.spawn().io_context(|| format!("spawn {} swrk", criu.display()))?;
         let criu_pid = child.id() as i32;
         drop(cmd); // our copies of its stdio and descriptors
         drop(child); // reaped by the reaper

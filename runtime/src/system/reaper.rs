@@ -235,28 +235,37 @@ pub async fn status(mut cmd: Command, deadline: Duration) -> Result<i32> {
 /// until the command is dropped, and the parent's own copies keep theirs.
 /// At most [`MAX_PASSED_FDS`] (more fail the spawn with `EMFILE`).
 pub fn pass_fds<F: AsRawFd + Send + Sync + 'static>(cmd: &mut Command, fds: Vec<F>, first: RawFd) {
+    let targets = (first..).take(fds.len()).collect();
+    pass_fds_at(cmd, fds, targets);
+}
+
+/// [`pass_fds`] onto any numbers: `fds[i]` becomes `targets[i]` in the
+/// child. One set per command: a second would move descriptors after this
+/// one placed its own, and could overwrite one.
+pub fn pass_fds_at<F: AsRawFd + Send + Sync + 'static>(cmd: &mut Command, fds: Vec<F>, targets: Vec<RawFd>) {
     let raw: Vec<RawFd> = fds.iter().map(AsRawFd::as_raw_fd).collect();
+    let above = targets.iter().copied().max().unwrap_or(0).saturating_add(1);
     // SAFETY: between fork and exec only fcntl and dup2 (async-signal-safe)
-    // on descriptors the child inherited, and no allocation: `raw` was
-    // built before the fork, `fds` is only kept alive.
+    // on descriptors the child inherited, and no allocation: `raw` and
+    // `targets` were built before the fork, `fds` is only kept alive.
     unsafe {
         cmd.pre_exec(move || {
             let _keep = &fds;
-            if raw.len() > MAX_PASSED_FDS {
+            if raw.len() > MAX_PASSED_FDS || raw.len() != targets.len() {
                 return Err(std::io::Error::from_raw_os_error(libc::EMFILE));
             }
             // First above every target (a source may be one of them),
             // close-on-exec, then onto the targets.
             let mut moved = [0 as RawFd; MAX_PASSED_FDS];
             for (i, fd) in raw.iter().enumerate() {
-                let high = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, first + MAX_PASSED_FDS as RawFd);
+                let high = libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, above);
                 if high < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 moved[i] = high;
             }
-            for (i, n) in (first..).take(raw.len()).enumerate() {
-                if libc::dup2(moved[i], n) < 0 {
+            for (i, n) in targets.iter().enumerate() {
+                if libc::dup2(moved[i], *n) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
             }
@@ -421,6 +430,21 @@ mod tests {
     use super::*;
 
     const LONG: Duration = Duration::from_secs(600);
+
+    /// Descriptors land on numbers apart from each other, each its own
+    /// file, whatever numbers they have in the parent.
+    #[tokio::test]
+    async fn descriptors_reach_numbers_apart() {
+        let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fds = vec![std::os::fd::OwnedFd::from(a), std::os::fd::OwnedFd::from(b)];
+        let ours: Vec<String> = fds.iter().map(|f| std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap().to_string_lossy().into_owned()).collect();
+        let mut cmd = Command::new("readlink");
+        cmd.args(["/proc/self/fd/3", "/proc/self/fd/100"]);
+        pass_fds_at(&mut cmd, fds, vec![3, 100]);
+        let out = output(cmd, LONG).await.unwrap();
+        assert!(out.status.success(), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout).lines().collect::<Vec<_>>(), ours);
+    }
 
     /// A tagged process that keeps forking tagged children (CRIU forking
     /// a restored tree) leaves none alive: the scan is repeated until one
