@@ -266,6 +266,16 @@ def render_markdown(data: dict, env: dict, svg_rel: str) -> str:
         "6 ms. In paired runs (alternating in one rig, n=12-15 each), neither the lazy-pages daemon "
         "at SCHED_IDLE or nice 19 (52.0 and 54.4 ms p50 against 61.7; then 57.6 against 59.6) nor "
         "the snapshotter at nice 19 (62.9 against 58.4) made a difference beyond the noise.", "",
+        "- **Restore without runc** (since a0ad8f7): the shim drives CRIU over its RPC itself "
+        "(`runtime::system::criu_restore`), from a template its suspend takes (runc's state and the "
+        "container's cgroup values), and writes runc's state as runc would; runc restores only "
+        "where there is no template (a container's first restore on a node: after a move, a "
+        "restore by identity, a clone). Measured side by side with the run before it (b6d99ea, "
+        "load 1.11, against a0ad8f7, load 1.02): resume_256mib_ms p50 62.0 -> 46.3 ms and p99 "
+        "130.8 -> 69.2 ms, the shim's restore phase (CRIU, and runc before) 45.2 -> 32.6 ms at "
+        "p50, CPU per resume 24.0 -> 10.5 ms; resume_1gib_ms 61.4 / 173.4 -> 47.8 / 103.8 ms; "
+        "resume_256mib_cold_ms 100.4 / 134.1 -> 84.3 / 119.0 ms; wakeups_per_s 21.3 -> 28.4. The "
+        "phase is named `restore` from a0ad8f7 on (`runc_restore` before).", "",
         "## Adding a benchmark", "",
         "See `bench/README.md`: a script `bench/<name>.py` measures with the helpers in "
         "`bench/bench.py` and merges its entries by name into `bench/results.json`; "

@@ -330,7 +330,7 @@ impl Actor {
         if let Some(pages) = pages {
             let work = dir.work_dir(generation, id, "lazy");
             let restored = self.restore_streamed(id, &image, &work, pages, inherit).await;
-            t.mark("runc_restore");
+            t.mark("restore");
             return restored;
         }
         if lazy_pages_enabled() {
@@ -346,7 +346,7 @@ impl Actor {
                     let lazy_daemon = overlapped.then_some(daemon.pid);
                     let from = RestoreFrom { image: image.clone(), work, lazy: true, lazy_daemon, inherit: inherit.clone() };
                     let restored = self.tasks.restore(id, &from).await;
-                    t.mark("runc_restore");
+                    t.mark("restore");
                     match restored {
                         Ok(pid) => {
                             lock(&self.lazy).push(daemon.finish(self.lazy_stop.subscribe()));
@@ -363,7 +363,7 @@ impl Actor {
         }
         let work = dir.work_dir(generation, id, "restore");
         let restored = self.tasks.restore(id, &RestoreFrom { image, work, lazy: false, lazy_daemon: None, inherit }).await;
-        t.mark("runc_restore");
+        t.mark("restore");
         restored
     }
 
