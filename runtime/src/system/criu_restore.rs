@@ -46,7 +46,7 @@ use crate::system::runc::{ProcessStdio, RestoreFrom, FIRST_INHERITED_FD};
 use crate::system::{criu, criu_launcher, mounts, reaper};
 
 /// The template's file in the bundle.
-pub const TEMPLATE: &str = "torpor-restore-template.json";
+const TEMPLATE: &str = "torpor-restore-template.json";
 
 /// The cgroup files a template carries, per controller, in the order they
 /// are written back (a cpuset needs its CPUs and memory nodes before a
@@ -137,7 +137,7 @@ fn try_save_template(state_dir: &Path, bundle: &Path) -> Result<()> {
 }
 
 /// Removes the template of the container in `bundle`, if any.
-pub fn discard_template(bundle: &Path) {
+fn discard_template(bundle: &Path) {
     let f = bundle.join(TEMPLATE);
     if let Err(e) = std::fs::remove_file(&f) {
         if e.kind() != std::io::ErrorKind::NotFound {
