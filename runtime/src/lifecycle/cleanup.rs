@@ -209,7 +209,8 @@ impl Drop for CleanupLock {
 }
 
 /// `runc delete --force`, then SIGKILL to whatever is still in the
-/// container's cgroup (a restore that runc had not recorded yet).
+/// container's cgroup (a restore that runc had not recorded yet), and what
+/// a restore without runc left.
 async fn kill_container(runc: &Runc, id: &str, cgroup: Option<&str>) {
     if let Err(e) = runc.delete(id, true).await {
         if !crate::system::runc::is_not_running(&e) {
@@ -219,6 +220,8 @@ async fn kill_container(runc: &Runc, id: &str, cgroup: Option<&str>) {
     if let Some(cg) = cgroup {
         kill_cgroup(cg).await;
     }
+    // A restore the dead shim drove itself (no runc to take it down).
+    crate::system::criu_restore::remove_leftovers(&runc.state_dir(id));
 }
 
 #[cfg(test)]

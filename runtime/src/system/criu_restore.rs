@@ -299,6 +299,26 @@ pub async fn restore(t: Template, state_dir: &Path, from: &RestoreFrom, pid_file
     }
 }
 
+/// What a restore of the container with runc state directory `state_dir`
+/// left when its shim died during it (the shim, not runc, held it): the
+/// rootfs on `criu-root`, and the state directory while no state was
+/// written. Run by the cleanup after a shim's death, and before a restore.
+pub fn remove_leftovers(state_dir: &Path) {
+    let root = state_dir.join("criu-root");
+    if !root.exists() {
+        return;
+    }
+    mounts::detach_under(state_dir);
+    if let Err(e) = std::fs::remove_dir(&root) {
+        warn!(dir = %root.display(), "remove the criu-root a killed restore left: {e}");
+    }
+    if !state_dir.join("state.json").exists() {
+        if let Err(e) = std::fs::remove_dir_all(state_dir) {
+            warn!(dir = %state_dir.display(), "remove the runc state directory a killed restore left: {e}");
+        }
+    }
+}
+
 /// What a direct restore set up, undone when it fails.
 struct Run {
     state_dir: PathBuf,
@@ -331,6 +351,8 @@ impl Run {
         if self.state_dir.join("state.json").exists() {
             return Err(Error::AlreadyExists(format!("runc state {:?} (a container runs under the id)", self.state_dir)));
         }
+        // A restore of this container whose shim was killed during it.
+        remove_leftovers(&self.state_dir);
         {
             use std::os::unix::fs::DirBuilderExt;
             let made = std::fs::DirBuilder::new().mode(0o711).create(&self.state_dir);
