@@ -43,6 +43,7 @@ use tracing::{debug, warn};
 
 use crate::error::{Error, IoContext, Result};
 use crate::system::runc::{ProcessStdio, RestoreFrom, FIRST_INHERITED_FD};
+use crate::system::cgroup::{self, files};
 use crate::system::{criu, criu_launcher, mounts, reaper};
 
 /// The template's file in the bundle.
@@ -125,9 +126,7 @@ fn try_save_template(state_dir: &Path, bundle: &Path) -> Result<()> {
             }
         }
         if ctrl == "memory" {
-            let f = dir.join("memory.oom_control");
-            let text = std::fs::read_to_string(&f).io_context(|| format!("read {f:?}"))?;
-            oom_kill_disable = text.lines().any(|l| l.trim() == "oom_kill_disable 1");
+            oom_kill_disable = files::counter(&dir.join("memory.oom_control"), "oom_kill_disable")? == 1;
         }
         cgroup.insert(ctrl, values);
     }
@@ -152,10 +151,20 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
     let tmp = path.with_file_name(format!(".{name}.{}", std::process::id()));
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp).io_context(|| format!("create {tmp:?}"))?;
-    f.write_all(bytes).io_context(|| format!("write {tmp:?}"))?;
-    drop(f);
-    std::fs::rename(&tmp, path).io_context(|| format!("rename {tmp:?} to {path:?}"))
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .and_then(|mut f| f.write_all(bytes))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .io_context(|| format!("write {path:?}"));
+    if written.is_err() {
+        // A full disk leaves no half-written temporary behind.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// The template for a direct restore of container `id` in `bundle`, if
@@ -481,28 +490,22 @@ impl Run {
             for f in carried_files(&ctrl).iter().copied().filter(|f| *f != "devices.list").chain(hugetlb) {
                 let Some(want) = values.get(f) else { continue };
                 let path = dir.join(f);
-                let now = std::fs::read_to_string(&path).io_context(|| format!("read {path:?}"))?;
-                if now.trim() != want.trim() {
-                    std::fs::write(&path, want.trim()).io_context(|| format!("write {:?} to {path:?}", want.trim()))?;
+                if files::read(&path)?.trim() != want.trim() {
+                    files::write(&path, want.trim())?;
                 }
             }
             if ctrl == "devices" {
                 if let Some(want) = values.get("devices.list") {
-                    let path = dir.join("devices.list");
-                    let now = std::fs::read_to_string(&path).io_context(|| format!("read {path:?}"))?;
-                    if now != *want {
-                        let deny = dir.join("devices.deny");
-                        std::fs::write(&deny, "a").io_context(|| format!("write \"a\" to {deny:?}"))?;
-                        let allow = dir.join("devices.allow");
+                    if files::read(&dir.join("devices.list"))? != *want {
+                        files::write(&dir.join("devices.deny"), "a")?;
                         for rule in want.lines().filter(|l| !l.trim().is_empty()) {
-                            std::fs::write(&allow, rule).io_context(|| format!("write {rule:?} to {allow:?}"))?;
+                            files::write(&dir.join("devices.allow"), rule)?;
                         }
                     }
                 }
             }
             if ctrl == "memory" && t.oom_kill_disable {
-                let f = dir.join("memory.oom_control");
-                std::fs::write(&f, "1").io_context(|| format!("write \"1\" to {f:?}"))?;
+                files::write(&dir.join("memory.oom_control"), "1")?;
             }
         }
         Ok(())
@@ -537,10 +540,10 @@ impl Run {
         drop(child); // reaped by the reaper
         let talked = async {
             self.join_cgroups(criu_pid)?;
-            for (ctrl, path) in own_cgroups(&format!("/proc/{criu_pid}/cgroup"))? {
+            for (ctrl, rel) in cgroup::controllers_of(Path::new(&format!("/proc/{criu_pid}/cgroup")))? {
                 let mut r = Cgroup_root::new();
                 r.set_ctrl(ctrl);
-                r.set_path(path);
+                r.set_path(Path::new("/").join(rel).to_string_lossy().into_owned());
                 opts.cg_root.push(r);
             }
             let mut external = Vec::new();
@@ -588,8 +591,7 @@ impl Run {
     /// CRIU `pid` joins every cgroup of the container (runc's `Apply`).
     fn join_cgroups(&self, pid: i32) -> Result<()> {
         for dir in &self.cgroups {
-            let f = dir.join("cgroup.procs");
-            std::fs::write(&f, pid.to_string()).io_context(|| format!("write {pid} to {f:?}"))?;
+            files::write(&dir.join("cgroup.procs"), &pid.to_string())?;
         }
         Ok(())
     }
@@ -781,30 +783,11 @@ fn talk(sock: &OwnedFd, request: &[u8], lazy: Option<(PathBuf, i32)>, state: &St
     }
 }
 
-/// The cgroups of `/proc/<pid>/cgroup` (`file`): (controller, path), one
-/// per controller of each line (`""` for the unified hierarchy).
-fn own_cgroups(file: &str) -> Result<Vec<(String, String)>> {
-    let text = std::fs::read_to_string(file).io_context(|| format!("read {file}"))?;
-    Ok(parse_cgroup_file(&text))
-}
-
-fn parse_cgroup_file(text: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let mut f = line.splitn(3, ':');
-        let (Some(_), Some(ctrls), Some(path)) = (f.next(), f.next(), f.next()) else { continue };
-        for c in ctrls.split(',') {
-            out.push((c.to_string(), path.to_string()));
-        }
-    }
-    out
-}
-
 /// A cgroup v1 mount at `dest` in the container, as runc restores it: a
 /// bind of each host hierarchy (at `dest/<name>`) from this process's own
 /// cgroup there: (destination, source).
 fn cgroup_v1_binds(dest: &str) -> Result<Vec<(String, String)>> {
-    let own = own_cgroups("/proc/self/cgroup")?;
+    let own = cgroup::controllers_of(Path::new("/proc/self/cgroup"))?;
     let mut seen: BTreeMap<String, bool> = own.iter().filter(|(c, _)| !c.is_empty()).map(|(c, _)| (c.clone(), false)).collect();
     let mut binds = Vec::new();
     for m in mounts::mountinfo("/proc/self/mountinfo")?.into_iter().filter(|m| m.fstype == "cgroup") {
@@ -819,7 +802,7 @@ fn cgroup_v1_binds(dest: &str) -> Result<Vec<(String, String)>> {
         }
         let Some(first) = subsystems.first() else { continue };
         let Some((_, cg)) = own.iter().find(|(c, _)| c == first) else { continue };
-        let rel = Path::new(cg).strip_prefix(&m.root).map(Path::to_path_buf).unwrap_or_default();
+        let rel = Path::new("/").join(cg).strip_prefix(&m.root).map(Path::to_path_buf).unwrap_or_default();
         let source = Path::new(&m.mount_point).join(rel);
         let base = Path::new(&m.mount_point).file_name().map(|b| b.to_string_lossy().into_owned()).unwrap_or_default();
         binds.push((Path::new(dest).join(base).to_string_lossy().into_owned(), source.to_string_lossy().into_owned()));
@@ -891,12 +874,6 @@ mod tests {
         assert_eq!(rfc3339(0, 0), "1970-01-01T00:00:00.000000000Z");
         assert_eq!(rfc3339(1_796_464_409, 123_456_789), "2026-12-05T09:53:29.123456789Z");
         assert_eq!(rfc3339(951_782_400, 1), "2000-02-29T00:00:00.000000001Z");
-    }
-
-    #[test]
-    fn cgroup_lines_give_one_root_per_controller() {
-        let c = parse_cgroup_file("9:name=systemd:/a\n1:cpu,cpuacct:/b\n0::/c\n");
-        assert_eq!(c, vec![("name=systemd".into(), "/a".into()), ("cpu".into(), "/b".into()), ("cpuacct".into(), "/b".into()), ("".into(), "/c".into())]);
     }
 
     #[test]

@@ -15,9 +15,8 @@
 //! The hierarchy roots (`/sys/fs/cgroup`, `/proc`) are a [`Roots`], so
 //! tests run on recorded trees (`runtime/tests/data/cgroup/`).
 
+pub mod files;
 pub mod path;
-
-mod files;
 #[cfg(test)]
 mod tests;
 
@@ -210,6 +209,15 @@ impl Roots {
             }
         }
     }
+}
+
+/// The cgroups of a `/proc/<pid>/cgroup` file: (controller, path relative
+/// to its hierarchy), one per controller of each line (`""` for the v2
+/// line, `name=systemd` for a named hierarchy).
+pub fn controllers_of(file: &Path) -> Result<Vec<(String, PathBuf)>> {
+    let text = files::read(file)?;
+    let entries = parse_proc_cgroup(&text).map_err(|why| files::malformed(file, why))?;
+    Ok(entries.into_iter().flat_map(|(ctrls, rel)| ctrls.split(',').map(|c| (c.to_string(), rel.clone())).collect::<Vec<_>>()).collect())
 }
 
 /// `/proc/<pid>/cgroup`: (controllers, path relative to the hierarchy) a

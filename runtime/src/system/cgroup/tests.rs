@@ -408,3 +408,18 @@ fn a_v1_hierarchy_removed_first_holds_no_processes() {
     assert_eq!(cg.procs().unwrap(), Vec::<i32>::new());
     assert!(!cg.populated().unwrap());
 }
+
+#[test]
+fn controllers_of_gives_one_entry_per_controller() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("cgroup");
+    std::fs::write(&f, "9:name=systemd:/a\n1:cpu,cpuacct:/b/c\n0::/d\n").unwrap();
+    let c = controllers_of(&f).unwrap();
+    let want: Vec<(String, PathBuf)> = vec![
+        ("name=systemd".into(), "a".into()),
+        ("cpu".into(), "b/c".into()),
+        ("cpuacct".into(), "b/c".into()),
+        ("".into(), "d".into()),
+    ];
+    assert_eq!(c, want);
+}
