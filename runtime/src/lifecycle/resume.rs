@@ -576,6 +576,13 @@ impl LazyDaemon {
     /// Spawns the daemon `cmd` (to listen in `work`, which is created).
     fn spawn(mut cmd: std::process::Command, work: &Path) -> Result<LazyDaemon> {
         std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
+        // A socket left by an earlier daemon (killed with its restore) would
+        // pass for this one's before it listens: CRIU's connect is refused.
+        let socket = work.join("lazy-pages.socket");
+        match std::fs::remove_file(&socket) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e).io_context(|| format!("remove the stale {socket:?}")),
+            _ => {}
+        }
         let exit = reaper::subscribe();
         reaper::tag(&mut cmd);
         let child = cmd.spawn().io_context(|| "spawn criu lazy-pages".into())?;
