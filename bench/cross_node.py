@@ -323,9 +323,11 @@ def measure_cross_node(a: Node, b: Node, runs: int, budget_s: float) -> dict:
     phases_p99 = {k: pct([s["phases"][k] for s in samples], 99) for k in samples[0]["phases"]} if samples else None
     if samples:
         phases["of which the shim's restore (last_resume_ms)"] = pct([s["shim_resume_ms"] for s in samples], 50)
+    p99 = pct(vals, 99)
     return bench.entry(
         "resume_cross_node_256mib_ms", "ms", pct(vals, 50), None,
-        torpor_p99=pct(vals, 99), torpor_n=len(vals) or None,
+        goal="p99 <= 500 ms (absolute)", goal_met=(p99 is not None and p99 <= 500 and not failures),
+        torpor_p99=p99, torpor_n=len(vals) or None,
         torpor_samples=[bench.rnd(x, 1) for x in vals] or None,
         torpor_phases_p50_ms=phases, torpor_phases_p99_ms=phases_p99,
         torpor_failures=failures or None,
@@ -591,6 +593,7 @@ def clone_entry(t_samples, t_err, b_samples, b_err) -> dict:
     b = [s["all"] for s in b_samples]
     return bench.entry(
         "clone_10_actors_ms", "ms", pct(t, 50), pct(b, 50),
+        goal="no slower than runc-v2 (ratio <= 1.0)", goal_max_ratio=1.0,
         torpor_p99=pct(t, 99), torpor_n=len(t) or None,
         torpor_samples=[bench.rnd(x, 1) for x in t] or None,
         torpor_first_answer_p50_ms=pct([s["first"] for s in t_samples], 50),
