@@ -29,6 +29,7 @@ pub use error::{Error, Result, StoreErrorKind};
 pub use lifecycle::cleanup::{after_shim_death, container_gone};
 pub use oci::spec::{group_of, read_spec};
 pub use pod::{CreateRequest, Runtime};
+pub use system::cgroup::Stats as CgroupStats;
 pub use system::reaper::set_tag;
 pub use system::rootfs::upper_dir;
 pub use system::runc::{read_pid, CheckpointOpts};

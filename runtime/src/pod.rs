@@ -241,8 +241,8 @@ impl Runtime {
         self.tasks.update(id, resources_json).await
     }
 
-    pub async fn stats(&self, id: &str) -> Result<serde_json::Value> {
-        self.tasks.stats(id).await
+    pub async fn stats(&self, id: &str) -> Result<crate::system::cgroup::Stats> {
+        self.tasks.stats(id)
     }
 
     /// A receiver that sees the exit of the process.

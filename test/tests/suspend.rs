@@ -1429,6 +1429,57 @@ fn a_unix_connection_between_two_containers_survives_suspend() {
 /// The resume's CRIU finds the kernel cache that the node daemon warmed at
 /// its start (`/run/criu.kdat`, made in a private `/run` where the host's
 /// is not a tmpfs): the restore does not probe the kernel again.
+/// One number of `crictl stats -o json` (proto JSON writes uint64 as a string).
+fn stat_number(v: &Value) -> u64 {
+    v.as_u64().or_else(|| v.as_str().and_then(|s| s.parse().ok())).unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// CRI's stats of the container (`crictl stats`: its working set, CPU time).
+fn cri_stats(container: &str) -> (u64, u64) {
+    let v = crictl_json(&["stats", "-o", "json", container]);
+    let s = &v["stats"][0];
+    assert_eq!(s["attributes"]["id"], container, "{v}");
+    (stat_number(&s["memory"]["workingSetBytes"]["value"]), stat_number(&s["cpu"]["usageCoreNanoSeconds"]["value"]))
+}
+
+/// The shim reads a container's stats from its cgroup (no `runc events`
+/// per request: containerd's CRI asks for every running container's stats
+/// once a second): what CRI reports is the cgroup's working set and CPU
+/// time; a suspended actor's container reports zero; a resumed one its
+/// cgroup's again.
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn stats_are_the_containers_cgroup_and_zero_while_suspended() {
+    torpor_only();
+    let c = CounterSpec::new().alloc_mib(64).start(Pod::run("susp-stats"));
+    assert_eq!(c.inc(), 1);
+    let check_running = |what: &str| {
+        let pid = c.processes().first().map(|(pid, _)| *pid).unwrap_or_else(|| panic!("{what}: no counter process"));
+        let (dir, usage_file) = memory_cgroup(pid).unwrap_or_else(|| panic!("{what}: no memory cgroup of pid {pid}"));
+        let (ws, cpu) = wait_for(&format!("CRI stats {what} to hold the 64 MiB"), LIVENESS, || {
+            let (ws, cpu) = cri_stats(&c.container);
+            (ws >= 64 * MIB).then_some((ws, cpu))
+        });
+        let usage = read_u64(&dir.join(usage_file)).expect("the cgroup's memory usage");
+        let stat = std::fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+        let inactive = stat.lines().find_map(|l| l.strip_prefix("total_inactive_file ")).and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+        let cgroup_ws = usage.saturating_sub(inactive);
+        assert!(ws.abs_diff(cgroup_ws) < 16 * MIB, "{what}: CRI's working set {ws} is the cgroup's ({usage} - {inactive})");
+        assert!(cpu > 0, "{what}: CPU time {cpu}");
+    };
+    check_running("while it runs");
+
+    c.suspend();
+    let (ws, cpu) = wait_for("CRI stats of the suspended container to be zero", LIVENESS, || {
+        let (ws, cpu) = cri_stats(&c.container);
+        (ws == 0).then_some((ws, cpu))
+    });
+    assert_eq!((ws, cpu), (0, 0), "nothing runs, nothing is held");
+
+    assert_eq!(c.inc(), 2, "resumed by a request");
+    check_running("after the resume");
+}
+
 #[test]
 #[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn a_resume_uses_the_warm_criu_kernel_cache() {

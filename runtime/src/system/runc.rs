@@ -26,7 +26,7 @@ use crate::system::{criu_launcher, reaper};
 pub const DEFAULT_ROOT: &str = "/run/torpor/runc";
 
 /// Deadline of runc calls that do not run CRIU (state, kill, delete, pause,
-/// ps, events, update, create, start, exec): `$TORPOR_RUNC_TIMEOUT_S`.
+/// ps, update, create, start, exec): `$TORPOR_RUNC_TIMEOUT_S`.
 pub const SHORT_DEADLINE: Duration = Duration::from_secs(60);
 /// Deadline of `runc checkpoint` and `runc restore` (CRIU writes or reads
 /// the whole memory): `$TORPOR_CRIU_TIMEOUT_S`.
@@ -313,14 +313,6 @@ impl Runc {
         r.map(|_| ())
     }
 
-    /// `runc events --stats`: one JSON object with the container's cgroup stats.
-    pub async fn stats(&self, id: &str) -> Result<serde_json::Value> {
-        let out = self.run(&["events", "--stats", id]).await?;
-        serde_json::from_slice(&out).map_err(|source| Error::Json {
-            context: format!("parse runc events --stats of {id}"),
-            source,
-        })
-    }
 }
 
 /// What a checkpoint is asked to do (containerd's CheckpointOptions).
@@ -677,7 +669,7 @@ mod tests {
         // Neither variable is set in the test environment.
         assert_eq!(deadline_of("checkpoint").unwrap(), CRIU_DEADLINE);
         assert_eq!(deadline_of("restore").unwrap(), CRIU_DEADLINE);
-        for c in ["state", "kill", "delete", "create", "start", "exec", "ps", "events", "update", "pause", "resume"] {
+        for c in ["state", "kill", "delete", "create", "start", "exec", "ps", "update", "pause", "resume"] {
             assert_eq!(deadline_of(c).unwrap(), SHORT_DEADLINE, "{c}");
         }
     }

@@ -124,8 +124,9 @@ pub struct Container {
     /// Whether the container has its own pid namespace (if not, its
     /// processes are killed when init exits, as runc-v2 does).
     pub own_pid_ns: bool,
-    /// Its cgroup (found at create and restore), read for OOM kills at exit.
-    pub memory_cgroup: Option<crate::system::cgroup::Cgroup>,
+    /// Its cgroup (found at create and restore): its stats, and its OOM
+    /// kills at exit.
+    pub cgroup: Option<crate::system::cgroup::Cgroup>,
     /// The CRI sandbox (pause) container: never part of the actor.
     pub sandbox: bool,
     /// The pod's network namespace (a path: CRI's sandbox netns), if joined.

@@ -245,7 +245,7 @@ impl Tasks {
         let (exit, oom) = {
             let mut t = self.lock();
             let Some(c) = t.containers.get_mut(cid) else { return };
-            let oom = exec_id.is_empty() && c.memory_cgroup.as_ref().map(cgroup::oom_kills).unwrap_or(0) > 0;
+            let oom = exec_id.is_empty() && c.cgroup.as_ref().map(cgroup::oom_kills).unwrap_or(0) > 0;
             let Ok(p) = c.process_mut(exec_id) else { return };
             if p.exit_info().is_some() || p.pid != pid {
                 return;
@@ -314,7 +314,7 @@ impl Tasks {
             execs: HashMap::new(),
             actor: new.actor,
             own_pid_ns: new.own_pid_ns,
-            memory_cgroup: None,
+            cgroup: None,
             sandbox: new.sandbox,
             netns: new.netns,
             rootfs_upper: new.rootfs_upper,
@@ -351,7 +351,7 @@ impl Tasks {
         self.settle(&new.id, |c| {
             c.init.io = io;
             c.init.pid = pid;
-            c.memory_cgroup = cgroup::memory_cgroup_of(pid);
+            c.cgroup = cgroup::cgroup_of(pid);
             c.state = ContainerState::Created;
         });
         info!(container = new.id.as_str(), pid, "container created");
@@ -600,7 +600,7 @@ impl Tasks {
                     c.init.io = io;
                     c.init.pid = pid;
                     c.state = ContainerState::Running;
-                    c.memory_cgroup = cgroup::memory_cgroup_of(pid);
+                    c.cgroup = cgroup::cgroup_of(pid);
                     drop(back);
                     result = Ok(pid);
                 }
@@ -911,13 +911,14 @@ impl Tasks {
         runc.update(id, resources_json, &bundle).await
     }
 
-    pub async fn stats(&self, id: &str) -> Result<serde_json::Value> {
-        let (runc, checkpointed) = self.with(id, |c| Ok((c.runc.clone(), c.state.checkpointed())))?;
+    /// The container's cgroup stats, read in this process (no runc).
+    pub fn stats(&self, id: &str) -> Result<cgroup::Stats> {
+        let (cg, checkpointed) = self.with(id, |c| Ok((c.cgroup.clone(), c.state.checkpointed())))?;
         if checkpointed {
             // No process, no memory: all counters are zero.
-            return Ok(serde_json::json!({"type": "stats", "id": id, "data": {}}));
+            return Ok(cgroup::Stats::default());
         }
-        runc.stats(id).await
+        cg.ok_or_else(|| Error::NotFound(format!("the cgroup of container {id} (its process was gone when it was looked up)")))?.stats()
     }
 
     /// A receiver that sees the exit of the process.
@@ -1056,7 +1057,7 @@ mod tests {
             execs: HashMap::new(),
             actor: ActorSpec::default(),
             own_pid_ns: true,
-            memory_cgroup: None,
+            cgroup: None,
             sandbox: false,
             netns: None,
             rootfs_upper: None,

@@ -17,6 +17,9 @@
 
 pub mod files;
 pub mod path;
+mod stats;
+
+pub use stats::{Counter, Pids, Stats};
 #[cfg(test)]
 mod tests;
 
@@ -462,7 +465,7 @@ impl std::fmt::Display for Cgroup {
 
 /// The cgroup of live process `pid` on this host; `None` (logged) if it
 /// cannot be found.
-pub fn memory_cgroup_of(pid: i32) -> Option<Cgroup> {
+pub fn cgroup_of(pid: i32) -> Option<Cgroup> {
     Roots::host().of_pid(pid).map_err(|e| warn!(pid, "the process's cgroup: {e}")).ok()
 }
 

@@ -192,6 +192,50 @@ fn memory_and_cpu_stats_read_in_each_layout() {
 }
 
 #[test]
+fn full_stats_read_in_each_layout() {
+    for l in layouts() {
+        let cg = l.roots_at(&l.tree()).of_path(&l.cgroups_path()).unwrap();
+        let s = cg.stats().unwrap_or_else(|e| panic!("{}: {e}", l.name));
+        assert_eq!(s.cpu, l.cpu, "{}", l.name);
+        assert_eq!((s.memory.usage, s.memory.limit, s.memory.anon, s.memory.inactive_file), l.memory, "{}", l.name);
+        assert_eq!(s.pids, Pids { current: 1, limit: None }, "{}: no pids.max recorded", l.name);
+        if l.hierarchy == Hierarchy::V1 {
+            // cpuacct.stat's clock ticks (USER_HZ 100 on Linux) in ns.
+            assert_eq!((s.cpu_user_ns, s.cpu_kernel_ns), (1_050_000_000, 580_000_000), "{}", l.name);
+            assert_eq!((s.memory_max, s.memory_failcnt), (1_730_621_440, 0), "{}", l.name);
+        } else {
+            assert!(s.cpu_user_ns > 0 && s.cpu_kernel_ns > 0, "{}: {s:?}", l.name);
+            assert_eq!(s.memory_failcnt, 35, "{}: memory.events max", l.name);
+        }
+        // Counters the recordings' kernels did not keep read as zeros.
+        assert_eq!((s.swap, s.kernel, s.kernel_tcp), (Counter::default(), Counter::default(), Counter::default()), "{}", l.name);
+    }
+}
+
+#[test]
+fn optional_counters_are_read_where_the_kernel_keeps_them() {
+    let l = &layouts()[0];
+    let (_tmp, roots) = l.copy();
+    let cg = roots.of_path(&l.cgroups_path()).unwrap();
+    let mem = cg.dir("memory").unwrap();
+    for (f, v) in [("usage_in_bytes", "4096"), ("max_usage_in_bytes", "8192"), ("limit_in_bytes", "9223372036854771712"), ("failcnt", "2")] {
+        std::fs::write(mem.join(format!("memory.memsw.{f}")), v).unwrap();
+    }
+    std::fs::write(cg.dir("cpuacct").unwrap().join("cpuacct.usage_percpu"), "600 400 \n").unwrap();
+    std::fs::write(cg.dir("pids").unwrap().join("pids.max"), "max\n").unwrap();
+    let s = cg.stats().unwrap();
+    assert_eq!(s.swap, Counter { usage: 4096, max: 8192, limit: None, failcnt: 2 });
+    assert_eq!(s.per_cpu_ns, vec![600, 400]);
+    assert_eq!(s.pids.limit, None);
+    std::fs::write(cg.dir("pids").unwrap().join("pids.max"), "100\n").unwrap();
+    assert_eq!(cg.stats().unwrap().pids.limit, Some(100));
+    // A garbled file is an error naming it, not a zero.
+    std::fs::write(cg.dir("cpuacct").unwrap().join("cpuacct.usage_percpu"), "600 x\n").unwrap();
+    let e = cg.stats().unwrap_err();
+    assert!(e.to_string().contains("cpuacct.usage_percpu"), "{e}");
+}
+
+#[test]
 fn unlimited_memory_and_a_cpu_controller_off_still_read() {
     // The pod-level cgroup of the v2 recording: memory.max is "max".
     let l = &layouts()[2];
