@@ -275,7 +275,24 @@ def render_markdown(data: dict, env: dict, svg_rel: str) -> str:
         "130.8 -> 69.2 ms, the shim's restore phase (CRIU, and runc before) 45.2 -> 32.6 ms at "
         "p50, CPU per resume 24.0 -> 10.5 ms; resume_1gib_ms 61.4 / 173.4 -> 47.8 / 103.8 ms; "
         "resume_256mib_cold_ms 100.4 / 134.1 -> 84.3 / 119.0 ms; wakeups_per_s 21.3 -> 28.4. The "
-        "phase is named `restore` from a0ad8f7 on (`runc_restore` before).", "",
+        "phase is named `restore` from a0ad8f7 on (`runc_restore` before). The next run (2e9f25e, "
+        "load 0.77; the runc-v2 baseline 7% slower than in the run before, 307.5 -> 330.4 ms) gave "
+        "resume_256mib_ms 52.1 / 73.2 ms: the p50 goal of 50 ms is met in one run and missed by "
+        "2 ms in the other.", "",
+        "- **Where wakeups_per_s goes** (perf over one round of 40 wake-ups at 2e9f25e, "
+        "2026-12-05): the 2 CPUs are 98% busy (idle 1-3 jiffies of 320), 80% of it in the "
+        "kernel. `criu` (the restores and their lazy-pages daemons) has 62% of the samples, "
+        "`_copy_from_user` alone 32% (UFFDIO_COPY of the pages into the restored processes), "
+        "the daemons' reads of the page images 7% (`_copy_to_iter`), zeroing new pages 5%: the "
+        "40 x 64 MiB (2.5 GiB) of memory is copied into memory new to the guest at about 2.3 "
+        "GB/s. The shims have 11-13%, nsenter, iptables-restore and ip6tables-restore (taking "
+        "the SYN-drop rules out after each handover) 6%. The lazy-pages daemons prefetch every "
+        "page as soon as their restore ends, while other actors still wait for their first "
+        "answer; CRIU has no option to defer it. A restore without lazy pages copies the pages "
+        "before the process runs and is slower (TORPOR_LAZY_PAGES=0: 10.5 and 5.2 wake-ups/s). "
+        "Until 2e9f25e the shims also ran a `runc events --stats` for each running container "
+        "once a second (containerd's CRI stats collector): 40 idle running actors kept the "
+        "node 15.9% busy; 4.0% since the shim reads the cgroup itself.", "",
         "## Adding a benchmark", "",
         "See `bench/README.md`: a script `bench/<name>.py` measures with the helpers in "
         "`bench/bench.py` and merges its entries by name into `bench/results.json`; "
