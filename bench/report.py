@@ -280,7 +280,7 @@ def render_markdown(data: dict, env: dict, svg_rel: str) -> str:
         "resume_256mib_ms 52.1 / 73.2 ms: the p50 goal of 50 ms is met in one run and missed by "
         "2 ms in the other.", "",
         "- **Where wakeups_per_s goes** (perf over one round of 40 wake-ups at 2e9f25e, "
-        "2026-12-05): the 2 CPUs are 98% busy (idle 1-3 jiffies of 320), 80% of it in the "
+        "2026-12-05): the 2 CPUs are 98% busy (idle 2-5 jiffies of 320), 80% of it in the "
         "kernel. `criu` (the restores and their lazy-pages daemons) has 62% of the samples, "
         "`_copy_from_user` alone 32% (UFFDIO_COPY of the pages into the restored processes), "
         "the daemons' reads of the page images 7% (`_copy_to_iter`), zeroing new pages 5%: the "
