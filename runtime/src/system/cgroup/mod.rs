@@ -304,15 +304,7 @@ impl Cgroup {
         match self {
             Cgroup::V2(d) => {
                 let file = d.join("cpu.stat");
-                let s = files::keyed(&files::read(&file)?);
-                let usage = s.get("usage_usec").ok_or_else(|| files::malformed(&file, "no usage_usec line"))?;
-                // Without the cpu controller enabled, only the usage lines exist.
-                Ok(CpuStats {
-                    usage_ns: usage.saturating_mul(1000),
-                    periods: s.get("nr_periods").copied().unwrap_or(0),
-                    throttled_periods: s.get("nr_throttled").copied().unwrap_or(0),
-                    throttled_ns: s.get("throttled_usec").copied().unwrap_or(0).saturating_mul(1000),
-                })
+                v2_cpu(&file, &files::keyed(&files::read(&file)?))
             }
             Cgroup::V1(dirs) => {
                 let usage_ns = files::number(&self.dir("cpuacct")?.join("cpuacct.usage"))?;
@@ -449,6 +441,18 @@ impl Cgroup {
         }
         Ok(pids)
     }
+}
+
+/// v2's CPU use from the counters of its `cpu.stat` (`file`, for errors).
+fn v2_cpu(file: &Path, s: &BTreeMap<String, u64>) -> Result<CpuStats> {
+    let usage = s.get("usage_usec").ok_or_else(|| files::malformed(file, "no usage_usec line"))?;
+    // Without the cpu controller enabled, only the usage lines exist.
+    Ok(CpuStats {
+        usage_ns: usage.saturating_mul(1000),
+        periods: s.get("nr_periods").copied().unwrap_or(0),
+        throttled_periods: s.get("nr_throttled").copied().unwrap_or(0),
+        throttled_ns: s.get("throttled_usec").copied().unwrap_or(0).saturating_mul(1000),
+    })
 }
 
 impl std::fmt::Display for Cgroup {

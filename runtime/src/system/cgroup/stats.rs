@@ -18,7 +18,7 @@
 
 use std::path::Path;
 
-use super::{files, Cgroup, CpuStats, MemoryStats};
+use super::{files, v2_cpu, Cgroup, CpuStats, MemoryStats};
 use crate::error::{Error, Result};
 
 /// A page counter (v1 `usage_in_bytes`, `max_usage_in_bytes`,
@@ -62,12 +62,14 @@ pub struct Stats {
 impl Cgroup {
     /// Its statistics now.
     pub fn stats(&self) -> Result<Stats> {
-        let cpu = self.cpu()?;
         let memory = self.memory()?;
         let pids = self.pids()?;
         let s = match self {
             Cgroup::V2(d) => {
-                let cpu_stat = files::keyed(&files::read(&d.join("cpu.stat"))?);
+                // cpu.stat read once: the totals and the split by mode.
+                let cpu_file = d.join("cpu.stat");
+                let cpu_stat = files::keyed(&files::read(&cpu_file)?);
+                let cpu = v2_cpu(&cpu_file, &cpu_stat)?;
                 let usec = |k: &str| cpu_stat.get(k).copied().unwrap_or(0).saturating_mul(1000);
                 let limit_hits = match present(files::read(&d.join("memory.events")))? {
                     Some(text) => files::keyed(&text).get("max").copied().unwrap_or(0),
@@ -92,6 +94,7 @@ impl Cgroup {
                 }
             }
             Cgroup::V1(_) => {
+                let cpu = self.cpu()?;
                 let acct = self.dir("cpuacct")?;
                 let ticks = files::keyed(&files::read(&acct.join("cpuacct.stat"))?);
                 let ns_per_tick = ns_per_clock_tick()?;
