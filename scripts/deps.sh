@@ -8,7 +8,8 @@
 # What it does, in order (every step is skipped when already done):
 #   1. apt (bookworm): runc, iptables, iproute2, busybox-static, curl, socat,
 #      jq, ... plus CRIU's build dependencies.
-#   2. CRIU >= 4.2, built from the Debian source package of forky/sid.
+#   2. CRIU >= 4.2, built from the Debian source package of forky/sid,
+#      with torpor's patches (scripts/criu-patches/*.patch) applied.
 #      Why not the binary package: forky's criu needs libc6 >= 2.38, and
 #      taking libc6 from trixie on bookworm drags base-files, gnutls, nettle
 #      and libc6-dev along and removes build-essential, postgresql, locales
@@ -75,7 +76,7 @@ APT_PACKAGES=(
 	# CRIU's run-time libraries (bookworm versions)
 	libbsd0 libgnutls30 libnftables1 libprotobuf-c1 libnl-3-200 libnet1 libuuid1
 	# CRIU's build dependencies (Debian's Build-Depends, less docs and python)
-	gcc libc6-dev make pkg-config python3 libbsd-dev libcap-dev libgnutls28-dev libnet1-dev
+	gcc libc6-dev make patch pkg-config python3 libbsd-dev libcap-dev libgnutls28-dev libnet1-dev
 	libnftables-dev libnl-3-dev libprotobuf-c-dev libprotobuf-dev
 	protobuf-c-compiler protobuf-compiler uuid-dev
 	# the cgroup v2 guest of test/vm/run.sh (make test)
@@ -218,6 +219,16 @@ version_ge() {
 # --------------------------------------------------------------------------
 criu_dir=""
 
+# The patches (scripts/criu-patches/*.patch, applied in name order with
+# patch -p1) are part of CRIU's cache key: a digest of their contents.
+criu_patches=("$here"/criu-patches/*.patch)
+[[ -e ${criu_patches[0]} ]] || criu_patches=()
+criu_key() { # UPSTREAM: the cache directory's name
+	local key="criu-$1-$CRIU_BUILD"
+	((${#criu_patches[@]})) && key="$key-p$(cat "${criu_patches[@]}" | sha256sum | cut -c1-12)"
+	echo "$key"
+}
+
 # criu_source_uris SUITE DIR: prints "DEBVERSION URL SHA256" of the orig
 # tarball of criu in SUITE, or nothing if SUITE has no criu source. DIR must
 # be empty: apt leaves out of its list the files already in the cwd.
@@ -267,7 +278,7 @@ build_criu() {
 
 	local debver url sha
 	read -r suite debver url sha upstream <<<"$found"
-	criu_dir=$TORPOR_DEPS_CACHE/criu-$upstream-$CRIU_BUILD
+	criu_dir=$TORPOR_DEPS_CACHE/$(criu_key "$upstream")
 	if cache_complete "$criu_dir" sbin/criu; then
 		return 0
 	fi
@@ -296,6 +307,11 @@ build_criu() {
 	local src
 	src=$(find "$tmp" -mindepth 1 -maxdepth 1 -type d -name 'criu-*' | head -n1)
 	[[ -n $src ]] || { rm -rf "$tmp"; die "unexpected layout of $tarball"; }
+	local p
+	for p in "${criu_patches[@]}"; do
+		patch -d "$src" -p1 --forward --batch --quiet <"$p" || { rm -rf "$tmp"; die "patch ${p##*/} does not apply to criu $upstream"; }
+		what="$what; patched: ${p##*/}"
+	done
 	if ! make -C "$src" -j"$(nproc)" "${flags[@]}" criu >"$tmp/build.log" 2>&1; then
 		cp "$tmp/build.log" /tmp/torpor-deps-criu-build.log
 		tail -n 30 "$tmp/build.log" >&2
@@ -316,7 +332,7 @@ build_criu() {
 }
 
 install_criu() {
-	criu_dir=$TORPOR_DEPS_CACHE/criu-$CRIU_VERSION-$CRIU_BUILD
+	criu_dir=$TORPOR_DEPS_CACHE/$(criu_key "$CRIU_VERSION")
 	if cache_complete "$criu_dir" sbin/criu; then
 		log "criu $CRIU_VERSION ($CRIU_BUILD): cached"
 	else

@@ -1506,6 +1506,57 @@ fn a_resume_uses_the_warm_criu_kernel_cache() {
     }
 }
 
+/// The `criu lazy-pages` daemons of the shim's processes whose command
+/// line names `dir`.
+fn lazy_daemons_in(dir: &Path) -> Vec<u32> {
+    let needle = dir.to_string_lossy().into_owned();
+    let mut pids = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        if cmd.contains("lazy-pages") && cmd.contains(&needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// A resume from the local tier answers while its lazy-pages daemon waits
+/// (TORPOR_LAZY_PREFETCH_DELAY_MS, CRIU with torpor's patch) before copying
+/// the memory no fault asked for; that copy then brings every page: the
+/// memory is charged to the container again, and intact, without the
+/// process touching it.
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn the_deferred_prefetch_brings_every_page() {
+    torpor_only();
+    let a = actor("susp-prefetch", &["--alloc-mib", "64"]);
+    assert_eq!(a.inc(), 1);
+    let sum = a.cmd("sum");
+    assert_eq!(a.op("suspend")["state"], "SUSPENDED");
+    assert_eq!(a.op("resume")["state"], "RUNNING");
+    assert_eq!(a.inc(), 2, "answered by the resumed actor");
+
+    let work = Node::a().actor_dir(a.shim()).join("work");
+    wait_for("the lazy-pages daemon to finish", LIVENESS, || lazy_daemons_in(&work).is_empty().then_some(()));
+    let logs: Vec<PathBuf> = files_below(&work).into_iter().filter(|p| p.file_name().is_some_and(|n| n == "lazy-pages.log")).collect();
+    assert_eq!(logs.len(), 1, "one lazy-pages log of the resume: {logs:?}");
+    let log = std::fs::read_to_string(&logs[0]).unwrap_or_default();
+    let delayed = log.lines().find(|l| l.contains("Background transfer in ")).unwrap_or_else(|| panic!("{:?}: the daemon did not delay its background transfer:\n{log}", logs[0]));
+    assert!(delayed.contains("Background transfer in 1000 ms"), "the shim's default delay: {delayed}");
+    let (started, ended) = (log.find("Background transfer starts"), log.rfind("Background transfer starts"));
+    assert!(started.is_some() && started == ended, "{:?}: the background transfer starts once:\n{log}", logs[0]);
+
+    // The copy brought the 64 MiB in without the process touching them.
+    let pids = container_processes(&a.container, "/actor counter");
+    assert_eq!(pids.len(), 1, "one restored counter process: {pids:?}");
+    let (cg, usage_file) = memory_cgroup(pids[0]).expect("memory cgroup of the restored process");
+    let charged = read_u64(&cg.join(usage_file)).unwrap_or(0);
+    assert!(charged >= 48 * MIB, "the prefetch charged the 64 MiB to the container again: {charged} bytes");
+    assert_eq!(a.cmd("sum"), sum, "the 64 MiB came back intact");
+}
+
 /// An established TCP connection of an actor suspended and resumed in
 /// place (same pod IP) survives: left idle across a suspend and a resume,
 /// and used while the actor sleeps (the request wakes the actor and is

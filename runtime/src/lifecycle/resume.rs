@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::actor::record::{self, Lifecycle, Phase, Record};
 use crate::actor::report::{self, Op};
@@ -339,7 +339,9 @@ impl Actor {
             // listen, while runc prepares the restore; else it is waited
             // for here.
             let overlapped = criu_launcher::in_front();
-            let started = if overlapped { LazyDaemon::spawn(LazyDaemon::command(&image, &work), &work) } else { LazyDaemon::start(&image, &work).await };
+            let mut cmd = LazyDaemon::command(&image, &work);
+            cmd.env(CRIU_PREFETCH_DELAY_ENV, prefetch_delay().as_millis().to_string());
+            let started = if overlapped { LazyDaemon::spawn(cmd, &work) } else { LazyDaemon::spawn_and_wait(cmd, &work).await };
             t.mark("lazy_pages_start");
             match started {
                 Ok(daemon) => {
@@ -531,6 +533,39 @@ pub(crate) fn lazy_pages_enabled() -> bool {
     std::env::var("TORPOR_LAZY_PAGES").map(|v| v != "0").unwrap_or(true)
 }
 
+/// How long after a restore from the local tier its lazy-pages daemon waits
+/// before it prefetches the pages no fault asked for:
+/// `$TORPOR_LAZY_PREFETCH_DELAY_MS` (0 to 60000), [`PREFETCH_DELAY`] if
+/// unset. Faults are served meanwhile: a node waking many actors at once
+/// spends its CPU on their restores and first answers, not on copying the
+/// memory of those already answered.
+pub const PREFETCH_DELAY_ENV: &str = "TORPOR_LAZY_PREFETCH_DELAY_MS";
+pub const PREFETCH_DELAY: std::time::Duration = std::time::Duration::from_millis(1000);
+/// How `criu lazy-pages` is told the delay (scripts/criu-patches: CRIU
+/// without the patch ignores it and prefetches at once).
+const CRIU_PREFETCH_DELAY_ENV: &str = "CRIU_LAZY_PAGES_PREFETCH_DELAY_MS";
+
+/// [`PREFETCH_DELAY_ENV`], read once; an invalid value is logged and the
+/// default used.
+fn prefetch_delay() -> std::time::Duration {
+    static DELAY: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| match std::env::var(PREFETCH_DELAY_ENV) {
+        Err(std::env::VarError::NotPresent) => PREFETCH_DELAY,
+        v => parse_prefetch_delay(v.as_deref().unwrap_or("(not unicode)")).unwrap_or_else(|| {
+            error!("${PREFETCH_DELAY_ENV}={v:?}: expected a whole number of milliseconds from 0 to 60000; using {PREFETCH_DELAY:?}");
+            PREFETCH_DELAY
+        }),
+    })
+}
+
+fn parse_prefetch_delay(v: &str) -> Option<std::time::Duration> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let ms: u64 = v.parse().ok()?;
+    (ms <= 60_000).then(|| std::time::Duration::from_millis(ms))
+}
+
 /// Where a streamed checkout's memory comes from: the store's page server
 /// and the checkout's lease.
 #[derive(Clone, Copy)]
@@ -553,11 +588,6 @@ struct LazyDaemon {
 }
 
 impl LazyDaemon {
-    /// Starts the daemon and waits until it listens in `work`.
-    async fn start(image: &Path, work: &Path) -> Result<LazyDaemon> {
-        Self::spawn_and_wait(Self::command(image, work), work).await
-    }
-
     /// `criu lazy-pages` for `image`, logging in `work`.
     fn command(image: &Path, work: &Path) -> std::process::Command {
         let mut cmd = std::process::Command::new("criu");
@@ -566,7 +596,8 @@ impl LazyDaemon {
             .arg(image)
             .arg("--work-dir")
             .arg(work)
-            .args(["--log-file", "lazy-pages.log"])
+            // -v3: the log says when the background transfer starts.
+            .args(["--log-file", "lazy-pages.log", "-v3"])
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
@@ -639,6 +670,9 @@ impl LazyDaemon {
         conn.set_nonblocking(false).io_context(|| "page server connection".into())?;
         let fd = std::os::fd::OwnedFd::from(conn);
         let mut cmd = Self::command(image, work);
+        // The rest of the memory streams in at once: the process depends on
+        // the object tier until it has every page.
+        cmd.env(CRIU_PREFETCH_DELAY_ENV, "0");
         cmd.args(["--page-server", "--ps-socket", "3"]);
         reaper::pass_fds(&mut cmd, vec![fd], 3);
         Self::spawn_and_wait(cmd, work).await
@@ -694,4 +728,20 @@ impl LazyDaemon {
 /// The container name an image directory is named after.
 pub(super) fn image_name(image: &Path) -> Result<&str> {
     image.file_name().and_then(|n| n.to_str()).ok_or_else(|| Error::FailedPrecondition(format!("image directory {image:?} has no name")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn prefetch_delay_is_whole_milliseconds_up_to_a_minute() {
+        assert_eq!(parse_prefetch_delay("0"), Some(Duration::ZERO));
+        assert_eq!(parse_prefetch_delay("1000"), Some(Duration::from_secs(1)));
+        assert_eq!(parse_prefetch_delay("60000"), Some(Duration::from_secs(60)));
+        for bad in ["", "60001", "-1", "1.5", "1s", " 5", "99999999999999999999999"] {
+            assert_eq!(parse_prefetch_delay(bad), None, "{bad:?}");
+        }
+    }
 }
