@@ -1524,9 +1524,9 @@ fn lazy_daemons_in(dir: &Path) -> Vec<u32> {
 
 /// A resume from the local tier answers while its lazy-pages daemon waits
 /// (TORPOR_LAZY_PREFETCH_DELAY_MS, CRIU with torpor's patch) before copying
-/// the memory no fault asked for; that copy then brings every page: the
-/// memory is charged to the container again, and intact, without the
-/// process touching it.
+/// the memory no fault asked for (its command line first); that copy then
+/// brings every page: the memory is charged to the container again, and
+/// intact, without the process touching it.
 #[test]
 #[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn the_deferred_prefetch_brings_every_page() {
@@ -1537,6 +1537,9 @@ fn the_deferred_prefetch_brings_every_page() {
     assert_eq!(a.op("suspend")["state"], "SUSPENDED");
     assert_eq!(a.op("resume")["state"], "RUNNING");
     assert_eq!(a.inc(), 2, "answered by the resumed actor");
+    // Its command line reads from outside it at once (the daemon copies
+    // those pages first).
+    assert_eq!(container_processes(&a.container, "/actor counter").len(), 1, "the resumed counter by its command line");
 
     let work = Node::a().actor_dir(a.shim()).join("work");
     wait_for("the lazy-pages daemon to finish", LIVENESS, || lazy_daemons_in(&work).is_empty().then_some(()));
