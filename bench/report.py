@@ -161,6 +161,8 @@ def details(e) -> list:
             lines.append(f"{who}: " + "; ".join(bits))
     if e.get("error"):
         lines.append(f"**torpor error:** `{e['error']}`")
+    if e.get("rerun_failed"):
+        lines.append(f"**a later run failed:** {e['rerun_failed']}")
     if e.get("baseline_error"):
         what = "baseline n/a" if e.get("baseline_na") else "**baseline error:**"
         lines.append(f"{what} `{e['baseline_error']}`")
@@ -288,11 +290,32 @@ def render_markdown(data: dict, env: dict, svg_rel: str) -> str:
         "GB/s. The shims have 11-13%, nsenter, iptables-restore and ip6tables-restore (taking "
         "the SYN-drop rules out after each handover) 6%. The lazy-pages daemons prefetch every "
         "page as soon as their restore ends, while other actors still wait for their first "
-        "answer; CRIU has no option to defer it. A restore without lazy pages copies the pages "
+        "answer. A restore without lazy pages copies the pages "
         "before the process runs and is slower (TORPOR_LAZY_PAGES=0: 10.5 and 5.2 wake-ups/s). "
         "Until 2e9f25e the shims also ran a `runc events --stats` for each running container "
         "once a second (containerd's CRI stats collector): 40 idle running actors kept the "
         "node 15.9% busy; 4.0% since the shim reads the cgroup itself.", "",
+        "- **The deferred prefetch** (since 7a47aa6 and 44c7014): a local restore's lazy-pages "
+        "daemon copies the pages no fault asked for 1 s after the restore "
+        "(`TORPOR_LAZY_PREFETCH_DELAY_MS`), or as soon as the process faulted in 1 MiB, its "
+        "command line and environment first; torpor's CRIU patch "
+        "(`scripts/criu-patches/0001-uffd-prefetch-delay.patch`). A woken actor answering one "
+        "request faults in 20 to 60 pages. Measured on a new machine, about 1.5-2x slower than "
+        "the one before (runc-v2's resume_256mib 476 ms p50 against 330; the CPU per torpor "
+        "resume 23 ms against 12): with the delay through a wrapper, alternating in one rig, "
+        "40 wake-ups at once gave 17.0, 13.3, 16.3, 11.4, 15.8, 16.9 and 13.4 wake-ups/s with "
+        "1 s against 11.2, 13.6, 11.5, 13.8, 12.8, 14.3 and 13.2 without (median 15.8 against "
+        "13.2), and 17.0 and 17.7 with the copy wholly after the storm (4 s): what is left is "
+        "the restores themselves. In the bench run at 44c7014, wakeups_per_s is 20.1 against "
+        "runc-v2's 5.2 (3.9x; 29.5 against 10.0, 2.95x, on the machine before). The cost: a "
+        "suspend within the delay after a resume waits for it, and the bench's untimed "
+        "settling between runs grows by it (resume_256mib_ms got 16 of its 30 runs in the time "
+        "budget). In that run torpor's resume_1gib_ms stopped at its 5th run: the lease fence "
+        "froze the actor, the snapshot store having not answered a lease confirmation in time "
+        "while the node wrote a 1 GiB dump (as in issue 17's first runs); resume_1gib_ms and "
+        "suspend_1gib_ms keep the run before. clone_10_actors_ms is 2584 against 2101 ms (1.23; "
+        "1.15 before): 10 concurrent `crictl runp` take 1109 ms p50 here against 491, and the "
+        "baseline creates no pods.", "",
         "## Adding a benchmark", "",
         "See `bench/README.md`: a script `bench/<name>.py` measures with the helpers in "
         "`bench/bench.py` and merges its entries by name into `bench/results.json`; "
