@@ -539,8 +539,8 @@ pub(crate) fn lazy_pages_enabled() -> bool {
 /// unset. Faults are served meanwhile: a node waking many actors at once
 /// spends its CPU on their restores and first answers, not on copying the
 /// memory of those already answered.
-pub const PREFETCH_DELAY_ENV: &str = "TORPOR_LAZY_PREFETCH_DELAY_MS";
-pub const PREFETCH_DELAY: std::time::Duration = std::time::Duration::from_millis(1000);
+const PREFETCH_DELAY_ENV: &str = "TORPOR_LAZY_PREFETCH_DELAY_MS";
+const PREFETCH_DELAY: std::time::Duration = std::time::Duration::from_millis(1000);
 /// How `criu lazy-pages` is told the delay (scripts/criu-patches: CRIU
 /// without the patch ignores it and prefetches at once).
 const CRIU_PREFETCH_DELAY_ENV: &str = "CRIU_LAZY_PAGES_PREFETCH_DELAY_MS";
