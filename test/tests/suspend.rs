@@ -1506,22 +1506,6 @@ fn a_resume_uses_the_warm_criu_kernel_cache() {
     }
 }
 
-/// The `criu lazy-pages` daemons of the shim's processes whose command
-/// line names `dir`.
-fn lazy_daemons_in(dir: &Path) -> Vec<u32> {
-    let needle = dir.to_string_lossy().into_owned();
-    let mut pids = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else { continue };
-        let cmd = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
-        if cmd.contains("lazy-pages") && cmd.contains(&needle) {
-            pids.push(pid);
-        }
-    }
-    pids
-}
-
 /// A resume from the local tier answers while its lazy-pages daemon waits
 /// (TORPOR_LAZY_PREFETCH_DELAY_MS, CRIU with torpor's patch) before copying
 /// the memory no fault asked for (its command line first); that copy then
@@ -1542,7 +1526,8 @@ fn the_deferred_prefetch_brings_every_page() {
     assert_eq!(container_processes(&a.container, "/actor counter").len(), 1, "the resumed counter by its command line");
 
     let work = Node::a().actor_dir(a.shim()).join("work");
-    wait_for("the lazy-pages daemon to finish", LIVENESS, || lazy_daemons_in(&work).is_empty().then_some(()));
+    let daemons = || processes_mentioning(&work.to_string_lossy()).into_iter().filter(|p| p.contains("lazy-pages")).count();
+    wait_for("the lazy-pages daemon to finish", LIVENESS, || (daemons() == 0).then_some(()));
     let logs: Vec<PathBuf> = files_below(&work).into_iter().filter(|p| p.file_name().is_some_and(|n| n == "lazy-pages.log")).collect();
     assert_eq!(logs.len(), 1, "one lazy-pages log of the resume: {logs:?}");
     let log = std::fs::read_to_string(&logs[0]).unwrap_or_default();

@@ -559,11 +559,7 @@ fn prefetch_delay() -> std::time::Duration {
 }
 
 fn parse_prefetch_delay(v: &str) -> Option<std::time::Duration> {
-    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let ms: u64 = v.parse().ok()?;
-    (ms <= 60_000).then(|| std::time::Duration::from_millis(ms))
+    reaper::whole_number_in(v, 0..=60_000).map(std::time::Duration::from_millis)
 }
 
 /// Where a streamed checkout's memory comes from: the store's page server

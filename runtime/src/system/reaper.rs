@@ -339,11 +339,17 @@ pub fn deadline_from_env(var: &str, default: Duration) -> Result<Duration> {
 }
 
 fn parse_seconds(v: &str) -> Option<Duration> {
+    whole_number_in(v, 1..=86_400).map(Duration::from_secs)
+}
+
+/// `v` as a whole number within `range`: ASCII digits only (no sign, no
+/// spaces, no unit).
+pub(crate) fn whole_number_in(v: &str, range: std::ops::RangeInclusive<u64>) -> Option<u64> {
     if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     let n: u64 = v.parse().ok()?;
-    (1..=86_400).contains(&n).then(|| Duration::from_secs(n))
+    range.contains(&n).then_some(n)
 }
 
 async fn read_pipes(mut child: Child) -> Result<(Vec<u8>, Vec<u8>)> {
