@@ -146,7 +146,9 @@ struct Paths {
 /// The tiered snapshot store. Open with [`Store::open`].
 pub struct Store {
     cfg: StoreConfig,
-    db: Database,
+    /// Shared with blocking tasks (an actor lease's renewal is recorded off
+    /// the runtime that answers `Confirm`).
+    db: Arc<Database>,
     remote: Remote,
     paths: Paths,
     locks: Mutex<HashMap<String, Arc<KeyLock>>>,
@@ -245,7 +247,7 @@ impl Store {
         let (shutdown, _) = watch::channel(false);
         let store = Arc::new(Store {
             cfg,
-            db,
+            db: Arc::new(db),
             remote,
             paths,
             locks: Mutex::new(HashMap::new()),

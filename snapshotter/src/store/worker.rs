@@ -76,6 +76,7 @@ impl Store {
         for h in handles.into_iter().flatten() {
             let _ = h.await;
         }
+        self.leases.settle().await;
     }
 }
 
@@ -116,6 +117,10 @@ pub(super) async fn worker(store: Weak<Store>, wake: Arc<Notify>, mut shutdown: 
 /// the restart) ago.
 pub(super) async fn lease_worker(store: Weak<Store>, every: Duration, mut shutdown: watch::Receiver<bool>) {
     loop {
+        // Passes start `every` apart, however long one takes: a lease's
+        // validity counts from the start of its renewal, so a pass that
+        // waited for a slow object tier must not push the next one later.
+        let next = tokio::time::Instant::now() + every;
         {
             let Some(s) = store.upgrade() else { return };
             if *shutdown.borrow() {
@@ -124,7 +129,7 @@ pub(super) async fn lease_worker(store: Weak<Store>, every: Duration, mut shutdo
             s.lease_pass().await;
         }
         tokio::select! {
-            _ = tokio::time::sleep(every) => {}
+            _ = tokio::time::sleep_until(next) => {}
             _ = shutdown.changed() => { return; }
         }
     }
