@@ -76,7 +76,10 @@ impl Store {
         for h in handles.into_iter().flatten() {
             let _ = h.await;
         }
-        self.leases.settle().await;
+        // The database records of renewals under way (bounded: an acquire
+        // retrying against an unreachable object tier holds its lock too,
+        // and a record not written heals at the next renewal).
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.leases.settle()).await;
     }
 }
 
