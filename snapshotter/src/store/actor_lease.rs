@@ -119,6 +119,13 @@ fn parse(actor: &ActorName, path: &str, bytes: &[u8]) -> Result<LeaseDoc> {
     Ok(doc)
 }
 
+/// Writes `held` to the database (durably: one committed transaction).
+fn record_held(db: &Database, held: &Held) -> Result<()> {
+    let tx = Tx::begin(db)?;
+    tx.put_actor_lease(&held.doc.actor, held)?;
+    tx.commit()
+}
+
 fn encode(doc: &LeaseDoc) -> Result<Vec<u8>> {
     serde_json::to_vec_pretty(doc).map_err(|e| Error::Internal(format!("encode lease: {e}")))
 }
@@ -189,9 +196,7 @@ impl Store {
     }
 
     fn save_held(&self, held: &Held) -> Result<()> {
-        let tx = Tx::begin(&self.db)?;
-        tx.put_actor_lease(&held.doc.actor, held)?;
-        tx.commit()?;
+        record_held(&self.db, held)?;
         lock(&self.leases.held).insert(held.doc.actor.clone(), held.clone());
         Ok(())
     }
@@ -214,11 +219,7 @@ impl Store {
         let db = self.db.clone();
         tokio::task::spawn_blocking(move || {
             let _one = one;
-            let written = Tx::begin(&db).and_then(|tx| {
-                tx.put_actor_lease(&held.doc.actor, &held)?;
-                tx.commit()
-            });
-            if let Err(e) = written {
+            if let Err(e) = record_held(&db, &held) {
                 warn!(actor = %held.doc.actor, error = %e, "the renewed actor lease could not be recorded in the database (the next renewal finds it in the object tier)");
             }
         });
