@@ -218,10 +218,14 @@ impl Store {
         lock(&self.leases.held).insert(held.doc.actor.clone(), held.clone());
         let db = self.db.clone();
         tokio::task::spawn_blocking(move || {
-            let _one = one;
             if let Err(e) = record_held(&db, &held) {
                 warn!(actor = %held.doc.actor, error = %e, "the renewed actor lease could not be recorded in the database (the next renewal finds it in the object tier)");
             }
+            // The database first, then the lock: once the lock is free
+            // (`Store::shutdown` waits for it), this task no longer holds
+            // the database open.
+            drop(db);
+            drop(one);
         });
     }
 
