@@ -144,7 +144,9 @@ pub struct StoreConfig {
     pub trust_verified_local_for: Option<Duration>,
     /// How often superseded snapshots are collected (`None`: never; `torporctl snapshots gc` still works).
     pub gc_interval: Option<Duration>,
-    /// Snapshots kept per actor by the periodic gc (≥ 1).
+    /// Snapshots kept per actor by the periodic gc (≥ 1); with gc on, also
+    /// the store's `prune_keep` (superseded snapshots that never left the
+    /// node are removed at the next background pass).
     pub gc_keep: usize,
     /// This node's name in actor leases (`None`: `$TORPOR_NODE_ID`, else
     /// /etc/machine-id, else the host name).
@@ -260,6 +262,9 @@ impl Config {
             c.surrender_timeout = d;
         }
         c.keyring = s.keyring.clone();
+        // The periodic gc's retention, also applied at once to what never
+        // left the node; with gc off, nothing is pruned either.
+        c.prune_keep = s.gc_interval.map(|_| s.gc_keep);
         c
     }
 }
@@ -627,6 +632,15 @@ mod tests {
         assert_eq!(c.store.local_budget, Some(20 << 30));
         assert_eq!(c.store.encryption.active.as_deref(), Some("k1"));
         assert!(!c.store.encryption.accept_unencrypted);
+    }
+
+    #[test]
+    fn the_store_prunes_by_the_gc_retention_while_gc_is_on() {
+        assert_eq!(Config::default().store_config().prune_keep, Some(DEFAULT_GC_KEEP));
+        let c = Config::parse("[store]\ngc_keep = 5").unwrap();
+        assert_eq!(c.store_config().prune_keep, Some(5));
+        let c = Config::parse("[store]\ngc_interval = \"off\"\ngc_keep = 5").unwrap();
+        assert_eq!(c.store_config().prune_keep, None, "gc off: nothing is pruned either");
     }
 
     #[test]

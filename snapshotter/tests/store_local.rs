@@ -507,6 +507,45 @@ async fn gc_keeps_newest_and_pinned_and_sweeps_unreferenced_chunks() {
     assert_eq!(commit_tree(&store, "g/a", 1, 10).await.id.generation, 5);
 }
 
+/// `prune_keep`: a background pass removes the snapshots beyond an actor's
+/// newest `prune_keep` that never left the node, and nothing else: not the
+/// newest, not one in the object tier, not a pinned one, not another
+/// actor's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pass_prunes_superseded_snapshots_that_never_left_the_node() {
+    let e = env();
+    let mut cfg = config(&e.root, &e.objects);
+    cfg.prune_keep = Some(0);
+    assert!(Store::open(cfg.clone()).await.is_err(), "prune_keep 0 is refused");
+    cfg.prune_keep = Some(2);
+    let store = Store::open(cfg).await.unwrap();
+    let mut ids = Vec::new();
+    for g in 1..=6u64 {
+        ids.push(commit_tree(&store, "p/a", 10 + g, 50_000).await.id);
+    }
+    store.upload(&ids[0], None).await.unwrap();
+    let co = store.checkout(&ids[2], None).await.unwrap();
+    let other = commit_tree(&store, "p/b", 30, 50_000).await.id;
+    store.run_background_pass().await.unwrap();
+    let left: Vec<SnapshotId> = store.list(None).await.unwrap().into_iter().map(|i| i.id).collect();
+    assert_eq!(
+        left,
+        vec![ids[0].clone(), ids[2].clone(), ids[4].clone(), ids[5].clone(), other.clone()],
+        "generations 2 and 4 were local-only, superseded and unpinned"
+    );
+    for g in [2u64, 4] {
+        assert!(!e.root.join(format!("snapshots/p/a/_gen/{g:020}")).exists(), "generation {g}'s files are gone");
+    }
+    // Once released, the pinned one goes at the next pass; the durable one
+    // stays for gc (which also removes it from the object tier).
+    store.release(&co.lease).await.unwrap();
+    store.run_background_pass().await.unwrap();
+    let left: Vec<SnapshotId> = store.list(None).await.unwrap().into_iter().map(|i| i.id).collect();
+    assert_eq!(left, vec![ids[0].clone(), ids[4].clone(), ids[5].clone(), other]);
+    // The generation count goes on.
+    assert_eq!(commit_tree(&store, "p/a", 1, 10).await.id.generation, 7);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_node_finds_and_continues_an_actor() {
     let e = env();

@@ -20,15 +20,27 @@ fn loose_modes(root: &Path) -> Vec<String> {
 
 fn loose(root: &Path) -> Vec<(PathBuf, u32)> {
     let mut out = Vec::new();
-    let meta = std::fs::symlink_metadata(root).unwrap();
+    // What the trash emptier deleted meanwhile is gone, not loose.
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
+    let meta = match std::fs::symlink_metadata(root) {
+        Err(e) if gone(&e) => return out,
+        m => m.unwrap(),
+    };
     let mode = meta.mode() & 0o7777;
     let want = if meta.is_dir() { 0o700 } else { 0o600 };
     if mode != want {
         out.push((root.to_path_buf(), mode));
     }
     if meta.is_dir() {
-        for e in std::fs::read_dir(root).unwrap() {
-            out.extend(loose(&e.unwrap().path()));
+        let entries = match std::fs::read_dir(root) {
+            Err(e) if gone(&e) => return out,
+            d => d.unwrap(),
+        };
+        for e in entries {
+            match e {
+                Err(e) if gone(&e) => {}
+                e => out.extend(loose(&e.unwrap().path())),
+            }
         }
     }
     out

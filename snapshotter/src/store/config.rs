@@ -142,6 +142,13 @@ pub struct StoreConfig {
     /// How long `latest` waits for a commit of the actor in progress (its
     /// newest generation) before answering `CommitInProgress`.
     pub commit_wait: Duration,
+    /// `Some(n)`: each background pass removes the snapshots beyond an
+    /// actor's newest `n` that exist on this node alone (local, never
+    /// uploaded, not pinned). gc with `keep_newest: n` would collect them
+    /// anyway; until it runs they would fill the local tier, and be
+    /// uploaded (their keep-local time over, or disk pressure) only to be
+    /// collected. `None`: they wait for gc.
+    pub prune_keep: Option<usize>,
 }
 
 /// Unix milliseconds of a duration, saturating (a duration too long for
@@ -193,6 +200,7 @@ impl StoreConfig {
             lease_ttl: Duration::from_secs(30),
             surrender_timeout: Duration::from_secs(600),
             commit_wait: Duration::from_secs(20),
+            prune_keep: None,
         }
     }
 
@@ -200,6 +208,9 @@ impl StoreConfig {
         let bad = |m: String| Err(Error::InvalidConfig(m));
         if !self.root.is_absolute() {
             return bad(format!("root {:?} must be an absolute path", self.root));
+        }
+        if self.prune_keep == Some(0) {
+            return bad("prune_keep must be ≥ 1 (an actor's newest snapshot is never pruned)".into());
         }
         if self.upload_concurrency == 0 || self.upload_concurrency > 256 {
             return bad(format!("upload_concurrency {} must be in 1..=256", self.upload_concurrency));

@@ -110,7 +110,8 @@ pub fn create_dir_all_durable(dir: &Path) -> Result<()> {
 }
 
 /// Rename `path` into `trash` (atomic: the tree is either whole at its place or
-/// gone from it) and delete it there. Missing `path` is fine.
+/// gone from it); it is deleted there in the background, paced
+/// ([`super::trash`]). Missing `path` is fine.
 pub fn remove_tree(path: &Path, trash: &Path) -> Result<()> {
     if fs::symlink_metadata(path).is_err() {
         return Ok(());
@@ -120,7 +121,8 @@ pub fn remove_tree(path: &Path, trash: &Path) -> Result<()> {
     if let Some(parent) = path.parent() {
         fsync_dir(parent)?;
     }
-    fs::remove_dir_all(&target).map_err(|e| Error::io("remove", &target, e))
+    super::trash::delete_later(target);
+    Ok(())
 }
 
 /// A copy of the tree at `src` made of hard links (directories recreated,
@@ -151,10 +153,11 @@ pub fn clear_dir(dir: &Path) -> Result<()> {
         let entry = entry.map_err(|e| Error::io("list", dir, e))?;
         let p = entry.path();
         let ft = entry.file_type().map_err(|e| Error::io("stat", &p, e))?;
-        if ft.is_dir() {
-            fs::remove_dir_all(&p).map_err(|e| Error::io("remove", &p, e))?;
-        } else {
-            fs::remove_file(&p).map_err(|e| Error::io("remove", &p, e))?;
+        // The trash emptier of this process may be deleting it too.
+        let removed = if ft.is_dir() { fs::remove_dir_all(&p) } else { fs::remove_file(&p) };
+        match removed {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(Error::io("remove", &p, e)),
+            _ => {}
         }
     }
     Ok(())

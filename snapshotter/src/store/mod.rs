@@ -43,6 +43,7 @@ mod retention;
 mod stats;
 pub mod stream;
 mod sweep;
+mod trash;
 mod upload;
 mod worker;
 

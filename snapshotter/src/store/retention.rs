@@ -231,6 +231,44 @@ impl Store {
         Ok(report)
     }
 
+    /// Remove the snapshots beyond each actor's newest `keep` that exist on
+    /// this node alone: a local copy, never uploaded (nor being uploaded,
+    /// nor asked to be), no pin ([`super::StoreConfig::prune_keep`]). The newest `keep` count
+    /// every generation the database knows, in either tier, as gc does.
+    /// Returns what was removed; a removal that fails is noted and the
+    /// rest go on.
+    pub(super) async fn prune_local_only(&self, keep: usize) -> Result<Vec<SnapshotId>> {
+        let mut by_actor: BTreeMap<ActorName, Vec<Record>> = BTreeMap::new();
+        for r in db::records(&self.db, None)? {
+            if !r.removing {
+                by_actor.entry(r.actor.clone()).or_default().push(r);
+            }
+        }
+        let mut removed = Vec::new();
+        for (_, mut recs) in by_actor {
+            recs.sort_by_key(|r| std::cmp::Reverse(r.generation));
+            for r in recs.into_iter().skip(keep.max(1)) {
+                // An upload asked for (`upload`, retried in the background) is honoured.
+                if r.local != LocalState::Present || r.remote != RemoteState::Absent || r.upload_now {
+                    continue;
+                }
+                let id = r.id();
+                if db::lease_count(&self.db, &id.db_key())? > 0 {
+                    continue;
+                }
+                match self.remove(&id).await {
+                    Ok(()) => {
+                        info!(snapshot = %id, bytes = r.logical_bytes, keep, "pruned a superseded snapshot that never left this node");
+                        removed.push(id);
+                    }
+                    Err(Error::Pinned { .. }) => {}
+                    Err(e) => self.note_error(format!("prune {id}: {e}")),
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     /// Forget every chunk known durable (the next uploads check by PUTting
     /// again). For an object tier that lost data behind the store's back.
     pub async fn forget_chunk_index(&self) -> Result<()> {

@@ -22,14 +22,19 @@ impl Store {
         self.wake.notify_one();
     }
 
-    /// One pass of background work: finish removals, enforce the budget,
-    /// upload what is due (retrying with backoff), enforce the budget again.
+    /// One pass of background work: finish removals, prune superseded
+    /// snapshots that never left the node (`prune_keep`), enforce the
+    /// budget, upload what is due (retrying with backoff), enforce the
+    /// budget again.
     pub async fn run_background_pass(&self) -> Result<()> {
         for r in db::records(&self.db, None)?.into_iter().filter(|r| r.removing) {
             let id = r.id();
             if let Err(e) = self.finish_remove(&id).await {
                 self.note_error(format!("remove {id}: {e}"));
             }
+        }
+        if let Some(keep) = self.cfg.prune_keep {
+            self.prune_local_only(keep).await?;
         }
         let pressure = self.enforce_budget().await?;
         let now = now_ms();
