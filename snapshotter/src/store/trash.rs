@@ -16,7 +16,7 @@
 
 use std::fs::{self, OpenOptions};
 use std::io;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::OnceLock;
@@ -84,14 +84,17 @@ fn delete_paced(tree: &Path) {
 }
 
 /// Every regular file under `path` (symbolic links are not followed) bigger
-/// than [`STEP`], truncated by `STEP` every [`PAUSE`] down to empty.
+/// than [`STEP`], truncated by `STEP` every [`PAUSE`] down to empty. A file
+/// with other hard links is left whole: it is the same file as a copy still
+/// in use (a staging view and the committed snapshot share their files), and
+/// unlinking it frees nothing.
 fn cut_big_files(path: &Path) -> io::Result<()> {
     let meta = fs::symlink_metadata(path)?;
     if meta.is_dir() {
         for entry in fs::read_dir(path)? {
             cut_big_files(&entry?.path())?;
         }
-    } else if meta.is_file() && meta.len() > STEP {
+    } else if meta.is_file() && meta.nlink() == 1 && meta.len() > STEP {
         let f = OpenOptions::new().write(true).custom_flags(libc::O_NOFOLLOW).open(path)?;
         let mut len = meta.len();
         while len > 0 {
@@ -139,5 +142,20 @@ mod tests {
         std::fs::File::create(&p).unwrap().set_len(2 * STEP + 1).unwrap();
         cut_big_files(t.path()).unwrap();
         assert_eq!(std::fs::metadata(&p).unwrap().len(), 0);
+    }
+
+    /// A file with another hard link outside the tree (a snapshot's file
+    /// under its staging view) keeps its content.
+    #[test]
+    fn a_file_linked_elsewhere_is_not_cut() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("tree")).unwrap();
+        let kept = t.path().join("kept");
+        std::fs::File::create(&kept).unwrap().set_len(2 * STEP + 1).unwrap();
+        std::fs::hard_link(&kept, t.path().join("tree/view")).unwrap();
+        cut_big_files(&t.path().join("tree")).unwrap();
+        delete_paced(&t.path().join("tree"));
+        assert!(!t.path().join("tree").exists());
+        assert_eq!(std::fs::metadata(&kept).unwrap().len(), 2 * STEP + 1, "the other link's file is whole");
     }
 }
