@@ -193,21 +193,12 @@ impl Store {
                 report.errors.push(format!("staging {id}: {e}"));
             }
         }
-        let mut by_actor: BTreeMap<ActorName, Vec<Record>> = BTreeMap::new();
-        for r in db::records(&self.db, policy.actor.as_ref())? {
-            if !r.removing {
-                by_actor.entry(r.actor.clone()).or_default().push(r);
-            }
-        }
-        for (_, mut recs) in by_actor {
-            recs.sort_by_key(|r| std::cmp::Reverse(r.generation));
-            for r in recs.into_iter().skip(policy.keep_newest) {
-                let id = r.id();
-                match self.remove(&id).await {
-                    Ok(()) => report.removed.push(id),
-                    Err(Error::Pinned { .. } | Error::PinnedElsewhere { .. }) => report.kept_pinned.push(id),
-                    Err(e) => report.errors.push(format!("{id}: {e}")),
-                }
+        for r in self.superseded(policy.actor.as_ref(), policy.keep_newest)? {
+            let id = r.id();
+            match self.remove(&id).await {
+                Ok(()) => report.removed.push(id),
+                Err(Error::Pinned { .. } | Error::PinnedElsewhere { .. }) => report.kept_pinned.push(id),
+                Err(e) => report.errors.push(format!("{id}: {e}")),
             }
         }
         if policy.sweep_chunks {
@@ -238,35 +229,43 @@ impl Store {
     /// Returns what was removed; a removal that fails is noted and the
     /// rest go on.
     pub(super) async fn prune_local_only(&self, keep: usize) -> Result<Vec<SnapshotId>> {
+        let mut removed = Vec::new();
+        for r in self.superseded(None, keep.max(1))? {
+            // An upload asked for (`upload`, retried in the background) is honoured.
+            if r.local != LocalState::Present || r.remote != RemoteState::Absent || r.upload_now {
+                continue;
+            }
+            let id = r.id();
+            match self.remove(&id).await {
+                Ok(()) => {
+                    info!(snapshot = %id, bytes = r.logical_bytes, keep, "pruned a superseded snapshot that never left this node");
+                    removed.push(id);
+                }
+                // A pin keeps it (`remove` checks before it touches anything).
+                Err(Error::Pinned { .. }) => {}
+                Err(e) => self.note_error(format!("prune {id}: {e}")),
+            }
+        }
+        Ok(removed)
+    }
+
+    /// The records beyond each actor's newest `keep` generations (of
+    /// `actor`, or of all), by actor and newest first; those being removed
+    /// are not counted.
+    fn superseded(&self, actor: Option<&ActorName>, keep: usize) -> Result<Vec<Record>> {
         let mut by_actor: BTreeMap<ActorName, Vec<Record>> = BTreeMap::new();
-        for r in db::records(&self.db, None)? {
+        for r in db::records(&self.db, actor)? {
             if !r.removing {
                 by_actor.entry(r.actor.clone()).or_default().push(r);
             }
         }
-        let mut removed = Vec::new();
-        for (_, mut recs) in by_actor {
-            recs.sort_by_key(|r| std::cmp::Reverse(r.generation));
-            for r in recs.into_iter().skip(keep.max(1)) {
-                // An upload asked for (`upload`, retried in the background) is honoured.
-                if r.local != LocalState::Present || r.remote != RemoteState::Absent || r.upload_now {
-                    continue;
-                }
-                let id = r.id();
-                if db::lease_count(&self.db, &id.db_key())? > 0 {
-                    continue;
-                }
-                match self.remove(&id).await {
-                    Ok(()) => {
-                        info!(snapshot = %id, bytes = r.logical_bytes, keep, "pruned a superseded snapshot that never left this node");
-                        removed.push(id);
-                    }
-                    Err(Error::Pinned { .. }) => {}
-                    Err(e) => self.note_error(format!("prune {id}: {e}")),
-                }
-            }
-        }
-        Ok(removed)
+        Ok(by_actor
+            .into_values()
+            .flat_map(|mut recs| {
+                recs.sort_by_key(|r| std::cmp::Reverse(r.generation));
+                recs.into_iter().skip(keep)
+            })
+            .collect())
     }
 
     /// Forget every chunk known durable (the next uploads check by PUTting
