@@ -3,7 +3,9 @@
 //! newest snapshot (or, for a clone, the one `torpor.dev/restore-from`
 //! names); each container whose name it holds is restored from it at
 //! start (RESUMING persisted first) instead of starting cold, with the
-//! rootfs changes the snapshot carries applied first. Once it runs, the
+//! rootfs changes the snapshot carries applied first, with lazy pages like
+//! a resume (the checkout is kept until its daemons copied all the
+//! memory). Once it runs, the
 //! dead shims' records of the actor are removed ([`Actor::recovered`]); a
 //! restore that fails leaves the snapshot in the store
 //! ([`Actor::give_back`]).
@@ -18,11 +20,11 @@ use crate::actor::report::{self, Op};
 use crate::actor::store_client::{Checkout, SnapshotRef};
 use crate::error::{Error, Result, StoreErrorKind};
 use crate::lifecycle::resume::PageSource;
+use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{lock, Actor};
 use crate::oci::annotations::{RestoreSource, RESTORE_FROM};
 use crate::oci::bundle;
 use crate::system::rootfs;
-use crate::system::runc::RestoreFrom;
 use crate::task::tasks::criu_work;
 use crate::task::ExitHold;
 
@@ -182,14 +184,17 @@ impl Actor {
         let streamed = adopted
             .as_ref()
             .and_then(|a| a.checkout.page_server.as_deref().zip(hold.as_ref()).map(|(socket, hold)| PageSource { socket, lease: &a.checkout.lease, hold }));
+        let work = criu_work(bundle_dir);
+        // Whether a lazy-pages daemon goes on reading the checkout.
+        let mut served_lazily = false;
         let restored = match self.link_fds_of_image(id, image) {
             Err(e) => Err(e),
             Ok(inherit) => match streamed {
-                Some(pages) => self.restore_streamed(id, image, &criu_work(bundle_dir).join("lazy"), pages, inherit).await,
-                None => {
-                    let from = RestoreFrom { image: image.to_path_buf(), work: criu_work(bundle_dir), lazy: false, lazy_daemon: None, inherit };
-                    self.tasks.restore(id, &from).await
-                }
+                Some(pages) => self.restore_streamed(id, image, &work.join("lazy"), pages, inherit).await,
+                None => self.restore_from_disk(id, image, &work.join("lazy"), &work, inherit, &mut Timing::start()).await.map(|(pid, lazily)| {
+                    served_lazily = lazily;
+                    pid
+                }),
             },
         };
         if let (Ok(_), Ok(name)) = (&restored, super::resume::image_name(image)) {
@@ -204,7 +209,7 @@ impl Actor {
             match &restored {
                 Ok(_) => {
                     let ms = started.elapsed().as_millis() as u64;
-                    if let Err(e) = self.recovered(id, &a, pending, ms, hold).await {
+                    if let Err(e) = self.recovered(id, &a, pending, ms, hold, served_lazily).await {
                         warn!(container = id, "restored from a kept checkpoint, but the record could not be saved: {e}");
                     }
                 }
@@ -231,15 +236,18 @@ impl Actor {
     /// The container restored by identity runs: its checkout is released,
     /// the dead shims' records of the actor are superseded, and the actor
     /// is RUNNING once no other container waits for its restore.
-    /// `hold` is the streamed restore's (see [`PageSource::hold`]).
-    pub(crate) async fn recovered(&self, id: &str, adopted: &Adopted, pending: bool, ms: u64, hold: Option<ExitHold>) -> Result<()> {
+    /// `hold` is the streamed restore's (see [`PageSource::hold`]);
+    /// `served_lazily`: a lazy-pages daemon still reads the checkout, which
+    /// is released once it is done.
+    pub(crate) async fn recovered(&self, id: &str, adopted: &Adopted, pending: bool, ms: u64, hold: Option<ExitHold>, served_lazily: bool) -> Result<()> {
         let streamed = hold.is_some();
-        if !streamed {
+        let release_now = !streamed && !served_lazily;
+        if release_now {
             self.store.release_logged(&adopted.checkout.lease).await;
         }
         let Some(actor) = self.update_if(|rec| {
             rec.restored_names.insert(adopted.identity.container.clone());
-            if !streamed {
+            if release_now {
                 rec.leases.retain(|l| *l != adopted.checkout.lease);
             }
             if !pending {
@@ -252,7 +260,7 @@ impl Actor {
         else {
             return Ok(());
         };
-        if streamed {
+        if !release_now {
             // Released once its memory is all here (or its stream failed).
             self.release_when_served(adopted.checkout.lease.clone(), hold);
         }

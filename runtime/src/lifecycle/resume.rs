@@ -333,26 +333,38 @@ impl Actor {
             t.mark("restore");
             return restored;
         }
+        self.restore_from_disk(id, &image, &dir.work_dir(generation, id, "lazy"), &dir.work_dir(generation, id, "restore"), inherit, t)
+            .await
+            .map(|(pid, _)| pid)
+    }
+
+    /// Restore of container `id` from `image`, a directory on this node:
+    /// with lazy pages when they are enabled (a `criu lazy-pages` daemon
+    /// serves the memory on demand and copies the rest in the background,
+    /// CRIU's work in `lazy_work`), else, or when that fails, in full
+    /// (CRIU's work in `full_work`). Returns the pid and whether a daemon
+    /// still reads `image`: it is done once the [`Actor::lazy`] handles
+    /// are ([`Actor::release_when_served`]).
+    pub(crate) async fn restore_from_disk(&self, id: &str, image: &Path, lazy_work: &Path, full_work: &Path, inherit: Vec<InheritFd>, t: &mut Timing) -> Result<(i32, bool)> {
         if lazy_pages_enabled() {
-            let work = dir.work_dir(generation, id, "lazy");
             // With the CRIU launcher in front, CRIU waits for the daemon to
             // listen, while runc prepares the restore; else it is waited
             // for here.
             let overlapped = criu_launcher::in_front();
-            let mut cmd = LazyDaemon::command(&image, &work);
+            let mut cmd = LazyDaemon::command(image, lazy_work);
             cmd.env(CRIU_PREFETCH_DELAY_ENV, prefetch_delay().as_millis().to_string());
-            let started = if overlapped { LazyDaemon::spawn(cmd, &work) } else { LazyDaemon::spawn_and_wait(cmd, &work).await };
+            let started = if overlapped { LazyDaemon::spawn(cmd, lazy_work) } else { LazyDaemon::spawn_and_wait(cmd, lazy_work).await };
             t.mark("lazy_pages_start");
             match started {
                 Ok(daemon) => {
                     let lazy_daemon = overlapped.then_some(daemon.pid);
-                    let from = RestoreFrom { image: image.clone(), work, lazy: true, lazy_daemon, inherit: inherit.clone() };
+                    let from = RestoreFrom { image: image.to_path_buf(), work: lazy_work.to_path_buf(), lazy: true, lazy_daemon, inherit: inherit.clone() };
                     let restored = self.tasks.restore(id, &from).await;
                     t.mark("restore");
                     match restored {
                         Ok(pid) => {
                             lock(&self.lazy).push(daemon.finish(self.lazy_stop.subscribe()));
-                            return Ok(pid);
+                            return Ok((pid, true));
                         }
                         Err(e) => {
                             warn!(container = id, "lazy-pages restore failed, restoring in full: {e}");
@@ -363,10 +375,10 @@ impl Actor {
                 Err(e) => warn!(container = id, "no lazy pages ({e}): restoring in full"),
             }
         }
-        let work = dir.work_dir(generation, id, "restore");
-        let restored = self.tasks.restore(id, &RestoreFrom { image, work, lazy: false, lazy_daemon: None, inherit }).await;
+        let from = RestoreFrom { image: image.to_path_buf(), work: full_work.to_path_buf(), lazy: false, lazy_daemon: None, inherit };
+        let restored = self.tasks.restore(id, &from).await;
         t.mark("restore");
-        restored
+        restored.map(|pid| (pid, false))
     }
 
     /// The checkout `lease` is released once the lazy-pages daemons are
