@@ -14,7 +14,8 @@
 //! back (a container holding a deleted 4 MiB file: "Can't dump ghost file"),
 //! also from FROZEN; two app containers are one actor and their output
 //! continues with no line lost; FROZEN -> SUSPENDED with a connection waiting
-//! in the frozen actor's accept queue.
+//! in the frozen actor's accept queue; two containers connected by a unix
+//! socket or a named pipe, or sharing memory, suspend and resume as one.
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, ErrorKind, Write};
@@ -1424,6 +1425,86 @@ fn a_unix_connection_between_two_containers_survives_suspend() {
         answer.starts_with("ERR") && (answer.contains("EOF") || answer.contains("broken pipe")),
         "the app sees the sidecar's end close (not a timeout, as with an end still held): {answer}"
     );
+}
+
+/// Two containers of one pod share memory: a page of a file in the pod's
+/// `/dev/shm` (the sandbox's, which CRI mounts into every container of the
+/// pod), mapped `MAP_SHARED` by both. After each suspend and resume they
+/// still share it, and what either wrote is kept.
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn memory_two_containers_share_stays_shared() {
+    torpor_only();
+    const SHM: &str = "/dev/shm/torpor-test-shared";
+    let pod = Pod::run("susp-shm");
+    let side = pod.start_actor("side", &["counter", "--port", "8081", "--shared-mem", SHM]);
+    wait_container_state(&side, "CONTAINER_RUNNING");
+    let a = CounterSpec::new().in_the_pods_pid_namespace().extra_args(&["--shared-mem", SHM]).start(pod);
+    let side_addr = format!("{}:8081", a.ip);
+    assert_eq!(counter_cmd(&side_addr, "shared"), "1");
+    assert_eq!(a.cmd("shared"), "2", "the app sees the sidecar's write");
+    assert_eq!(a.inc(), 1);
+
+    for cycle in 1..=2u64 {
+        let st = a.op("suspend");
+        assert_eq!(st["state"], "SUSPENDED", "cycle {cycle}: {st}");
+        for c in [&a.container, &side] {
+            assert!(container_processes(c, "/actor").is_empty(), "cycle {cycle}: no process of {c} while suspended");
+        }
+        let st = a.op("resume");
+        assert_eq!(st["state"], "RUNNING", "cycle {cycle}: {st}");
+        assert_eq!(a.cmd("shared"), (2 * cycle + 1).to_string(), "cycle {cycle}: the shared value kept");
+        assert_eq!(
+            counter_cmd(&side_addr, "shared"),
+            (2 * cycle + 2).to_string(),
+            "cycle {cycle}: the sidecar maps the same memory as the app (not a copy of its own)"
+        );
+        assert_eq!(a.inc(), cycle + 1, "cycle {cycle}: the app's private count intact");
+    }
+}
+
+/// Two containers of one pod connected by a named pipe on a volume they
+/// share (a sidecar writes, the app reads), held open for their lives.
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn a_fifo_between_two_containers_survives_suspend() {
+    torpor_only();
+    let pod = Pod::run("susp-fifo");
+    let shared = pod.dir().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let shared = shared.to_string_lossy().into_owned();
+    let mut side = container_config("side", &["counter", "--port", "8081", "--fifo-write", "/shared/pipe"]);
+    side["mounts"] = serde_json::json!([{ "host_path": shared, "container_path": "/shared" }]);
+    let side = pod.start_config(&side);
+    wait_container_state(&side, "CONTAINER_RUNNING");
+    let a = CounterSpec::new()
+        .in_the_pods_pid_namespace()
+        .extra_args(&["--fifo-read", "/shared/pipe"])
+        .mount(&shared, "/shared")
+        .start(pod);
+    let side_addr = format!("{}:8081", a.ip);
+    assert_eq!(counter_cmd(&side_addr, "fifo send"), "sent 1");
+    assert_eq!(a.cmd("fifo read"), "msg 1");
+
+    for cycle in 1..=2u64 {
+        let st = a.op("suspend");
+        assert_eq!(st["state"], "SUSPENDED", "cycle {cycle}: {st}");
+        let st = a.op("resume");
+        assert_eq!(st["state"], "RUNNING", "cycle {cycle}: {st}");
+        assert_eq!(counter_cmd(&side_addr, "fifo send"), format!("sent {}", cycle + 1), "cycle {cycle}");
+        assert_eq!(a.cmd("fifo read"), format!("msg {}", cycle + 1), "cycle {cycle}: the same pipe joins the two");
+    }
+
+    // A line left unread in the pipe comes back once, neither lost nor
+    // written again by the writer's restore.
+    assert_eq!(counter_cmd(&side_addr, "fifo send"), "sent 4");
+    assert_eq!(a.op("suspend")["state"], "SUSPENDED");
+    assert_eq!(a.op("resume")["state"], "RUNNING");
+    assert_eq!(a.cmd("fifo read"), "msg 4", "the line in the pipe at the suspend");
+    let next = a.cmd("fifo read");
+    assert!(next.starts_with("ERR") && next.contains("timeout"), "nothing more in the pipe: {next}");
+    assert_eq!(counter_cmd(&side_addr, "fifo send"), "sent 5");
+    assert_eq!(a.cmd("fifo read"), "msg 5");
 }
 
 /// The resume's CRIU finds the kernel cache that the node daemon warmed at

@@ -11,6 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+	"unsafe"
 )
 
 const pageSize = 4096
@@ -24,6 +28,12 @@ type counter struct {
 	n  int64
 	// peer is the one connection to the sidecar (--peer), dialed at start.
 	peer *peerConn
+	// shared is a page of a file mapped MAP_SHARED (--shared-mem): memory
+	// another container of the pod maps too.
+	shared []byte
+	// fifo is a named pipe shared with another container of the pod
+	// (--fifo-read or --fifo-write), opened in the background.
+	fifo fifoEnd
 }
 
 func (c *counter) inc() int64 {
@@ -45,6 +55,9 @@ func runCounter(args []string) {
 	allocMiB := fs.Int("alloc-mib", 0, "MiB of memory to allocate, fill and keep live")
 	seed := fs.Uint64("seed", 0, "varies the --alloc-mib pattern (two actors with different seeds share no page)")
 	peerPath := fs.String("peer", "", "unix socket of a sidecar (actor peer) to dial once and keep for the process's life")
+	sharedPath := fs.String("shared-mem", "", "file (e.g. in the pod's /dev/shm) whose first page is mapped shared; `shared` increments its counter")
+	fifoRead := fs.String("fifo-read", "", "named pipe (made if missing) to read from: `fifo read` reads a line")
+	fifoWrite := fs.String("fifo-write", "", "named pipe (made if missing) to write to: `fifo send` writes a line")
 	if rest := parseArgs(fs, args); len(rest) != 0 {
 		fatalf("counter: unexpected arguments %q", rest)
 	}
@@ -59,6 +72,14 @@ func runCounter(args []string) {
 	c := &counter{}
 	if *peerPath != "" {
 		c.peer = dialPeer(*peerPath)
+	}
+	if *sharedPath != "" {
+		c.shared = mapShared(*sharedPath)
+	}
+	if *fifoRead != "" {
+		c.fifo.open(*fifoRead, false)
+	} else if *fifoWrite != "" {
+		c.fifo.open(*fifoWrite, true)
 	}
 	ln := listen(*port)
 	for {
@@ -153,6 +174,12 @@ func (c *counter) serve(conn net.Conn) {
 			fmt.Fprintf(conn, "%s\n", checksum())
 		case "touch":
 			fmt.Fprintf(conn, "%d\n", touch())
+		case "shared":
+			fmt.Fprintln(conn, c.sharedInc())
+		case "fifo send":
+			fmt.Fprintln(conn, c.fifo.send())
+		case "fifo read":
+			fmt.Fprintln(conn, c.fifo.read())
 		case "peer":
 			fmt.Fprintln(conn, c.peer.ping(true, true))
 		case "peer send":
@@ -221,4 +248,111 @@ func (c *counter) serveHTTP(conn net.Conn, requestLine string, br *bufio.Reader)
 	default:
 		writeHTTP(conn, 404, "text/plain", "not found\n")
 	}
+}
+
+// mapShared maps the first page of path (created, or grown to a page)
+// MAP_SHARED: every process mapping it sees the same memory.
+func mapShared(path string) []byte {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		fatalf("shared memory %s: %v", path, err)
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil {
+		fatalf("shared memory %s: %v", path, err)
+	} else if st.Size() < pageSize {
+		if err := f.Truncate(pageSize); err != nil {
+			fatalf("shared memory %s: %v", path, err)
+		}
+	}
+	m, err := syscall.Mmap(int(f.Fd()), 0, pageSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		fatalf("mmap %s: %v", path, err)
+	}
+	fmt.Printf("mapped %s shared\n", path)
+	return m
+}
+
+// sharedInc increments the counter in the shared page; its new value.
+func (c *counter) sharedInc() string {
+	if c.shared == nil {
+		return "ERR no --shared-mem"
+	}
+	return strconv.FormatUint(atomic.AddUint64((*uint64)(unsafe.Pointer(&c.shared[0])), 1), 10)
+}
+
+// fifoEnd is one end of a named pipe; the open (which waits for the other
+// end) runs in the background.
+type fifoEnd struct {
+	mu    sync.Mutex
+	f     *os.File
+	r     *bufio.Reader
+	sent  int
+	ready chan struct{}
+}
+
+func (e *fifoEnd) open(path string, write bool) {
+	if err := syscall.Mkfifo(path, 0o600); err != nil && err != syscall.EEXIST {
+		fatalf("mkfifo %s: %v", path, err)
+	}
+	e.ready = make(chan struct{})
+	go func() {
+		flag := os.O_RDONLY
+		if write {
+			flag = os.O_WRONLY
+		}
+		f, err := os.OpenFile(path, flag, 0)
+		if err != nil {
+			fatalf("open fifo %s: %v", path, err)
+		}
+		e.mu.Lock()
+		e.f, e.r = f, bufio.NewReader(f)
+		e.mu.Unlock()
+		close(e.ready)
+		fmt.Printf("fifo %s open\n", path)
+	}()
+}
+
+// wait: the open end, or an error text.
+func (e *fifoEnd) wait() (*os.File, string) {
+	if e.ready == nil {
+		return nil, "ERR no --fifo-read or --fifo-write"
+	}
+	select {
+	case <-e.ready:
+		return e.f, ""
+	case <-time.After(5 * time.Second):
+		return nil, "ERR the fifo's other end never opened"
+	}
+}
+
+// send writes line "msg N" (N counting from 1); "sent N".
+func (e *fifoEnd) send() string {
+	f, bad := e.wait()
+	if f == nil {
+		return bad
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.sent++
+	if _, err := fmt.Fprintf(f, "msg %d\n", e.sent); err != nil {
+		return "ERR " + err.Error()
+	}
+	return fmt.Sprintf("sent %d", e.sent)
+}
+
+// read: the next line, within 2 s.
+func (e *fifoEnd) read() string {
+	f, bad := e.wait()
+	if f == nil {
+		return bad
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	_ = f.SetReadDeadline(time.Now().Add(2 * time.Second))
+	line, err := e.r.ReadString('\n')
+	if err != nil {
+		return "ERR " + err.Error()
+	}
+	return strings.TrimRight(line, "\n")
 }
