@@ -1369,6 +1369,37 @@ fn an_altered_dump_is_refused_before_the_restore() {
     refused("from the committed snapshot");
 }
 
+/// A pod of two containers sharing a host directory at `/shared`: a
+/// sidecar `/actor <side_args>` (started first) and the app, a counter
+/// with `<app_args>`, in the pod's pid namespace. The app and the sidecar's
+/// container id.
+#[track_caller]
+fn app_and_sidecar(prefix: &str, side_args: &[&str], app_args: &[&str]) -> (Counter, String) {
+    let pod = Pod::run(prefix);
+    let shared = pod.dir().join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let shared = shared.to_string_lossy().into_owned();
+    let mut side = container_config("side", side_args);
+    side["mounts"] = serde_json::json!([{ "host_path": shared, "container_path": "/shared" }]);
+    let side = pod.start_config(&side);
+    wait_container_state(&side, "CONTAINER_RUNNING");
+    let a = CounterSpec::new().in_the_pods_pid_namespace().extra_args(app_args).mount(&shared, "/shared").start(pod);
+    (a, side)
+}
+
+/// Suspend (no process of the app or its sidecar left) and resume of the
+/// pod of `a`, the `cycle`th time.
+#[track_caller]
+fn suspend_and_resume_both(a: &Counter, side: &str, cycle: u64) {
+    let st = a.op("suspend");
+    assert_eq!(st["state"], "SUSPENDED", "cycle {cycle}: {st}");
+    for c in [a.container.as_str(), side] {
+        assert!(container_processes(c, "/actor").is_empty(), "cycle {cycle}: no process of {c} while suspended");
+    }
+    let st = a.op("resume");
+    assert_eq!(st["state"], "RUNNING", "cycle {cycle}: {st}");
+}
+
 /// An app and its sidecar in one pod, connected by a unix stream socket on a
 /// shared volume and held open for the pod's life: the pod suspends and
 /// resumes as one unit, twice, and the connection works after each resume
@@ -1379,32 +1410,14 @@ fn an_altered_dump_is_refused_before_the_restore() {
 #[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn a_unix_connection_between_two_containers_survives_suspend() {
     torpor_only();
-    let pod = Pod::run("susp-unix");
-    let shared = pod.dir().join("shared");
-    std::fs::create_dir_all(&shared).unwrap();
-    let shared = shared.to_string_lossy().into_owned();
-    let mut side = container_config("side", &["peer", "--listen", "/shared/peer.sock"]);
-    side["mounts"] = serde_json::json!([{ "host_path": shared, "container_path": "/shared" }]);
-    let side = pod.start_config(&side);
-    wait_container_state(&side, "CONTAINER_RUNNING");
-    let a = CounterSpec::new()
-        .in_the_pods_pid_namespace()
-        .extra_args(&["--peer", "/shared/peer.sock"])
-        .mount(&shared, "/shared")
-        .start(pod);
+    let (a, side) = app_and_sidecar("susp-unix", &["peer", "--listen", "/shared/peer.sock"], &["--peer", "/shared/peer.sock"]);
     assert_eq!(a.cmd("peer"), "pong 1");
     assert_eq!(a.inc(), 1);
 
-    for cycle in 1..=2 {
-        let st = a.op("suspend");
-        assert_eq!(st["state"], "SUSPENDED", "cycle {cycle}: {st}");
-        for c in [&a.container, &side] {
-            assert!(container_processes(c, "/actor").is_empty(), "cycle {cycle}: no process of {c} while suspended");
-        }
-        let st = a.op("resume");
-        assert_eq!(st["state"], "RUNNING", "cycle {cycle}: {st}");
+    for cycle in 1..=2u64 {
+        suspend_and_resume_both(&a, &side, cycle);
         assert_eq!(a.cmd("peer"), format!("pong {}", cycle + 1), "cycle {cycle}: the same connection, the sidecar's count intact");
-        assert_eq!(a.inc(), cycle as u64 + 1, "cycle {cycle}: the app's count intact");
+        assert_eq!(a.inc(), cycle + 1, "cycle {cycle}: the app's count intact");
     }
 
     // An answer left unread: the suspend is refused, nothing is lost.
@@ -1446,13 +1459,7 @@ fn memory_two_containers_share_stays_shared() {
     assert_eq!(a.inc(), 1);
 
     for cycle in 1..=2u64 {
-        let st = a.op("suspend");
-        assert_eq!(st["state"], "SUSPENDED", "cycle {cycle}: {st}");
-        for c in [&a.container, &side] {
-            assert!(container_processes(c, "/actor").is_empty(), "cycle {cycle}: no process of {c} while suspended");
-        }
-        let st = a.op("resume");
-        assert_eq!(st["state"], "RUNNING", "cycle {cycle}: {st}");
+        suspend_and_resume_both(&a, &side, cycle);
         assert_eq!(a.cmd("shared"), (2 * cycle + 1).to_string(), "cycle {cycle}: the shared value kept");
         assert_eq!(
             counter_cmd(&side_addr, "shared"),
@@ -1469,28 +1476,13 @@ fn memory_two_containers_share_stays_shared() {
 #[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn a_fifo_between_two_containers_survives_suspend() {
     torpor_only();
-    let pod = Pod::run("susp-fifo");
-    let shared = pod.dir().join("shared");
-    std::fs::create_dir_all(&shared).unwrap();
-    let shared = shared.to_string_lossy().into_owned();
-    let mut side = container_config("side", &["counter", "--port", "8081", "--fifo-write", "/shared/pipe"]);
-    side["mounts"] = serde_json::json!([{ "host_path": shared, "container_path": "/shared" }]);
-    let side = pod.start_config(&side);
-    wait_container_state(&side, "CONTAINER_RUNNING");
-    let a = CounterSpec::new()
-        .in_the_pods_pid_namespace()
-        .extra_args(&["--fifo-read", "/shared/pipe"])
-        .mount(&shared, "/shared")
-        .start(pod);
+    let (a, side) = app_and_sidecar("susp-fifo", &["counter", "--port", "8081", "--fifo-write", "/shared/pipe"], &["--fifo-read", "/shared/pipe"]);
     let side_addr = format!("{}:8081", a.ip);
     assert_eq!(counter_cmd(&side_addr, "fifo send"), "sent 1");
     assert_eq!(a.cmd("fifo read"), "msg 1");
 
     for cycle in 1..=2u64 {
-        let st = a.op("suspend");
-        assert_eq!(st["state"], "SUSPENDED", "cycle {cycle}: {st}");
-        let st = a.op("resume");
-        assert_eq!(st["state"], "RUNNING", "cycle {cycle}: {st}");
+        suspend_and_resume_both(&a, &side, cycle);
         assert_eq!(counter_cmd(&side_addr, "fifo send"), format!("sent {}", cycle + 1), "cycle {cycle}");
         assert_eq!(a.cmd("fifo read"), format!("msg {}", cycle + 1), "cycle {cycle}: the same pipe joins the two");
     }

@@ -5,10 +5,9 @@
 //! start (RESUMING persisted first) instead of starting cold, with the
 //! rootfs changes the snapshot carries applied first, with lazy pages like
 //! a resume (the checkout is kept until its daemons copied all the
-//! memory). Once it runs, the
-//! dead shims' records of the actor are removed ([`Actor::recovered`]); a
-//! restore that fails leaves the snapshot in the store
-//! ([`Actor::give_back`]).
+//! memory). Once it runs, the dead shims' records of the actor are removed
+//! ([`Actor::recovered`]); a restore that fails leaves the snapshot in the
+//! store ([`Actor::give_back`]).
 
 use std::path::{Path, PathBuf};
 
