@@ -5,9 +5,10 @@
 //! start (RESUMING persisted first) instead of starting cold, with the
 //! rootfs changes the snapshot carries applied first, with lazy pages like
 //! a resume (the checkout is kept until its daemons copied all the
-//! memory). Once it runs, the dead shims' records of the actor are removed
-//! ([`Actor::recovered`]); a restore that fails leaves the snapshot in the
-//! store ([`Actor::give_back`]).
+//! memory; a container made from containerd's own checkpoint is restored
+//! in full, as runc-v2 does). Once it runs, the dead shims' records of the
+//! actor are removed ([`Actor::recovered`]); a restore that fails leaves
+//! the snapshot in the store ([`Actor::give_back`]).
 
 use std::path::{Path, PathBuf};
 
@@ -24,6 +25,7 @@ use crate::lifecycle::{lock, Actor};
 use crate::oci::annotations::{RestoreSource, RESTORE_FROM};
 use crate::oci::bundle;
 use crate::system::rootfs;
+use crate::system::runc::RestoreFrom;
 use crate::task::tasks::criu_work;
 use crate::task::ExitHold;
 
@@ -188,12 +190,21 @@ impl Actor {
         let mut served_lazily = false;
         let restored = match self.link_fds_of_image(id, image) {
             Err(e) => Err(e),
-            Ok(inherit) => match streamed {
-                Some(pages) => self.restore_streamed(id, image, &work.join("lazy"), pages, inherit).await,
-                None => self.restore_from_disk(id, image, &work.join("lazy"), &work, inherit, &mut Timing::start()).await.map(|(pid, lazily)| {
+            Ok(inherit) => match (streamed, &adopted) {
+                (Some(pages), _) => self.restore_streamed(id, image, &work.join("lazy"), pages, inherit).await,
+                // A checkout of the store, pinned by its lease until the
+                // daemon is done with it.
+                (None, Some(_)) => self.restore_from_disk(id, image, &work.join("lazy"), &work, inherit, &mut Timing::start()).await.map(|(pid, lazily)| {
                     served_lazily = lazily;
                     pid
                 }),
+                // containerd's checkpoint directory (`ctr c restore`): not
+                // ours to keep, so read whole before the start returns, as
+                // runc-v2 does.
+                (None, None) => {
+                    let from = RestoreFrom { image: image.to_path_buf(), work, lazy: false, lazy_daemon: None, inherit };
+                    self.tasks.restore(id, &from).await
+                }
             },
         };
         if let (Ok(_), Ok(name)) = (&restored, super::resume::image_name(image)) {
