@@ -186,27 +186,25 @@ impl Actor {
             .as_ref()
             .and_then(|a| a.checkout.page_server.as_deref().zip(hold.as_ref()).map(|(socket, hold)| PageSource { socket, lease: &a.checkout.lease, hold }));
         let work = criu_work(bundle_dir);
-        // Whether a lazy-pages daemon goes on reading the checkout.
-        let mut served_lazily = false;
+        // The pid, and whether a lazy-pages daemon goes on reading the checkout.
         let restored = match self.link_fds_of_image(id, image) {
             Err(e) => Err(e),
             Ok(inherit) => match (streamed, &adopted) {
-                (Some(pages), _) => self.restore_streamed(id, image, &work.join("lazy"), pages, inherit).await,
+                (Some(pages), _) => self.restore_streamed(id, image, &work.join("lazy"), pages, inherit).await.map(|pid| (pid, false)),
                 // A checkout of the store, pinned by its lease until the
                 // daemon is done with it.
-                (None, Some(_)) => self.restore_from_disk(id, image, &work.join("lazy"), &work, inherit, &mut Timing::start()).await.map(|(pid, lazily)| {
-                    served_lazily = lazily;
-                    pid
-                }),
+                (None, Some(_)) => self.restore_from_disk(id, image, &work.join("lazy"), &work, inherit, &mut Timing::start()).await,
                 // containerd's checkpoint directory (`ctr c restore`): not
                 // ours to keep, so read whole before the start returns, as
                 // runc-v2 does.
                 (None, None) => {
                     let from = RestoreFrom { image: image.to_path_buf(), work, lazy: false, lazy_daemon: None, inherit };
-                    self.tasks.restore(id, &from).await
+                    self.tasks.restore(id, &from).await.map(|pid| (pid, false))
                 }
             },
         };
+        let served_lazily = matches!(restored, Ok((_, true)));
+        let restored = restored.map(|(pid, _)| pid);
         if let (Ok(_), Ok(name)) = (&restored, super::resume::image_name(image)) {
             self.links_restored(name);
         }

@@ -226,10 +226,8 @@ impl Store {
     /// this node alone: a local copy, never uploaded (nor being uploaded,
     /// nor asked to be), no pin ([`super::StoreConfig::prune_keep`]). The newest `keep` count
     /// every generation the database knows, in either tier, as gc does.
-    /// Returns what was removed; a removal that fails is noted and the
-    /// rest go on.
-    pub(super) async fn prune_local_only(&self, keep: usize) -> Result<Vec<SnapshotId>> {
-        let mut removed = Vec::new();
+    /// Each removal is logged; one that fails is noted and the rest go on.
+    pub(super) async fn prune_local_only(&self, keep: usize) -> Result<()> {
         for r in self.superseded(None, keep.max(1))? {
             // An upload asked for (`upload`, retried in the background) is honoured.
             if r.local != LocalState::Present || r.remote != RemoteState::Absent || r.upload_now {
@@ -237,16 +235,13 @@ impl Store {
             }
             let id = r.id();
             match self.remove(&id).await {
-                Ok(()) => {
-                    info!(snapshot = %id, bytes = r.logical_bytes, keep, "pruned a superseded snapshot that never left this node");
-                    removed.push(id);
-                }
+                Ok(()) => info!(snapshot = %id, bytes = r.logical_bytes, keep, "pruned a superseded snapshot that never left this node"),
                 // A pin keeps it (`remove` checks before it touches anything).
                 Err(Error::Pinned { .. }) => {}
                 Err(e) => self.note_error(format!("prune {id}: {e}")),
             }
         }
-        Ok(removed)
+        Ok(())
     }
 
     /// The records beyond each actor's newest `keep` generations (of

@@ -76,7 +76,9 @@ func runCounter(args []string) {
 	if *sharedPath != "" {
 		c.shared = mapShared(*sharedPath)
 	}
-	if *fifoRead != "" {
+	if *fifoRead != "" && *fifoWrite != "" {
+		fatalf("counter: --fifo-read and --fifo-write: one end per process")
+	} else if *fifoRead != "" {
 		c.fifo.open(*fifoRead, false)
 	} else if *fifoWrite != "" {
 		c.fifo.open(*fifoWrite, true)
