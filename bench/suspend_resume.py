@@ -18,7 +18,12 @@ started in it with `crictl create/start`), one run:
    the actor is left (the pod's network namespace holds no `/actor counter`
    process; polled right after the return, normally already true). The
    shim's own `last_suspend_ms` from the reply is kept as a phase.
-2. RESUME, TIMED (the trigger): connect to POD_IP:8080 (the shim holds the
+2. Untimed: until the suspend has settled, its background commit of the
+   dump into the node's store done (`torporctl status`: `committed_at_ms`
+   set, no `staging`; polled every 5 ms; the p50 of that wait is kept as
+   `torpor_commit_after_suspend_return_p50_ms`). A wake-up seconds or
+   minutes after a suspend finds it so.
+3. RESUME, TIMED (the trigger): connect to POD_IP:8080 (the shim holds the
    port while the actor is suspended), send `inc\\n`, until the first byte of
    the answer arrives. In between the shim classifies the connection as real
    traffic, restores the actor with CRIU (`runc restore`; by default with
@@ -29,6 +34,13 @@ started in it with `crictl create/start`), one run:
    `last_resume_ms` (restore incl. the handover), kept as a phase, and the
    time from the answer until the lazy-pages daemon is gone (polled every
    5 ms) is kept as `torpor_lazy_prefetch_after_answer_p50_ms`.
+
+At 256 MiB each run then suspends and resumes the actor once more, the
+trigger right after torporctl returned, during the commit (the shim restores
+from a view of the dump the commit is still placing, and the commit's disk
+writes go on beside the restore): resume_256mib_right_after_suspend_ms, no
+goal; its runc-v2 column is resume_256mib_ms's, whose checkpoint is complete
+when ctr returns.
 
 torporctl is pointed (`--socket-dir`) at a private directory holding only a
 link to this pod's shim control socket, so that shims of other rigs on the
@@ -112,6 +124,9 @@ GOALS = {  # name -> (p99 bound in ms, text)
 }
 
 
+# the size whose runs also time a resume triggered right after the suspend
+RIGHT_AFTER_MIB = 256
+
 # bench/resume_cold.py sets this: the page cache is dropped (untimed) right
 # before each resume's trigger, so that the snapshot, CRIU, runc and the
 # shim's pages are read from disk: entries resume_<size>_cold_ms, no suspend.
@@ -146,8 +161,37 @@ def wait_actor(ip: str) -> None:
 class TorporSuspendResume(TorporActor):
     """The torpor actor (bench.TorporActor), suspended and resumed by a request."""
 
+    # set by measure(): each run also times a resume triggered right after
+    # the suspend returned (resume_256mib_right_after_suspend_ms)
+    right_after = False
+
     def run(self) -> dict:
-        """One suspend + resume of the torpor actor; returns the timings."""
+        """One suspend + resume of the torpor actor, the trigger once the
+        suspend has settled; with `right_after` a second one, the trigger
+        right after the suspend returned. Returns the timings."""
+        out = self.cycle(settle=True)
+        if self.right_after:
+            again = self.cycle(settle=False)
+            out["resume_right_after"] = again["resume"]
+            out["resume_right_after_phases"] = again["resume_phases"]
+        return out
+
+    def wait_committed(self, timeout=60.0) -> float:
+        """Until the suspend's background commit is done (the record has
+        `committed_at_ms` and no `staging`): ms waited."""
+        t0 = now_ns()
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status()
+            if st.get("committed_at_ms") and not st.get("staging"):
+                return ms(t0, now_ns())
+            if time.monotonic() > deadline:
+                raise RunError(f"the suspend's commit was not done {timeout:.0f}s after the suspend returned")
+            time.sleep(0.005)
+
+    def cycle(self, settle: bool) -> dict:
+        """One suspend + resume; with `settle` the trigger waits (untimed)
+        for the suspend's background commit."""
         if len(actor_pids(self.netns_ino, self.mib)) != 1:
             raise RunError("the actor is not running before the suspend")
         # Untimed: the actor fully resumed (memory prefetched) before the
@@ -173,6 +217,8 @@ class TorporSuspendResume(TorporActor):
             "suspend_gone_polls": polls,
             "resume": None,
         }
+        if settle:
+            out["commit_after_return"] = self.wait_committed()
         # RESUME: the trigger
         if COLD:
             drop_page_cache()
@@ -362,6 +408,8 @@ def measure(runs: int, sizes, budget_s: float) -> list:
                 except Exception as e:  # noqa: BLE001 - reported in results.json
                     errors[(key, mib)] = f"{size}: setting up the actor: {e}"
                     log(f"suspend_resume {key}: {errors[(key, mib)]}")
+            if TORPOR in actors:
+                actors[TORPOR].right_after = mib == RIGHT_AFTER_MIB and not COLD
             subjects = {key: (lambda _i, a=a: a.run()) for key, a in actors.items()}
 
             def texts(label):
@@ -413,12 +461,17 @@ def measure(runs: int, sizes, budget_s: float) -> list:
     specs = [(f"resume_{size_name(m)}{'_cold' if COLD else ''}_ms", m, "resume") for m in sizes]
     if 1024 in sizes and not COLD:
         specs.append(("suspend_1gib_ms", 1024, "suspend"))
+    if RIGHT_AFTER_MIB in sizes and not COLD:
+        specs.append((f"resume_{size_name(RIGHT_AFTER_MIB)}_right_after_suspend_ms", RIGHT_AFTER_MIB, "resume_right_after"))
     for name, mib, what in specs:
         extra = {}
         vals = {}
         for key in (TORPOR, BASELINE):
-            rs = [r for r in results[(key, mib)] if r[what] is not None]
-            v = [r[what] for r in rs]
+            # runc-v2's checkpoint is done when ctr returns: its resume is
+            # the same whenever it is triggered
+            field = "resume" if what == "resume_right_after" and key == BASELINE else what
+            rs = [r for r in results[(key, mib)] if r.get(field) is not None]
+            v = [r[field] for r in rs]
             ok = (key, mib) not in errors and len(v) > 0
             vals[key] = v if ok else []
             extra[f"{key}_p99"] = pct(v, 99) if ok else None
@@ -426,8 +479,8 @@ def measure(runs: int, sizes, budget_s: float) -> list:
             extra[f"{key}_min"] = bench.rnd(min(v), 1) if ok else None
             extra[f"{key}_max"] = bench.rnd(max(v), 1) if ok else None
             extra[f"{key}_samples_ms"] = [bench.rnd(x, 1) for x in v] or None
-            extra[f"{key}_phases_p50_ms"] = phases_p50(rs, f"{what}_phases") if ok else None
-            extra[f"{key}_phases_p99_ms"] = phases_pct(rs, f"{what}_phases", 99) if ok else None
+            extra[f"{key}_phases_p50_ms"] = phases_p50(rs, f"{field}_phases") if ok else None
+            extra[f"{key}_phases_p99_ms"] = phases_pct(rs, f"{field}_phases", 99) if ok else None
             if what == "suspend" and ok:
                 extra[f"{key}_runs_process_outlived_return"] = sum(1 for r in rs if r["suspend_gone_polls"])
             if what == "resume" and ok and key == TORPOR:
@@ -436,6 +489,8 @@ def measure(runs: int, sizes, budget_s: float) -> list:
                 extra["torpor_resume_cpu_ms_note"] = ("CPU time (user + system) per resume: the shim and the runc and CRIU "
                                                       "processes it waited for (not the restored process; the lazy-pages "
                                                       "daemon is counted when it exits)")
+                commit = [r["commit_after_return"] for r in rs if r.get("commit_after_return") is not None]
+                extra["torpor_commit_after_suspend_return_p50_ms"] = pct(commit, 50)
                 lz = [r["prefetch_after_answer"] for r in rs if r.get("lazy")]
                 extra["torpor_runs_lazy_pages_seen"] = len(lz)
                 extra["torpor_lazy_prefetch_after_answer_p50_ms"] = pct(lz, 50)
@@ -473,9 +528,16 @@ def measure(runs: int, sizes, budget_s: float) -> list:
         extra["goal_p99_max_ms"] = bound
         extra["goal_met"] = met
         n = extra.get("torpor_n") or extra.get("baseline_n") or runs
-        if what == "resume":
+        if what == "resume_right_after":
+            stat = (f"p50 of {n} runs (p99 in the details): as resume_{size_name(mib)}_ms, but torpor's trigger "
+                    f"comes right after `torporctl suspend` returned, while the shim's background commit of the "
+                    f"dump into the store is still under way (the resume restores from a view of the dump); "
+                    f"measured in the same runs, each run's second suspend + resume. runc-v2: the samples of "
+                    f"resume_{size_name(mib)}_ms (its checkpoint is complete when ctr returns)")
+        elif what == "resume":
             stat = (f"p50 of {n} runs (p99 in the details): from the trigger (connect to POD_IP:8080 of the "
-                    f"suspended actor and send `inc`) to the first byte of the answer, which must be the "
+                    f"suspended actor and send `inc`, once the suspend has settled: its background commit "
+                    f"into the store done, untimed) to the first byte of the answer, which must be the "
                     f"previous counter + 1 (a run without it fails, is counted and left out of the "
                     f"percentiles); actor `/actor counter --alloc-mib {mib}`. "
                     f"torpor: suspended by `torporctl suspend`, the shim holds the port, wakes on the "

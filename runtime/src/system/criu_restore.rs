@@ -294,8 +294,14 @@ pub async fn restore(t: Template, state_dir: &Path, from: &RestoreFrom, pid_file
     };
     let result = run.exchange(&t, from, prepared, &criu, stdio, deadline).await;
     match result {
-        Ok(pid) => {
-            run.finish();
+        Ok((pid, criu_ending)) => {
+            // CRIU's own end (its answer, the cgroup yard it unmounts, its
+            // exit) and criu-root's unmount are off the resume's path.
+            let root = run.criu_root.take();
+            tokio::spawn(async move {
+                criu_ending.wait().await;
+                unmount_root(root);
+            });
             if let Err(e) = std::fs::write(pid_file, pid.to_string()) {
                 warn!(file = %pid_file.display(), "write the restored init's pid file: {e}");
             }
@@ -511,10 +517,11 @@ impl Run {
         Ok(())
     }
 
-    /// Starts CRIU, puts it in the cgroups, sends the request, answers its
-    /// notifications (runc's state written on `post-restore`) and waits
-    /// for it: the restored init's pid.
-    async fn exchange(&mut self, t: &Template, from: &RestoreFrom, p: Prepared, criu: &Path, stdio: ProcessStdio, deadline: Duration) -> Result<i32> {
+    /// Starts CRIU, puts it in the cgroups, sends the request and answers
+    /// its notifications (runc's state written on `post-restore`) until
+    /// the restored tasks run: the restored init's pid, and CRIU to wait
+    /// for (it still answers the request and exits).
+    async fn exchange(&mut self, t: &Template, from: &RestoreFrom, p: Prepared, criu: &Path, stdio: ProcessStdio, deadline: Duration) -> Result<(i32, CriuEnding)> {
         use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
         let started = Instant::now();
         let (client, server) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
@@ -572,20 +579,8 @@ impl Run {
                 return Err(e);
             }
         };
-        drop(client);
-        drop((images, work));
-        let left = deadline.saturating_sub(started.elapsed()).max(Duration::from_secs(1));
-        match tokio::time::timeout(left, sub.wait_for(criu_pid)).await {
-            Ok(0) => Ok(pid),
-            Ok(status) => Err(Error::InvalidArgument(format!("criu swrk ended with status {status} after the restore (see {:?})", from.work.join("restore.log")))),
-            Err(_) => {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(criu_pid), nix::sys::signal::Signal::SIGKILL);
-                Err(Error::Io {
-                    context: format!("criu swrk did not end within its deadline of {deadline:?}; killed"),
-                    source: std::io::Error::new(std::io::ErrorKind::TimedOut, "deadline exceeded"),
-                })
-            }
-        }
+        let ending = CriuEnding { pid: criu_pid, exit: sub, held: (client, images, work), until: started + deadline, log: from.work.join("restore.log") };
+        Ok((pid, ending))
     }
 
     /// CRIU `pid` joins every cgroup of the container (runc's `Apply`).
@@ -596,22 +591,8 @@ impl Run {
         Ok(())
     }
 
-    /// The restore succeeded: `criu-root` goes (CRIU is done with it).
-    fn finish(&mut self) {
-        self.unmount_root();
-    }
-
     fn unmount_root(&mut self) {
-        if let Some(root) = self.criu_root.take() {
-            if let Err(e) = nix::mount::umount2(&root, nix::mount::MntFlags::MNT_DETACH) {
-                if e != nix::errno::Errno::EINVAL {
-                    warn!(dir = %root.display(), "unmount criu-root: {e}");
-                }
-            }
-            if let Err(e) = std::fs::remove_dir(&root) {
-                warn!(dir = %root.display(), "remove criu-root: {e}");
-            }
-        }
+        unmount_root(self.criu_root.take());
     }
 
     /// Undoes what the restore set up: what runs in the container's
@@ -641,6 +622,49 @@ impl Run {
                 warn!(dir = %self.state_dir.display(), "remove runc's state directory of a failed restore: {e}");
             }
         }
+    }
+}
+
+/// `criu-root` goes: CRIU is done with it.
+fn unmount_root(root: Option<PathBuf>) {
+    let Some(root) = root else { return };
+    if let Err(e) = nix::mount::umount2(&root, nix::mount::MntFlags::MNT_DETACH) {
+        if e != nix::errno::Errno::EINVAL {
+            warn!(dir = %root.display(), "unmount criu-root: {e}");
+        }
+    }
+    if let Err(e) = std::fs::remove_dir(&root) {
+        warn!(dir = %root.display(), "remove criu-root: {e}");
+    }
+}
+
+/// A CRIU whose restored tasks run (its `post-resume` notification was
+/// answered) and which is left to end: it answers the request, releases
+/// its cgroup yard and exits. Its RPC socket and the image and work
+/// directories it was given stay open until then.
+struct CriuEnding {
+    pid: i32,
+    exit: reaper::Subscription,
+    held: (OwnedFd, File, File),
+    /// When it must have exited.
+    until: Instant,
+    log: PathBuf,
+}
+
+impl CriuEnding {
+    /// Until CRIU has exited (killed at its deadline); what it should not
+    /// have done is logged: the restored tasks already run.
+    async fn wait(mut self) {
+        let left = self.until.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
+        match tokio::time::timeout(left, self.exit.wait_for(self.pid)).await {
+            Ok(0) => {}
+            Ok(status) => warn!(pid = self.pid, "criu swrk ended with status {status} after the tasks it restored were resumed (see {:?})", self.log),
+            Err(_) => {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), nix::sys::signal::Signal::SIGKILL);
+                warn!(pid = self.pid, "criu swrk had not ended {left:?} after the tasks it restored were resumed; killed (see {:?})", self.log);
+            }
+        }
+        drop(self.held);
     }
 }
 
@@ -774,6 +798,13 @@ fn talk(sock: &OwnedFd, request: &[u8], lazy: Option<(PathBuf, i32)>, state: &St
                 ack.set_notify_success(true);
                 let bytes = ack.write_to_bytes().map_err(|e| Error::InvalidArgument(format!("encode a CRIU notification's answer: {e}")))?;
                 send(sock.as_raw_fd(), &bytes, MsgFlags::empty()).map_err(|source| Error::Sys { context: "answer CRIU's notification".into(), source })?;
+                // The restored tasks run: CRIU has nothing left that can
+                // fail them (its answer to the request follows).
+                if script == "post-resume" {
+                    if let Some(pid) = restored {
+                        return Ok(pid);
+                    }
+                }
             }
             Criu_req_type::RESTORE => {
                 return restored.ok_or_else(|| Error::InvalidArgument("CRIU restored without a post-restore notification".into()));
