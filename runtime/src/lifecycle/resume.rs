@@ -531,12 +531,14 @@ impl Actor {
     }
 
     /// Waits until every lazy-pages daemon has served all its pages (a
-    /// process with pages still missing cannot be dumped again).
+    /// process with pages still missing cannot be dumped again), and every
+    /// CRIU of a restore has exited (`criu_restore::wait_ended`).
     pub(crate) async fn wait_lazy_daemons(&self) {
         let pending: Vec<_> = std::mem::take(&mut *lock(&self.lazy));
         for h in pending {
             let _ = h.await;
         }
+        crate::system::criu_restore::wait_ended().await;
     }
 }
 

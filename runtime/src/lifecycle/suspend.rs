@@ -62,12 +62,13 @@ impl Actor {
     async fn checkpoint_unreported(&self, only_in: Option<FreezeTier>) -> Result<Record> {
         let started = Instant::now();
         // The lazy-pages daemons of the last resume must be done (a process
-        // with pages still missing cannot be dumped). Waited for outside the
+        // with pages still missing cannot be dumped), and its CRIU gone from
+        // the container's cgroups. Waited for outside the
         // gate: no resume can start new ones once we hold it.
         let _gate = loop {
             self.wait_lazy_daemons().await;
             let gate = self.gate.lock().await;
-            if lock(&self.lazy).is_empty() {
+            if lock(&self.lazy).is_empty() && !crate::system::criu_restore::ending() {
                 break gate;
             }
         };

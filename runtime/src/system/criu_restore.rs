@@ -298,10 +298,11 @@ pub async fn restore(t: Template, state_dir: &Path, from: &RestoreFrom, pid_file
             // CRIU's own end (its answer, the cgroup yard it unmounts, its
             // exit) and criu-root's unmount are off the resume's path.
             let root = run.criu_root.take();
-            tokio::spawn(async move {
+            let ending = tokio::spawn(async move {
                 criu_ending.wait().await;
                 unmount_root(root);
             });
+            lock_endings().push(ending);
             if let Err(e) = std::fs::write(pid_file, pid.to_string()) {
                 warn!(file = %pid_file.display(), "write the restored init's pid file: {e}");
             }
@@ -623,6 +624,28 @@ impl Run {
             }
         }
     }
+}
+
+/// The background ends of this process's restores ([`CriuEnding`]).
+static ENDINGS: std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>> = std::sync::Mutex::new(Vec::new());
+
+fn lock_endings() -> std::sync::MutexGuard<'static, Vec<tokio::task::JoinHandle<()>>> {
+    ENDINGS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Until the CRIU of every restore done so far has exited and its
+/// criu-root is unmounted: a CRIU still in a container's cgroups must not
+/// meet that container's next dump (its freezer) or kill.
+pub async fn wait_ended() {
+    let pending: Vec<_> = std::mem::take(&mut *lock_endings());
+    for h in pending {
+        let _ = h.await;
+    }
+}
+
+/// Whether a restore's CRIU may not have exited yet ([`wait_ended`]).
+pub fn ending() -> bool {
+    lock_endings().iter().any(|h| !h.is_finished())
 }
 
 /// `criu-root` goes: CRIU is done with it.
