@@ -302,7 +302,11 @@ pub async fn restore(t: Template, state_dir: &Path, from: &RestoreFrom, pid_file
                 criu_ending.wait().await;
                 unmount_root(root);
             });
-            lock_endings().push(ending);
+            let mut endings = lock_endings();
+            // Those done are dropped: a shim that restores and never
+            // suspends again does not keep a handle per restore.
+            endings.retain(|h| !h.is_finished());
+            endings.push(ending);
             if let Err(e) = std::fs::write(pid_file, pid.to_string()) {
                 warn!(file = %pid_file.display(), "write the restored init's pid file: {e}");
             }
@@ -592,15 +596,11 @@ impl Run {
         Ok(())
     }
 
-    fn unmount_root(&mut self) {
-        unmount_root(self.criu_root.take());
-    }
-
     /// Undoes what the restore set up: what runs in the container's
     /// cgroups is killed (`restored`: CRIU may have left some), the cgroups
     /// made here and runc's state go.
     async fn undo(&mut self, restored: bool) {
-        self.unmount_root();
+        unmount_root(self.criu_root.take());
         if restored {
             if let Some(p) = &self.cgroups_path {
                 crate::system::cgroup::kill_cgroup(p).await;
