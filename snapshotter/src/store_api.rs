@@ -265,10 +265,11 @@ impl api::Store for StoreService {
 
     async fn checkout(&self, _: &TtrpcContext, req: api::CheckoutRequest) -> ttrpc::Result<api::CheckoutResponse> {
         let id = snapshot_id(req.id.as_ref())?;
+        let t0 = std::time::Instant::now();
         if let (true, Some(socket)) = (req.stream, &self.page_server) {
             let id2 = id.clone();
             let (co, stream) = self.detached(|s| async move { s.checkout_streamed(&id2).await }).await.map_err(|e| self.err("checkout", e))?;
-            info!(snapshot = %co.info.id, streamed = stream.is_some(), "snapshot checked out");
+            info!(snapshot = %co.info.id, streamed = stream.is_some(), ms = t0.elapsed().as_secs_f64() * 1e3, "snapshot checked out");
             let mut r = api::CheckoutResponse::new();
             r.info = protobuf::MessageField::some(to_api_info(&co.info));
             r.path = co.path.to_string_lossy().into_owned();
@@ -284,7 +285,7 @@ impl api::Store for StoreService {
             .tracked("fetch", &id, |store, p| async move { store.checkout(&id2, Some(p)).await })
             .await
             .map_err(|e| self.err("checkout", e))?;
-        info!(snapshot = %co.info.id, fetched = co.fetched, verified_bytes = co.verified_bytes, "snapshot checked out");
+        info!(snapshot = %co.info.id, fetched = co.fetched, verified_bytes = co.verified_bytes, ms = t0.elapsed().as_secs_f64() * 1e3, "snapshot checked out");
         let mut r = api::CheckoutResponse::new();
         r.info = protobuf::MessageField::some(to_api_info(&co.info));
         r.path = co.path.to_string_lossy().into_owned();

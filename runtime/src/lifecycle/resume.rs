@@ -97,16 +97,13 @@ impl Actor {
             (None, Some(st)) => format!("the dump of its suspend (staging {}, commit under way)", st.id),
             _ => format!("snapshot {snap}"),
         };
-        self.update(|r| r.state = Lifecycle::Resuming)?;
-        failpoint::hit(&dir.key(), failpoint::RESUME_AFTER_PERSIST);
         report::phase("prepare");
         // The snapshot's verified files; nothing is started from bad data.
+        // The actor stays SUSPENDED until they are checked out: RESUMING is
+        // recorded with the checkout's lease, in one save.
         let co = match &rec.staging {
             Some(st) if rec.snapshot.is_none() => match self.store.view_staging_as(&st.to_staging(), &snap).await {
-                Err(e) if e.is_store(StoreErrorKind::NotFound) => {
-                    self.update(|r| r.state = Lifecycle::Suspended)?;
-                    return Ok(None);
-                }
+                Err(e) if e.is_store(StoreErrorKind::NotFound) => return Ok(None),
                 r => r,
             },
             // Streamed when only the object tier has it (lazy pages only:
@@ -121,10 +118,7 @@ impl Actor {
             Err(e) => {
                 let e = e.context(&format!("resume of actor {} from {from}", rec.actor));
                 warn!(actor = rec.actor.as_str(), from = from.as_str(), "resume refused, the actor stays SUSPENDED: {e}");
-                self.update(|r| {
-                    r.state = Lifecycle::Suspended;
-                    r.last_error = Some(e.to_string());
-                })?;
+                self.update(|r| r.last_error = Some(e.to_string()))?;
                 return Err(e);
             }
         };
@@ -133,14 +127,15 @@ impl Actor {
             let e = e.context(&format!("resume of actor {} from {from}", rec.actor));
             warn!(actor = rec.actor.as_str(), "resume refused, the actor stays SUSPENDED: {e}");
             self.store.release_logged(&co.lease).await;
-            self.update(|r| {
-                r.state = Lifecycle::Suspended;
-                r.last_error = Some(e.to_string());
-            })?;
+            self.update(|r| r.last_error = Some(e.to_string()))?;
             return Err(e);
         }
         t.mark("verify_seal");
-        if let Err(e) = self.update(|r| r.leases.push(co.lease.clone())) {
+        let resuming = self.update(|r| {
+            r.state = Lifecycle::Resuming;
+            r.leases.push(co.lease.clone());
+        });
+        if let Err(e) = resuming {
             self.store.release_logged(&co.lease).await;
             let _ = self.update(|r| {
                 r.leases.retain(|l| *l != co.lease);
@@ -148,6 +143,8 @@ impl Actor {
             });
             return Err(e);
         }
+        t.mark("record_resuming");
+        failpoint::hit(&dir.key(), failpoint::RESUME_AFTER_PERSIST);
         let armed = lock(&self.held).take();
         let handover = match armed {
             Some(a) => Some(a.begin_handover().await),
