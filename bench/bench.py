@@ -996,6 +996,19 @@ class TorporActor:
                 raise RunError(f"criu lazy-pages still running {timeout:.0f}s after the resume")
             time.sleep(0.005)
 
+    def wait_committed(self, timeout=60.0) -> float:
+        """Until the suspend's background commit is done (the record has
+        `committed_at_ms` and no `staging`): ms waited."""
+        t0 = now_ns()
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status()
+            if st.get("committed_at_ms") and not st.get("staging"):
+                return ms(t0, now_ns())
+            if time.monotonic() > deadline:
+                raise RunError(f"the suspend's commit was not done {timeout:.0f}s after the suspend returned")
+            time.sleep(0.005)
+
     def recover(self) -> str:
         """After a failed request: resume explicitly, re-read the counter.
         Returns what was found (for the error message)."""

@@ -6,13 +6,22 @@ runc-v2 (N concurrent `ctr c restore`), same containerd, runc and CRIU.
 One round, per runtime:
 
 1. untimed: every actor is suspended (torpor: `torporctl suspend`, the shim
-   holds the port; runc-v2: `ctr c checkpoint --rw --task` + `ctr t delete
-   -f` + `ctr c rm`), and every lazy-pages daemon of the last round is gone.
+   holds the port, and its background commit is done; runc-v2: `ctr c
+   checkpoint --rw --task` + `ctr t delete -f` + `ctr c rm`), and every
+   lazy-pages daemon of the last round is gone.
 2. TIMED from one common t0: N threads, released together, each send `inc`
    to one actor's pod IP and wait for the first byte of the answer (runc-v2:
    each thread first runs `ctr c restore --rw --live`, then connects,
    retrying while refused). Every answer must be that actor's previous
    counter + 1, or the round fails.
+
+Before each runtime's actors are made, the page cache is dropped (untimed):
+a deleted memory cgroup lives on, dying, while page cache is still charged
+to it, and each round leaves about 55 of them (the restored containers'
+cgroups, deleted at their suspend). Measured in one rig, 40 wake-ups took
+65, 88 and 112 ms of CPU each (31.8, 24.2 and 20.8 wake-ups/s) with about
+1000 dying memory cgroups left by earlier runs, and 58, 67 and 64 ms (37.0,
+30.9 and 32.8 wake-ups/s) right after a drop had freed them.
 
 Per round: throughput = N / (time from t0 to the last answer), and every
 actor's latency (t0 to its answer). The entry's `torpor` / `baseline` is the
@@ -56,6 +65,9 @@ class TorporSleeper(TorporActor):
         if str(rec.get("state")).lower() != "suspended":
             raise RunError(f"after torporctl suspend the actor is {rec.get('state')!r}")
         wait_gone(self.netns_ino, self.mib)
+        # Suspended and settled, as an actor woken seconds or minutes
+        # after its suspend is: its background commit is done.
+        self.wait_committed()
 
     def wake(self, t0: int) -> int:
         _, t_first, got = inc_first_byte(self.ip, t0, retry_refused=False)
@@ -96,6 +108,16 @@ class BaselineSleeper(suspend_resume.BaselineActor):
             ctr("images", "rm", "--sync", ref, check=False, timeout=120)
             self.refs.remove(ref)
         remove_restore_dirs(self.cid)
+
+
+def memory_cgroups():
+    """The memory controller's cgroups, dying ones included (/proc/cgroups)."""
+    with open("/proc/cgroups") as f:
+        for line in f:
+            cols = line.split()
+            if cols and cols[0] == "memory":
+                return int(cols[2])
+    return None
 
 
 def one_round(actors) -> dict:
@@ -142,6 +164,11 @@ def main():
         for key, make in ((TORPOR, lambda: TorporSleeper(args.mib, seed=0)), (BASELINE, lambda: BaselineSleeper(args.mib))):
             actors = []
             try:
+                # Untimed: the memory cgroups earlier runs left dying go
+                # with the page cache (see the module doc).
+                before = memory_cgroups()
+                suspend_resume.drop_page_cache()
+                log(f"wakeups {key}: page cache dropped: memory cgroups {before} -> {memory_cgroups()}")
                 for _ in range(args.actors):
                     actors.append(make())
                 log(f"wakeups {key}: {len(actors)} actors of {args.mib} MiB up")
@@ -182,7 +209,9 @@ def main():
                     statistic=(f"median over {args.rounds} rounds of N/(t0 to the last answer), N = {args.actors} "
                                f"suspended actors of {args.mib} MiB woken at once by one request each (every "
                                f"answer checked); torpor_p99/baseline_p99: the worst round; latencies over all "
-                               f"actors of all rounds. runc-v2: N concurrent `ctr c restore --rw --live` + request"),
+                               f"actors of all rounds. runc-v2: N concurrent `ctr c restore --rw --live` + request. "
+                               f"Untimed before each runtime: the page cache dropped (dying memory cgroups of "
+                               f"earlier runs freed); torpor: each suspend's background commit done before the storm"),
                     **extra)
     bench.merge_results([e])
     log(f"wakeups_per_s: torpor={e['torpor']} baseline={e['baseline']} wakeups/s")

@@ -21,10 +21,17 @@
 //! is served: a pair of iptables (and, for IPv6 listeners, ip6tables) rules
 //! in the pod's network namespace drops a SYN to a held port only when no
 //! socket listens on it (`-m socket --nowildcard` accepts it first). The
-//! pair goes in when the ports are held and comes out after the handover,
-//! both in the background: no iptables run on the resume's path (they cost
-//! it two process spawns, 15-40 ms). Rule changes are serialized, and the
-//! handover waits for the pair to be in.
+//! pair goes in when the ports are held and comes out [`KEEP_RULES`] after
+//! the handover, both in the background: no iptables run on the resume's
+//! path (they cost it two process spawns, 15-40 ms), nor beside it while
+//! other actors of the node wake at the same time (each removal is one
+//! `iptables-restore` and one `ip6tables-restore`). A suspend within that
+//! time holds the same ports with the pair still in, and takes it over
+//! instead of inserting another. Meanwhile the restored listeners take
+//! their SYNs (the pair drops a SYN only when nothing listens): only an
+//! actor that closes a held port in the seconds after its resume sees a
+//! new connection to it dropped (retransmitted) instead of refused. Rule
+//! changes are serialized, and the handover waits for the pair to be in.
 //!
 //! Bounds: at most [`MAX_HELD`] connections are held (or being classified)
 //! at a time; one over the bound is reset at once (RST) with a warning. An
@@ -118,6 +125,58 @@ fn syn_drop_ports(listen: &[SocketAddr]) -> [(&'static str, Vec<u16>); 2] {
 /// one pod). A removal is asked for only once the insert it undoes is in
 /// (the hold's `rules_in`), so pairs never go before they came.
 static SYN_DROP_RULES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// How long the SYN-drop rules stay in after a handover (see the module
+/// doc): their removal waits out a burst of wake-ups on the node, and a
+/// suspend within it takes them over.
+const KEEP_RULES: Duration = Duration::from_secs(5);
+
+/// The SYN-drop pairs left in after a handover, by network namespace: the
+/// listeners they cover, and the removal due for them (its number).
+static KEPT_RULES: std::sync::Mutex<Vec<(PathBuf, Vec<SocketAddr>, u64)>> = std::sync::Mutex::new(Vec::new());
+
+fn kept_rules() -> std::sync::MutexGuard<'static, Vec<(PathBuf, Vec<SocketAddr>, u64)>> {
+    KEPT_RULES.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Takes over the pair left in `netns` for exactly `listen` by a handover
+/// (its removal is called off): whether there was one. A pair for other
+/// listeners stays, and goes when due.
+fn take_kept_rules(netns: &Path, listen: &[SocketAddr]) -> bool {
+    let mut kept = kept_rules();
+    match kept.iter().position(|(ns, l, _)| ns == netns && l == listen) {
+        Some(i) => {
+            kept.swap_remove(i);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Leaves the pair for `listen` in `netns` for [`KEEP_RULES`], then takes
+/// it out unless a hold took it over meanwhile (or the namespace is gone).
+/// Without a tokio runtime it goes at once.
+fn keep_rules_then_remove(netns: PathBuf, listen: Vec<SocketAddr>) {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return remove_rules_later(netns, REMOVE_SYN_DROP, async {}, move |ns| async move { syn_drop(&ns, &listen, false).await });
+    };
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    kept_rules().push((netns.clone(), listen.clone(), n));
+    rt.spawn(async move {
+        tokio::time::sleep(KEEP_RULES).await;
+        let due = {
+            let mut kept = kept_rules();
+            let i = kept.iter().position(|(ns, _, m)| *ns == netns && *m == n);
+            i.map(|i| kept.swap_remove(i)).is_some()
+        };
+        if due && netns.exists() {
+            if let Err(e) = syn_drop(&netns, &listen, false).await {
+                warn!("{REMOVE_SYN_DROP}: {e}");
+            }
+        }
+    });
+}
 
 /// The `*-restore` input that inserts (or removes) the pairs of rules for
 /// `ports`: per chunk of [`MULTIPORT_MAX`] ports, the first accepts a SYN
@@ -303,9 +362,14 @@ impl Armed {
         let (stop_tx, stop_rx) = oneshot::channel();
         tokio::spawn(watch(listeners, wake, stop_rx, limit));
         let rules_in = drop_syns.then(|| {
+            let (done, rules_in) = oneshot::channel();
+            if take_kept_rules(netns, &listen) {
+                // The pair the last handover left in covers these ports.
+                let _ = done.send(());
+                return rules_in;
+            }
             // In the background: the handover waits for it (see the module doc).
             let (ns, ports) = (netns.to_path_buf(), listen.clone());
-            let (done, rules_in) = oneshot::channel();
             tokio::spawn(async move {
                 if let Err(e) = syn_drop(&ns, &ports, true).await {
                     warn!("activation: new connections will be refused, not held, while the actor resumes: {e}");
@@ -388,9 +452,8 @@ impl Handover {
             });
         }
         if self.drop_syns {
-            // Off the resume's path: the restored listeners take the SYNs now.
-            let listen = self.listen.clone();
-            remove_rules_later(self.netns.clone(), REMOVE_SYN_DROP, async {}, move |ns| async move { syn_drop(&ns, &listen, false).await });
+            // The restored listeners take the SYNs now; the pair goes later.
+            keep_rules_then_remove(self.netns.clone(), self.listen.clone());
         }
         if n > 0 {
             info!(connections = n, "activation: connections handed over");
@@ -665,17 +728,43 @@ mod tests {
         conn.write_all(b"world").await.unwrap();
         cr.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"world");
-        // The rules come out in the background, after the handover.
-        let mut left = String::new();
-        for _ in 0..500 {
-            let rules = iptables_in(&ns.path, "ip6tables", &["-S", "INPUT"]).await.unwrap();
-            left = String::from_utf8_lossy(&rules.stdout).into_owned();
-            if !left.contains("7070") {
-                return;
+        // The rules stay for KEEP_RULES after the handover, then come out
+        // in the background.
+        let rules = iptables_in(&ns.path, "ip6tables", &["-S", "INPUT"]).await.unwrap();
+        assert!(String::from_utf8_lossy(&rules.stdout).contains("--dports 7070"), "kept after the handover");
+        assert!(wait_rules_gone(&ns.path, "ip6tables", "7070").await, "the SYN-drop rules are still there after the handover");
+    }
+
+    /// Whether no rule of `tool` in `netns` names `port` (polled; liveness
+    /// bound only: KEEP_RULES and then some).
+    async fn wait_rules_gone(netns: &Path, tool: &str, port: &str) -> bool {
+        for _ in 0..600 {
+            let rules = iptables_in(netns, tool, &["-S", "INPUT"]).await.unwrap();
+            if !String::from_utf8_lossy(&rules.stdout).contains(port) {
+                return true;
             }
-            tokio::time::sleep(Duration::from_millis(10)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        panic!("the SYN-drop rules are still there after the handover: {left}");
+        false
+    }
+
+    /// The ports held again soon after a handover take over the pair it
+    /// left in: one pair, not two, and it goes with the hold.
+    #[tokio::test]
+    async fn a_hold_soon_after_a_handover_takes_its_rules_over() {
+        let ns = TestNetns::new();
+        let listen = addr("127.0.0.1:7072");
+        let (wake, _woken) = mpsc::unbounded_channel();
+        let armed = Armed::arm(&ns.path, vec![listen], wake.clone()).unwrap();
+        armed.begin_handover().await.finish().await;
+        let armed = Armed::arm(&ns.path, vec![listen], wake).unwrap();
+        let handover = armed.begin_handover().await;
+        let rules = iptables_in(&ns.path, "iptables", &["-S", "INPUT"]).await.unwrap();
+        let rules = String::from_utf8_lossy(&rules.stdout).into_owned();
+        assert_eq!(rules.matches("--dports 7072").count(), 2, "one pair (accept, drop): {rules}");
+        assert!(!take_kept_rules(&ns.path, &[listen]), "taken over, not kept twice");
+        handover.finish().await;
+        assert!(wait_rules_gone(&ns.path, "iptables", "7072").await, "the SYN-drop rules are still there after the handover");
     }
 
     /// Held connections are bounded: one over the bound is reset.

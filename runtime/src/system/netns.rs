@@ -13,7 +13,7 @@ use tracing::warn;
 
 use crate::error::{Error, IoContext, Result};
 
-/// Deadline of one nsenter/iptables call. iptables waits at most
+/// Deadline of one iptables call. iptables waits at most
 /// [`XTABLES_WAIT_S`] for the xtables lock, then fails on its own.
 pub const IPTABLES_DEADLINE: Duration = Duration::from_secs(30);
 const XTABLES_WAIT_S: &str = "10";
@@ -150,18 +150,33 @@ pub fn in_netns<T: Send + 'static>(netns: &Path, f: impl FnOnce() -> std::io::Re
 }
 
 /// Runs `iptables ARGS` (or ip6tables) in the network namespace `netns`,
-/// through nsenter and the reaper (the shim reaps all its children),
-/// within [`IPTABLES_DEADLINE`].
+/// through the reaper (the shim reaps all its children), within
+/// [`IPTABLES_DEADLINE`].
 pub async fn iptables_in(netns: &Path, tool: &str, args: &[&str]) -> Result<std::process::Output> {
-    crate::system::reaper::output(xtables_in(netns, tool, args), IPTABLES_DEADLINE).await
+    crate::system::reaper::output(xtables_in(netns, tool, args)?, IPTABLES_DEADLINE).await
 }
 
-/// `nsenter --net=NETNS TOOL -w XTABLES_WAIT_S ARGS`: an xtables tool
-/// (`iptables`, `ip6tables-restore`...) in the network namespace `netns`.
-fn xtables_in(netns: &Path, tool: &str, args: &[&str]) -> std::process::Command {
-    let mut cmd = std::process::Command::new("nsenter");
-    cmd.arg(format!("--net={}", netns.display())).arg(tool).args(["-w", XTABLES_WAIT_S]).args(args);
-    cmd
+/// `TOOL -w XTABLES_WAIT_S ARGS`: an xtables tool (`iptables`,
+/// `ip6tables-restore`...) started in the network namespace `netns`, as
+/// `nsenter --net` would, without the extra process: the child joins the
+/// namespace (`setns`) between fork and exec.
+fn xtables_in(netns: &Path, tool: &str, args: &[&str]) -> Result<std::process::Command> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let ns = File::open(netns).io_context(|| format!("open the network namespace {netns:?} for {tool}"))?;
+    let mut cmd = std::process::Command::new(tool);
+    cmd.args(["-w", XTABLES_WAIT_S]).args(args);
+    // SAFETY: between fork and exec only setns(2) (async-signal-safe) on a
+    // descriptor opened before the fork; `ns` is only kept alive.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(cmd)
 }
 
 /// The network lock of a dump, as CRIU's own `iptables` lock: a `CRIU`
@@ -208,7 +223,7 @@ pub(crate) async fn xtables_restore(netns: &Path, tool: &str, rules: &str, what:
         .io_context(|| format!("memfd_create for the rules to {what}"))?;
     let mut f = File::from(fd);
     std::io::Write::write_all(&mut f, rules.as_bytes()).io_context(|| format!("write the rules to {what}"))?;
-    let mut cmd = xtables_in(netns, tool, &["--noflush", "/dev/fd/3"]);
+    let mut cmd = xtables_in(netns, tool, &["--noflush", "/dev/fd/3"])?;
     crate::system::reaper::pass_fds(&mut cmd, vec![f], 3);
     let o = crate::system::reaper::output(cmd, IPTABLES_DEADLINE).await?;
     if !o.status.success() {
