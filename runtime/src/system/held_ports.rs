@@ -749,7 +749,7 @@ mod tests {
     }
 
     /// The ports held again soon after a handover take over the pair it
-    /// left in: one pair, not two, and it goes with the hold.
+    /// left in: one pair, not two, and it goes after the next handover.
     #[tokio::test]
     async fn a_hold_soon_after_a_handover_takes_its_rules_over() {
         let ns = TestNetns::new();
