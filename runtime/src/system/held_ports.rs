@@ -155,7 +155,7 @@ fn take_kept_rules(netns: &Path, listen: &[SocketAddr]) -> bool {
 
 /// Leaves the pair for `listen` in `netns` for [`KEEP_RULES`], then takes
 /// it out unless a hold took it over meanwhile (or the namespace is gone).
-/// Without a tokio runtime it goes at once.
+/// Without a tokio runtime it stays, with a warning ([`remove_rules_later`]).
 fn keep_rules_then_remove(netns: PathBuf, listen: Vec<SocketAddr>) {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
