@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Two nodes (the rig's node A and node B: two containerds, two
 torpor-snapshotters with separate local tiers, one S3 server, versitygw on
-loopback): resume_cross_node_256mib_ms and clone_10_actors_ms.
+loopback): resume_cross_node_256mib_ms, clone_10_actors_ms and
+clone_10_actors_remote_ms.
 
 **resume_cross_node_256mib_ms** (p50, p99; >= 30 runs). One run:
 
@@ -52,6 +53,17 @@ namespace with its loopback down) and `inc` at 127.0.0.1:8080 until the
 first byte of the answer, which must be 4. No pods: containerd's CRI has no restore, and
 `ctr c restore` keeps the checkpointed container's namespaces (so the
 baseline has no pod to create and no pod IP to look up; it does less).
+
+**clone_10_actors_remote_ms** (p50 over repetitions, one unmeasured
+warm-up; after clone_10_actors_ms, with its golden actor). The golden
+snapshot is uploaded from node A; node B has no copy of it. One
+repetition: as one of clone_10_actors_ms, on node B: the first clone's
+checkout fetches the snapshot from S3, the other 9 wait for it and share
+the local copy. Kept: the bytes node B's store fetched during the
+repetition (`torporctl snapshots status`: `fetched_bytes`), to be compared
+with the snapshot's size (once, not 10 times). Untimed, before each
+repetition: node B's copy evicted. No baseline (runc-v2 has no object
+tier).
 
     bench/cross_node.py [--runs N] [--clone-reps R]
 
@@ -344,6 +356,7 @@ def measure_cross_node(a: Node, b: Node, runs: int, budget_s: float) -> dict:
 # ---------------------------------------------------------- clone_10_actors_ms
 
 def clone_rep(a: Node, golden_actor: str, golden_crc: str) -> dict:
+    """One repetition: CLONES clones of `golden_actor` on node `a`, at once."""
     pods = [NodePod(a, "clone", {"torpor.dev/actor": f"{CLONE_ID_PREFIX}{uuid.uuid4().hex[:12]}",
                                   "torpor.dev/restore-from": golden_actor}) for _ in range(CLONES)]
     done, errors, ips, phases = [None] * CLONES, [], [None] * CLONES, [None] * CLONES
@@ -391,7 +404,7 @@ class TorporClones:
                 for _ in range(CLONE_GOLDEN_COUNT):
                     bench.actor_call(ip, ["inc"], error=RunError)
                 self.crc = bench.actor_call(ip, ["sum"], error=RunError)[0]
-                suspend_on(a, pod, self.golden_actor)
+                self.snap = suspend_on(a, pod, self.golden_actor)
             finally:
                 pod.remove()
         except BaseException:
@@ -403,6 +416,53 @@ class TorporClones:
 
     def close(self) -> None:
         self.a.remove_snapshots(self.golden_actor)
+
+
+class RemoteClones:
+    """The golden actor of `golden` uploaded to S3; `rep()` clones it 10
+    times on node B, whose store has no copy of it: the first clone's
+    checkout fetches it, the others share that local copy. The bytes node
+    B's store fetched during the repetition are kept; its copy is evicted
+    after each (untimed)."""
+
+    def __init__(self, golden: TorporClones, b: Node):
+        self.golden, self.b = golden, b
+        golden.a.torporctl("snapshots", "upload", golden.snap, timeout=1800)
+        info = [s for s in golden.a.torporctl("snapshots", "ls", golden.golden_actor) or []
+                if s["snapshot"] == golden.snap]
+        if not info or not info[0].get("bytes"):
+            raise RunError(f"{golden.snap} is not in node A's store after its upload: {info}")
+        self.snapshot_bytes = int(info[0]["bytes"])
+        self.evict()
+
+    def fetched_bytes(self) -> int:
+        return int(self.b.torporctl("snapshots", "status")["fetched_bytes"])
+
+    def evict(self) -> None:
+        """Node B's local copy of the golden snapshot dropped, if it has one
+        (retried while the removed clones' leases are still let go)."""
+        deadline = time.monotonic() + COMMIT_TIMEOUT_S
+        while True:
+            local = [s for s in self.b.torporctl("snapshots", "ls", self.golden.golden_actor) or [] if s["local"]]
+            if not local:
+                return
+            try:
+                for s in local:
+                    self.b.torporctl("snapshots", "evict", s["snapshot"])
+            except bench.CommandError as e:
+                if time.monotonic() > deadline:
+                    raise RunError(f"node B cannot evict its copy of {self.golden.snap}: {e}") from e
+                time.sleep(0.1)
+
+    def rep(self) -> dict:
+        self.evict()
+        before = self.fetched_bytes()
+        r = clone_rep(self.b, self.golden.golden_actor, self.golden.crc)
+        r["fetched_bytes"] = self.fetched_bytes() - before
+        return r
+
+    def close(self) -> None:
+        self.b.remove_snapshots(self.golden.golden_actor)
 
 
 # the baseline: ctr c restore of one runc checkpoint, 10 at once
@@ -551,9 +611,10 @@ class BaselineClones:
         bench.remove_restore_dirs(CLONE_ID_PREFIX)
 
 
-def measure_clone(a: Node, reps: int, budget_s: float) -> dict:
+def measure_clone(a: Node, b: Node, reps: int, budget_s: float) -> list:
     """Both runtimes, repetitions alternating (torpor first on even ones),
-    one unmeasured warm-up repetition each."""
+    one unmeasured warm-up repetition each; then torpor's clones on node B
+    from the object tier (one warm-up). Two entries."""
     started = time.monotonic()
     samples = {bench.TORPOR: [], bench.BASELINE: []}
     errs = {bench.TORPOR: None, bench.BASELINE: None}
@@ -567,19 +628,37 @@ def measure_clone(a: Node, reps: int, budget_s: float) -> dict:
             log(f"clone: {key}: {errs[key]}")
             if key in subjects:
                 subjects.pop(key).close()
+    remote_samples, remote_err, remote = [], None, None
     try:
         tallies = bench.run_rounds(
             "clone", {key: (lambda _i, sub=sub: sub.rep()) for key, sub in subjects.items()}, reps,
-            deadline=started + budget_s, unit="repetitions",
+            deadline=started + budget_s * 2 / 3, unit="repetitions",
             on_sample=lambda key, t: log(f"clone: {key} repetition {len(t.samples)}: "
                                          f"all 10 in {t.samples[-1]['all']:.0f} ms"))
         for key, t in tallies.items():
             samples[key] = t.samples
             errs[key] = errs[key] or t.error or t.stopped
+        if bench.TORPOR not in subjects:
+            raise RunError(f"no golden actor: {errs[bench.TORPOR]}")
+        remote = RemoteClones(subjects[bench.TORPOR], b)
+        remote.rep()  # warm-up
+        t = bench.run_rounds(
+            "clone_remote", {bench.TORPOR: lambda _i: remote.rep()}, reps,
+            deadline=started + budget_s, unit="repetitions",
+            on_sample=lambda _k, t: log(f"clone_remote: repetition {len(t.samples)}: all 10 in "
+                                        f"{t.samples[-1]['all']:.0f} ms, "
+                                        f"{t.samples[-1]['fetched_bytes'] / 2**20:.1f} MiB fetched"))[bench.TORPOR]
+        remote_samples, remote_err = t.samples, t.error or t.stopped
+    except Exception as e:  # noqa: BLE001 - reported in results.json
+        remote_err = f"{type(e).__name__}: {e}"
+        log(f"clone_remote: {remote_err}")
     finally:
+        if remote is not None:
+            remote.close()
         for sub in subjects.values():
             sub.close()
-    return clone_entry(samples[bench.TORPOR], errs[bench.TORPOR], samples[bench.BASELINE], errs[bench.BASELINE])
+    return [clone_entry(samples[bench.TORPOR], errs[bench.TORPOR], samples[bench.BASELINE], errs[bench.BASELINE]),
+            remote_clone_entry(remote_samples, remote_err, remote.snapshot_bytes if remote else None)]
 
 
 def clone_phases(samples) -> dict:
@@ -612,6 +691,28 @@ def clone_entry(t_samples, t_err, b_samples, b_err) -> dict:
         baseline_error=b_err if (b_err or not b) else None)
 
 
+def remote_clone_entry(samples, err, snapshot_bytes) -> dict:
+    t = [s["all"] for s in samples]
+    fetched = [s["fetched_bytes"] for s in samples]
+    mib = lambda n: bench.rnd(n / 2**20, 1)  # noqa: E731
+    fetched_note = (f"node B's store fetched {mib(pct(fetched, 50))} MiB per repetition (p50; max "
+                    f"{mib(max(fetched))}) for 10 clones of a {mib(snapshot_bytes)} MiB snapshot"
+                    if fetched and snapshot_bytes else "")
+    return bench.entry(
+        "clone_10_actors_remote_ms", "ms", pct(t, 50), None,
+        torpor_p99=pct(t, 99), torpor_n=len(t) or None,
+        torpor_samples=[bench.rnd(x, 1) for x in t] or None,
+        torpor_first_answer_p50_ms=pct([s["first"] for s in samples], 50),
+        torpor_phases_p50_ms=clone_phases(samples),
+        torpor_fetched_bytes=fetched or None, snapshot_bytes=snapshot_bytes,
+        torpor_note=(f"{fetched_note}; as clone_10_actors_ms, on node B, the golden snapshot uploaded from node "
+                     f"A and not on node B (evicted after each repetition): the first checkout fetches it "
+                     f"from S3, the other 9 share its local copy"),
+        error=err if (err or not t) else None,
+        baseline_na=True,
+        baseline_error="containerd-shim-runc-v2 has no object tier")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=int(os.environ.get("TORPOR_BENCH_XN_RUNS", str(bench.MIN_RUNS))))
@@ -627,8 +728,8 @@ def main():
                 raise SystemExit(f"bench: node B is not up at {b.address} (test/rig/up.sh brings up both nodes)")
             bench.ensure_torporctl()
             if only in ("", "clone"):
-                entries.append(measure_clone(a, args.clone_reps, budget / 3 if only == "" else budget))
-                bench.merge_results(entries[-1:])
+                entries += measure_clone(a, b, args.clone_reps, budget / 3 if only == "" else budget)
+                bench.merge_results(entries[-2:])
             if only in ("", "resume"):
                 left = budget - (time.monotonic() - START)
                 entries.append(measure_cross_node(a, b, args.runs, left))

@@ -330,6 +330,73 @@ fn s3_stalled_mid_stream_stops_the_actor_and_the_next_trigger_retries() {
     stream_broken_mid_way("store-streamstall", "pause", "continue");
 }
 
+/// Bytes this node's store fetched from the object tier since it started.
+fn fetched_bytes() -> u64 {
+    let out = torporctl(&["--json", "snapshots", "status"]);
+    let v: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("snapshots status is not JSON ({e}): {out}"));
+    v["fetched_bytes"].as_u64().unwrap_or_else(|| panic!("no fetched_bytes in: {v}"))
+}
+
+/// Two clones of a snapshot that is only in S3, made one after the other
+/// while its stream is under way (its background held): the second joins
+/// the first one's stream instead of waiting for its last byte. When that
+/// stream breaks, both are stopped and SUSPENDED with the reason; each
+/// next trigger retries, and the snapshot is fetched once more, not twice.
+#[test]
+#[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
+fn clones_made_during_a_stream_join_it_and_are_stopped_with_it_when_it_breaks() {
+    torpor_only();
+    let _serial = serial();
+    let (golden, sum, _g) = counter("store-golden", 64);
+    let name = only_in_s3(&golden);
+    let bytes = snapshot(&name)["bytes"].as_u64().unwrap_or(0);
+    assert!(bytes > 60 << 20, "the snapshot holds the memory: {}", snapshot(&name));
+    let held = arm_failpoint("snapshotter", "stream-hold");
+    let ids: Vec<String> = (0..2).map(|i| unique_name(&format!("store-clone{i}"))).collect();
+    let _clone_snapshots: Vec<Cleanup> = ids.iter().map(|id| Cleanup::snapshots(id)).collect();
+    let clones: Vec<Counter> = ids
+        .iter()
+        .map(|id| {
+            let opts = PodOptions::annotated(&[("torpor.dev/actor", id), ("torpor.dev/restore-from", &name)]);
+            CounterSpec::new().alloc_mib(64).start(Pod::run_with("store-clone", opts))
+        })
+        .collect();
+    for (i, c) in clones.iter().enumerate() {
+        assert_eq!(c.cmd("get"), "3", "clone {i} starts at the golden counter, its pages served while they stream");
+        assert_eq!(c.status()["cloned_from"], name.as_str(), "clone {i}: {}", c.status());
+    }
+    assert_eq!(snapshot(&name)["local"], false, "the stream is still under way");
+    let log = std::fs::read_to_string(env("TORPOR_RIG_SNAPSHOTTER_LOG")).unwrap_or_default();
+    let joined = log.lines().filter(|l| l.contains("checkout joined the stream under way") && l.contains(&name)).count();
+    assert_eq!(joined, 1, "the second clone's checkout joined the first one's stream of {name}");
+
+    let down = stop_s3();
+    drop(held);
+    for (i, c) in clones.iter().enumerate() {
+        let st = wait_for(&format!("clone {i} to be stopped and SUSPENDED"), LIVENESS, || {
+            let st = c.status();
+            (st["state"] == "SUSPENDED").then_some(st)
+        });
+        let why = st["last_error"].as_str().unwrap_or_default();
+        assert!(why.contains("stream") && why.contains(&name), "clone {i}: the reason names the stream and the snapshot: {st}");
+        assert!(c.processes().is_empty(), "clone {i}: its restored process was stopped: {:?}", c.processes());
+    }
+    drop(down);
+    let s = snapshot(&name);
+    assert_eq!((s["durable"].clone(), s["local"].clone()), (Value::Bool(true), Value::Bool(false)), "intact in S3, no partial local copy: {s}");
+
+    // Each clone's next request retries: the snapshot streams once more.
+    let before = fetched_bytes();
+    for c in &clones {
+        assert_eq!(c.cmd("get"), "3", "the clone resumes from the golden snapshot");
+        assert_eq!(c.cmd("sum"), sum, "with the golden memory");
+        assert_eq!(c.cmd("inc"), "4");
+    }
+    wait_for("the snapshot to be local again", LIVENESS, || (snapshot(&name)["local"] == true).then_some(()));
+    let fetched = fetched_bytes() - before;
+    assert!(fetched > 0 && fetched < bytes * 3 / 2, "{fetched} bytes fetched for two clones of a {bytes}-byte snapshot: once, not twice");
+}
+
 #[test]
 #[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn s3_down_suspend_succeeds_and_the_upload_retries() {

@@ -503,6 +503,10 @@ impl Actor {
             Some(r) if r.state == Lifecycle::Running && r.leases.iter().any(|l| l == lease) => r,
             _ => return,
         };
+        // Restored into a new pod (by identity, or a clone), it was never
+        // suspended here: the ports to hold for its next trigger are those
+        // its restored processes listen on, read before they are stopped.
+        let target = lock(&self.held_target).is_none().then(|| self.activation_target(&rec.containers));
         for id in &rec.containers {
             if !self.tasks.is_suspended(id) {
                 if let Err(e) = self.tasks.unrestore(id).await {
@@ -524,7 +528,10 @@ impl Actor {
         if let Err(e) = saved {
             warn!(actor = rec.actor.as_str(), "SUSPENDED after a failed stream, but the record could not be saved: {e}");
         }
-        self.rearm_held_ports();
+        match target {
+            Some((Some(netns), ports)) if !ports.is_empty() => self.hold_ports(netns, ports),
+            _ => self.rearm_held_ports(),
+        }
     }
 
     /// Waits until every lazy-pages daemon has served all its pages (a

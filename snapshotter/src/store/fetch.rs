@@ -349,7 +349,11 @@ impl Store {
         }
         tx.commit()?;
         if let Some(pin) = &l.remote_pin {
-            self.drop_pin(pin).await;
+            // Checkouts that joined one stream share its pin: the last goes.
+            let shared = db::leases(&self.db)?.iter().any(|(_, o)| o.remote_pin.as_deref() == Some(pin.as_str()));
+            if !shared {
+                self.drop_pin(pin).await;
+            }
         }
         self.wake.notify_one();
         Ok(())

@@ -167,6 +167,9 @@ pub struct Store {
     views: Mutex<HashMap<String, PathBuf>>,
     /// lease → its streamed checkout ([`Store::checkout_streamed`]).
     streams: Mutex<HashMap<String, Arc<stream::Stream>>>,
+    /// Bumped when a streamed checkout becomes ready: a checkout of the
+    /// same snapshot waiting for it joins it.
+    stream_ready: tokio::sync::watch::Sender<u64>,
     /// Stagings committed since the daemon started → their snapshot (a
     /// second commit of one answers what the first made).
     committed: Mutex<HashMap<String, SnapshotId>>,
@@ -257,6 +260,7 @@ impl Store {
             placing: Arc::new(Mutex::new(())),
             views: Mutex::new(HashMap::new()),
             streams: Mutex::new(HashMap::new()),
+            stream_ready: tokio::sync::watch::channel(0).0,
             pins: Mutex::new(HashMap::new()),
             committed: Mutex::new(HashMap::new()),
             commit_done: Notify::new(),

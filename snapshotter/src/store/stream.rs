@@ -14,6 +14,11 @@
 //! AEAD) before a byte of it is written, so nothing unverified reaches a
 //! process.
 //!
+//! A checkout of a snapshot whose stream is under way (clones of one
+//! golden snapshot made at once) joins that stream: its own lease on the
+//! same partial copy and page server, so every chunk is fetched once and
+//! no restore waits for the last byte of another's.
+//!
 //! When all chunks are in, the copy is finished like a fetch (modes,
 //! fsync, manifest) and renamed into place: the snapshot is local. A chunk
 //! that cannot be had (the object tier down, stalled past
@@ -109,8 +114,11 @@ struct ChunkSlot {
 
 /// One streamed checkout (see the module doc).
 pub struct Stream {
-    /// The checkout's lease (set once the lease is taken).
+    /// The first checkout's lease (set once the lease is taken).
     lease: std::sync::OnceLock<String>,
+    /// The object-tier pin every lease on the stream records (set with the
+    /// first lease).
+    pin: std::sync::OnceLock<String>,
     pub id: SnapshotId,
     /// Where its files are being written (the checkout's path).
     pub root: PathBuf,
@@ -135,18 +143,24 @@ pub struct Stream {
     first_fault: Mutex<Option<Instant>>,
     working_set: Mutex<Vec<WsPage>>,
     store: std::sync::Weak<Store>,
-    /// `root` stays until the checkout is released (CRIU reads it by path
-    /// until then): the finished copy is placed as hard links beside it.
+    /// `root` stays until its checkouts are released (CRIU reads it by
+    /// path until then): the finished copy is placed as hard links beside
+    /// it.
     root_state: Mutex<RootState>,
 }
 
+/// Who still reads a stream's `root`: it goes once the local copy is
+/// placed and no checkout holds it.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum RootState {
-    InUse,
-    /// The local copy is placed; `root` goes at the release.
-    Placed,
-    /// The checkout was released; `root` goes once placed.
-    Released,
+struct RootState {
+    checkouts: usize,
+    placed: bool,
+}
+
+impl RootState {
+    fn gone(&self) -> bool {
+        self.placed && self.checkouts == 0
+    }
 }
 
 /// Where the page server finds `nr` pages of a task: the pages file (a
@@ -220,6 +234,24 @@ impl Stream {
         if ws.len() < MAX_WORKING_SET {
             ws.push(WsPage { dir: dir.to_string(), pid, vaddr });
         }
+    }
+
+    /// One more checkout of the stream, if its `root` is still there and
+    /// it has not ended.
+    fn join(&self) -> bool {
+        let mut st = lock(&self.root_state);
+        if st.gone() || !matches!(*lock(&self.outcome), Outcome::Running) {
+            return false;
+        }
+        st.checkouts += 1;
+        true
+    }
+
+    /// A checkout of the stream let go of `root`: whether `root` can go.
+    fn leave(&self) -> bool {
+        let mut st = lock(&self.root_state);
+        st.checkouts = st.checkouts.saturating_sub(1);
+        st.gone()
     }
 
     /// Fails the stream for a reason found outside it (a page request the
@@ -390,9 +422,20 @@ impl Store {
     /// like [`Store::checkout`] when there is a local copy; otherwise
     /// fetched as a [`Stream`] (see the module doc), which is returned too.
     pub async fn checkout_streamed(self: &Arc<Self>, id: &SnapshotId) -> Result<(Checkout, Option<Arc<Stream>>)> {
-        let (excl, rec) = match self.pin_or_lock(id, None).await? {
-            Ok(co) => return Ok((co, None)),
-            Err(locked) => locked,
+        // A stream of `id` under way holds its lock to the end: a checkout
+        // waiting for that lock joins the stream once it is ready instead.
+        let mut ready = self.stream_ready.subscribe();
+        let (excl, rec) = loop {
+            if let Some((co, s)) = self.join_stream(id)? {
+                return Ok((co, Some(s)));
+            }
+            tokio::select! {
+                r = self.pin_or_lock(id, None) => match r? {
+                    Ok(co) => return Ok((co, None)),
+                    Err(locked) => break locked,
+                },
+                _ = ready.changed() => {}
+            }
         };
         match rec.local {
             LocalState::Absent => {
@@ -409,6 +452,7 @@ impl Store {
                     Ok((stream, pin)) => {
                         let lease = stream.lease().to_string();
                         lock(&self.streams).insert(lease.clone(), stream.clone());
+                        self.stream_ready.send_modify(|n| *n += 1);
                         let info = self.info(&db::record(&self.db, id)?.ok_or_else(|| Error::NotFound(id.clone()))?)?;
                         let store = self.clone();
                         let s = stream.clone();
@@ -435,9 +479,46 @@ impl Store {
         }
     }
 
-    /// Streams under way: (snapshot, bytes written, bytes in all).
+    /// A checkout of `id` on its stream under way, if there is one it can
+    /// still join: its own lease (with the stream's pin), the same partial
+    /// copy.
+    fn join_stream(&self, id: &SnapshotId) -> Result<Option<(Checkout, Arc<Stream>)>> {
+        let found = lock(&self.streams).values().find(|s| &s.id == id && s.pin.get().is_some() && s.progress().is_some()).cloned();
+        let Some(s) = found.filter(|s| s.join()) else { return Ok(None) };
+        let leased = self.add_lease(id, None, s.pin.get().cloned()).and_then(|lease| {
+            let rec = db::record(&self.db, id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
+            Ok((lease, self.info(&rec)?))
+        });
+        let (lease, info) = match leased {
+            Ok(l) => l,
+            Err(e) => {
+                if s.leave() {
+                    self.remove_stream_root(&s);
+                }
+                return Err(e);
+            }
+        };
+        lock(&self.streams).insert(lease.clone(), s.clone());
+        info!(snapshot = %id, lease = lease.as_str(), first = s.lease(), "checkout joined the stream under way");
+        Ok(Some((Checkout { info, path: s.root.clone(), lease, fetched: true, verified_bytes: 0 }, s)))
+    }
+
+    /// Streams under way: (snapshot, bytes written, bytes in all), each
+    /// once however many checkouts share it.
     pub fn streams_under_way(&self) -> Vec<(SnapshotId, u64, u64)> {
-        lock(&self.streams).values().filter_map(|s| s.progress().map(|(d, t)| (s.id.clone(), d, t))).collect()
+        let streams = lock(&self.streams);
+        let mut seen: Vec<&Arc<Stream>> = Vec::new();
+        let mut out = Vec::new();
+        for s in streams.values() {
+            if seen.iter().any(|o| Arc::ptr_eq(o, s)) {
+                continue;
+            }
+            seen.push(s);
+            if let Some((d, t)) = s.progress() {
+                out.push((s.id.clone(), d, t));
+            }
+        }
+        out
     }
 
     /// The stream of checkout `lease`, while it is known.
@@ -517,6 +598,7 @@ impl Store {
         self.stream_chunks(&stream, eager).await.map_err(with_pin)?;
         let lease = self.add_lease(id, None, Some(pin.clone())).map_err(with_pin)?;
         let _ = stream.lease.set(lease);
+        let _ = stream.pin.set(pin.clone());
         {
             let mut st = lock(&stream.stats);
             st.chunks_before_restore = st.chunks;
@@ -560,6 +642,7 @@ impl Store {
         let n = chunks.len();
         Ok(Arc::new(Stream {
             lease: std::sync::OnceLock::new(),
+            pin: std::sync::OnceLock::new(),
             id: id.clone(),
             root: staging.to_path_buf(),
             key,
@@ -578,7 +661,7 @@ impl Store {
             first_fault: Mutex::new(None),
             working_set: Mutex::new(Vec::new()),
             store: Arc::downgrade(self),
-            root_state: Mutex::new(RootState::InUse),
+            root_state: Mutex::new(RootState { checkouts: 1, placed: false }),
         }))
     }
 
@@ -702,7 +785,10 @@ impl Store {
                     st.working_set_recorded = lock(&s.working_set).len() as u64;
                     st.clone()
                 };
-                let recorded = std::mem::take(&mut *lock(&s.working_set));
+                let mut recorded = std::mem::take(&mut *lock(&s.working_set));
+                // Clones restored from one stream fault on the same pages.
+                let mut seen = std::collections::HashSet::new();
+                recorded.retain(|p| seen.insert(p.clone()));
                 if !recorded.is_empty() {
                     if let Err(e) = db::put_working_set(&self.db, &s.id.actor, &recorded) {
                         warn!(actor = %s.id.actor, error = %e, "working set not saved");
@@ -749,28 +835,21 @@ impl Store {
             tx.put(&r)?;
         }
         tx.commit()?;
-        let released = {
+        let gone = {
             let mut st = lock(&s.root_state);
-            let was = *st;
-            *st = RootState::Placed;
-            was == RootState::Released
+            st.placed = true;
+            st.gone()
         };
-        if released {
+        if gone {
             self.remove_stream_root(s);
         }
         Ok(())
     }
 
-    /// The checkout of stream `s` was released: its directory goes once
-    /// the local copy is placed (now, if it is).
+    /// A checkout of stream `s` was released: its directory goes once the
+    /// local copy is placed and no other checkout holds it.
     pub(super) fn stream_released(&self, s: &Stream) {
-        let placed = {
-            let mut st = lock(&s.root_state);
-            let was = *st;
-            *st = RootState::Released;
-            was == RootState::Placed
-        };
-        if placed {
+        if s.leave() {
             self.remove_stream_root(s);
         }
     }
