@@ -882,7 +882,66 @@ impl Store {
 
 #[cfg(test)]
 mod tests {
+    use super::super::{CommitOptions, Remote, StoreConfig};
     use super::*;
+
+    /// A snapshot of `actor` only in the (in-memory) object tier.
+    async fn only_remote(actor: &str) -> (tempfile::TempDir, Arc<Store>, SnapshotId) {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut cfg = StoreConfig::new(tmp.path().join("store"));
+        cfg.background = false;
+        let remote = Remote::from_store(Arc::new(object_store::memory::InMemory::new()), "", "memory://").unwrap();
+        let store = Store::open_with_remote(cfg, remote).await.unwrap();
+        let s = store.begin(&ActorName::new(actor).unwrap()).await.unwrap();
+        std::fs::write(s.path.join("inventory.img"), b"inventory").unwrap();
+        std::fs::write(s.path.join("pages-1.img"), (0..3_000_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
+        let id = store.commit(&s.id, CommitOptions::default()).await.unwrap().id;
+        store.upload(&id, None).await.unwrap();
+        store.evict(&id).await.unwrap();
+        (tmp, store, id)
+    }
+
+    /// A second checkout while the first one's stream is under way joins
+    /// it: same partial copy, its own lease, one fetch; the copy is placed
+    /// once, and its directory and pin go with the last checkout.
+    #[tokio::test]
+    async fn a_checkout_during_a_stream_joins_it() {
+        let (_t, store, id) = only_remote("ns/golden").await;
+        let (first, s1) = store.checkout_streamed(&id).await.unwrap();
+        // (current-thread runtime: the stream's background has not run yet)
+        let (second, s2) = store.checkout_streamed(&id).await.unwrap();
+        let (s1, s2) = (s1.expect("streamed"), s2.expect("joined"));
+        assert!(Arc::ptr_eq(&s1, &s2), "one stream");
+        assert_eq!(first.path, second.path, "one partial copy");
+        assert_ne!(first.lease, second.lease, "a lease each");
+        assert_eq!(store.streams_under_way().len(), 1, "reported once");
+        let a = store.wait_stream(&first.lease).await.unwrap();
+        assert_eq!(store.wait_stream(&second.lease).await.unwrap(), a);
+        assert_eq!(store.status().fetched_bytes, a.fetched_bytes, "fetched once");
+        let pin = s1.pin.get().cloned().unwrap();
+        assert!(db::record(&store.db, &id).unwrap().unwrap().local == LocalState::Present, "placed");
+        store.release(&first.lease).await.unwrap();
+        assert!(first.path.exists(), "the second checkout still reads the partial copy by path");
+        assert!(lock(&store.pins).contains_key(&pin), "the pin stays while a checkout holds it");
+        store.release(&second.lease).await.unwrap();
+        assert!(!first.path.exists(), "gone with the last checkout");
+        assert!(!lock(&store.pins).contains_key(&pin), "dropped with the last checkout");
+        // A checkout now pins the local copy.
+        let (third, s3) = store.checkout_streamed(&id).await.unwrap();
+        assert!(s3.is_none() && third.path == store.snapshot_dir(&id));
+    }
+
+    /// A checkout after the stream ended does not join it.
+    #[tokio::test]
+    async fn an_ended_stream_is_not_joined() {
+        let (_t, store, id) = only_remote("ns/golden2").await;
+        let (first, s1) = store.checkout_streamed(&id).await.unwrap();
+        store.wait_stream(&first.lease).await.unwrap();
+        assert!(!s1.unwrap().join(), "ended");
+        let (second, s2) = store.checkout_streamed(&id).await.unwrap();
+        assert!(s2.is_none(), "the local copy, pinned");
+        assert_ne!(second.path, first.path);
+    }
 
     #[test]
     fn names_of_page_images() {
