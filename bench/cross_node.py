@@ -13,7 +13,9 @@ clone_10_actors_remote_ms.
    suspend`; the snapshot committed (`snapshots ls`); `torporctl snapshots
    upload` (durable in S3); `torporctl snapshots evict` (node A's local
    copy dropped); the pod removed (a SUSPENDED actor's snapshots stay).
-   The snapshot is now only in the object tier.
+   The snapshot is now only in the object tier. Both stores' background
+   deletion of what was removed (node A's evicted copy, the snapshots of
+   the run before) is waited for: the rig's nodes share one disk.
 2. TIMED, node B: from the start of `crictl runp` of a pod of the same
    actor, through `crictl create`, `crictl start` (the shim's create finds
    the actor's newest snapshot in S3, node B's store fetches and verifies
@@ -23,6 +25,11 @@ clone_10_actors_remote_ms.
    (untimed) the memory CRC must be the one before the suspend.
 3. untimed: the pod on node B removed, the actor's snapshots removed from
    both nodes' stores (and S3).
+
+Before the runs (and before clone_10_actors_ms), the page cache is
+dropped, untimed: it frees the memory cgroups of the pods removed before,
+which live on, dying, while page cache is charged to them and slow every
+pod made after.
 
 One unmeasured run first. Phases (p50/p99 per step) are kept, with the
 shim's `last_resume_ms` (checkout incl. the fetch, and the restore).
@@ -85,6 +92,8 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
 from bench import RunError, check_counter, inc_first_byte, log, ms, now_ns, pct  # noqa: E402
+import suspend_resume  # noqa: E402
+import wakeups  # noqa: E402
 
 MIB = 256
 CLONES = 10
@@ -107,6 +116,8 @@ class Node:
         self.state = state
         self.address = os.path.join(state, "containerd.sock")
         self.cgroup_root = "/" + cgroup.strip("/")
+        # torpor-snapshotter's trash (test/rig/env.sh's snapshotter root)
+        self.trash = os.path.join(root, "snapshotter", "store", "trash")
         if letter == "a":
             self.env = {}  # env.sh's (node A's) TORPOR_STORE_SOCKET etc.
         else:
@@ -126,6 +137,18 @@ class Node:
     def torporctl(self, *args, timeout=bench.LONG_CALL_TIMEOUT_S):
         """torporctl --json against the node's store and shims."""
         return bench.torporctl(*args, env=self.env, timeout=timeout)
+
+    def wait_trash_emptied(self, limit_s: float = 60.0) -> None:
+        """Until the store's background thread deleted what was removed
+        (untimed): the rig's two nodes share one disk, which the deletion
+        of a 256 MiB copy (cut down 4 MiB at a time) keeps busy for about a
+        second; two real nodes do not share it."""
+        deadline = time.monotonic() + limit_s
+        while os.path.isdir(self.trash) and os.listdir(self.trash):
+            if time.monotonic() > deadline:
+                log(f"node {self.letter}: the store's trash is not empty after {limit_s:.0f} s")
+                return
+            time.sleep(0.05)
 
     def ready(self) -> bool:
         try:
@@ -281,6 +304,8 @@ def cross_node_run(a: Node, b: Node) -> dict:
         left = [s for s in (a.torporctl("snapshots", "ls", actor) or []) if s["local"]]
         if left:
             raise RunError(f"node A still has a local copy: {left}")
+        a.wait_trash_emptied()
+        b.wait_trash_emptied()
         # TIMED, node B
         pod_b = NodePod(b, "xn", ann)
         t0 = now_ns()
@@ -713,6 +738,16 @@ def remote_clone_entry(samples, err, snapshot_bytes) -> dict:
         baseline_error="containerd-shim-runc-v2 has no object tier")
 
 
+def settle_memory_cgroups() -> None:
+    """Drops the page cache (untimed), which frees the memory cgroups of
+    the pods removed before: each lives on, dying, while page cache is
+    charged to it, and hundreds of them (the clones leave about 15 per
+    repetition) slow every pod and container made after."""
+    before = wakeups.memory_cgroups()
+    suspend_resume.drop_page_cache()
+    log(f"page cache dropped: memory cgroups {before} -> {wakeups.memory_cgroups()} (dying ones included)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=int(os.environ.get("TORPOR_BENCH_XN_RUNS", str(bench.MIN_RUNS))))
@@ -728,9 +763,11 @@ def main():
                 raise SystemExit(f"bench: node B is not up at {b.address} (test/rig/up.sh brings up both nodes)")
             bench.ensure_torporctl()
             if only in ("", "clone"):
+                settle_memory_cgroups()
                 entries += measure_clone(a, b, args.clone_reps, budget / 3 if only == "" else budget)
                 bench.merge_results(entries[-2:])
             if only in ("", "resume"):
+                settle_memory_cgroups()
                 left = budget - (time.monotonic() - START)
                 entries.append(measure_cross_node(a, b, args.runs, left))
                 bench.merge_results(entries[-1:])
