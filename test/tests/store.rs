@@ -339,8 +339,7 @@ fn s3_stalled_mid_stream_stops_the_actor_and_the_next_trigger_retries() {
 
 /// Bytes this node's store fetched from the object tier since it started.
 fn fetched_bytes() -> u64 {
-    let out = torporctl(&["--json", "snapshots", "status"]);
-    let v: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("snapshots status is not JSON ({e}): {out}"));
+    let v = torporctl_json(&["snapshots", "status"]);
     v["fetched_bytes"].as_u64().unwrap_or_else(|| panic!("no fetched_bytes in: {v}"))
 }
 

@@ -483,7 +483,8 @@ impl Store {
     /// still join: its own lease (with the stream's pin), the same partial
     /// copy.
     fn join_stream(&self, id: &SnapshotId) -> Result<Option<(Checkout, Arc<Stream>)>> {
-        let found = lock(&self.streams).values().find(|s| &s.id == id && s.pin.get().is_some() && s.progress().is_some()).cloned();
+        // (A stream is in `streams` once ready: its pin is set.)
+        let found = lock(&self.streams).values().find(|s| &s.id == id && s.progress().is_some()).cloned();
         let Some(s) = found.filter(|s| s.join()) else { return Ok(None) };
         let leased = self.add_lease(id, None, s.pin.get().cloned()).and_then(|lease| {
             let rec = db::record(&self.db, id)?.ok_or_else(|| Error::NotFound(id.clone()))?;
