@@ -55,6 +55,7 @@ struct FileStore {
     upload_concurrency: Option<usize>,
     fetch_concurrency: Option<usize>,
     stream_stall_timeout: Option<String>,
+    stream_background_delay: Option<String>,
     retry_initial: Option<String>,
     retry_max: Option<String>,
     zstd_level: Option<i32>,
@@ -137,6 +138,7 @@ pub struct StoreConfig {
     pub upload_concurrency: Option<usize>,
     pub fetch_concurrency: Option<usize>,
     pub stream_stall_timeout: Option<Duration>,
+    pub stream_background_delay: Option<Duration>,
     pub retry_initial: Option<Duration>,
     pub retry_max: Option<Duration>,
     pub zstd_level: Option<i32>,
@@ -237,6 +239,9 @@ impl Config {
         if let Some(d) = s.stream_stall_timeout {
             c.stream_stall_timeout = d;
         }
+        if let Some(d) = s.stream_background_delay {
+            c.stream_background_delay = d;
+        }
         if let Some(d) = s.retry_initial {
             c.retry.initial = d;
         }
@@ -293,6 +298,7 @@ impl Default for Config {
                 upload_concurrency: None,
                 fetch_concurrency: None,
                 stream_stall_timeout: None,
+                stream_background_delay: None,
                 retry_initial: None,
                 retry_max: None,
                 zstd_level: None,
@@ -495,6 +501,7 @@ impl Config {
                 upload_concurrency: f.store.upload_concurrency,
                 fetch_concurrency: f.store.fetch_concurrency,
                 stream_stall_timeout: dur(f.store.stream_stall_timeout, "store.stream_stall_timeout")?,
+                stream_background_delay: dur(f.store.stream_background_delay, "store.stream_background_delay")?,
                 retry_initial: dur(f.store.retry_initial, "store.retry_initial")?,
                 retry_max: dur(f.store.retry_max, "store.retry_max")?,
                 zstd_level: f.store.zstd_level,

@@ -348,8 +348,7 @@ impl Actor {
             // listen, while runc prepares the restore; else it is waited
             // for here.
             let overlapped = criu_launcher::in_front();
-            let mut cmd = LazyDaemon::command(image, lazy_work);
-            cmd.env(CRIU_PREFETCH_DELAY_ENV, prefetch_delay().as_millis().to_string());
+            let cmd = LazyDaemon::command(image, lazy_work);
             let started = if overlapped { LazyDaemon::spawn(cmd, lazy_work) } else { LazyDaemon::spawn_and_wait(cmd, lazy_work).await };
             t.mark("lazy_pages_start");
             match started {
@@ -551,8 +550,10 @@ pub(crate) fn lazy_pages_enabled() -> bool {
     std::env::var("TORPOR_LAZY_PAGES").map(|v| v != "0").unwrap_or(true)
 }
 
-/// How long after a restore from the local tier its lazy-pages daemon waits
-/// before it prefetches the pages no fault asked for:
+/// How long after a restore its lazy-pages daemon waits before it
+/// prefetches the pages no fault asked for (from the local tier, or from
+/// the store's page server for a streamed checkout, whose own background
+/// fetch waits `stream_background_delay`):
 /// `$TORPOR_LAZY_PREFETCH_DELAY_MS` (0 to 60000), [`PREFETCH_DELAY`] if
 /// unset. Faults are served meanwhile: a node waking many actors at once
 /// spends its CPU on their restores and first answers, not on copying the
@@ -612,6 +613,7 @@ impl LazyDaemon {
             .arg(work)
             // -v3: the log says when the background transfer starts.
             .args(["--log-file", "lazy-pages.log", "-v3"])
+            .env(CRIU_PREFETCH_DELAY_ENV, prefetch_delay().as_millis().to_string())
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
@@ -684,9 +686,6 @@ impl LazyDaemon {
         conn.set_nonblocking(false).io_context(|| "page server connection".into())?;
         let fd = std::os::fd::OwnedFd::from(conn);
         let mut cmd = Self::command(image, work);
-        // The rest of the memory streams in at once: the process depends on
-        // the object tier until it has every page.
-        cmd.env(CRIU_PREFETCH_DELAY_ENV, "0");
         cmd.args(["--page-server", "--ps-socket", "3"]);
         reaper::pass_fds(&mut cmd, vec![fd], 3);
         Self::spawn_and_wait(cmd, work).await

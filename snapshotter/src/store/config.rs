@@ -104,6 +104,13 @@ pub struct StoreConfig {
     /// process is then stopped and the actor stays suspended, rather than
     /// wait on a stalled object tier.
     pub stream_stall_timeout: Duration,
+    /// How long after a streamed checkout is ready (the restore can start)
+    /// its background fetch of the chunks nobody asked for starts; the
+    /// working set's chunks and those a page fault asks for are fetched at
+    /// once. The restore and the process's first answer then do not share
+    /// the node's CPU with the bulk of the fetch (decryption,
+    /// decompression, writes).
+    pub stream_background_delay: Duration,
     /// How long a committed snapshot stays local-only before it is uploaded
     /// (unless the commit says otherwise, or disk pressure, or on demand).
     pub default_keep_local: Duration,
@@ -162,6 +169,9 @@ pub fn millis(d: Duration) -> u64 {
 pub const MAX_DURATION: Duration = Duration::from_secs(3650 * 24 * 3600);
 /// The longest actor lease (a node that dies holds its actors this long).
 pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
+/// The longest `stream_background_delay`: the stream must not leave the
+/// restored process on the object tier for long.
+pub const MAX_STREAM_BACKGROUND_DELAY: Duration = Duration::from_secs(60);
 
 /// The node id when none is configured: `$TORPOR_NODE_ID`, else
 /// `/etc/machine-id`, else the host name.
@@ -187,6 +197,7 @@ impl StoreConfig {
             upload_concurrency: 8,
             fetch_concurrency: 16,
             stream_stall_timeout: Duration::from_secs(10),
+            stream_background_delay: Duration::from_millis(300),
             default_keep_local: Duration::from_secs(300),
             retry: RetryConfig::default(),
             chunking: ChunkingConfig::default(),
@@ -217,6 +228,9 @@ impl StoreConfig {
         }
         if self.stream_stall_timeout.is_zero() {
             return bad("stream_stall_timeout must be more than 0".to_string());
+        }
+        if self.stream_background_delay > MAX_STREAM_BACKGROUND_DELAY {
+            return bad(format!("stream_background_delay {:?} must be at most 60s", self.stream_background_delay));
         }
         if self.fetch_concurrency == 0 || self.fetch_concurrency > 256 {
             return bad(format!("fetch_concurrency {} must be in 1..=256", self.fetch_concurrency));
@@ -275,6 +289,9 @@ mod tests {
         c.validate().unwrap();
         c.fetch_concurrency = 0;
         assert!(c.validate().unwrap_err().to_string().contains("fetch_concurrency"));
+        let mut c = StoreConfig::new("/x");
+        c.stream_background_delay = Duration::from_secs(61);
+        assert!(c.validate().unwrap_err().to_string().contains("stream_background_delay"));
         let mut c = StoreConfig::new("rel");
         assert!(c.validate().unwrap_err().to_string().contains("absolute"));
         c.root = "/x".into();

@@ -5,8 +5,11 @@
 //! every file but the tasks' page images, then the runs of those page
 //! images that are not lazy ([`super::pagemap`]). It then returns a
 //! checkout whose page images are still partly holes, and the rest keeps
-//! coming in the background, the actor's recorded *working set* first
-//! (the pages its last streamed resume touched in its first moments).
+//! coming in the background: the actor's recorded *working set* at once
+//! (the pages its last streamed resume touched in its first moments), the
+//! other chunks `stream_background_delay` later, so that the restore and
+//! the process's first answer do not share the CPU with the bulk of the
+//! fetch (its GETs, decryption, decompression and writes).
 //! CRIU's lazy-pages daemon asks the node daemon's page server
 //! (`crate::page_server`) for the pages the restored process faults on;
 //! the page server asks [`Stream::want`] for the chunks that hold them,
@@ -735,6 +738,28 @@ impl Store {
         Ok(fetched)
     }
 
+    /// Fetches the chunks of `order` nobody fetches yet, in that order,
+    /// `fetch_concurrency` at a time, renewing the pin as it goes; false
+    /// once the stream failed.
+    async fn fetch_in_background(self: &Arc<Self>, s: &Arc<Stream>, pin: &str, order: Vec<usize>) -> bool {
+        let claimed = order.into_iter().filter(|c| s.claim(*c));
+        let mut fetches = futures::stream::iter(claimed.map(|c| self.stream_chunk(s, c))).buffer_unordered(self.cfg.fetch_concurrency);
+        while let Some(r) = fetches.next().await {
+            if let Err(e) = r {
+                s.fail_with(&e);
+                return false;
+            }
+            if let Err(e) = self.renew_pin_if_due(pin, &s.id).await {
+                s.fail_with(&e);
+                return false;
+            }
+            if s.failure().is_some() {
+                return false;
+            }
+        }
+        true
+    }
+
     /// The background part: the working set first, then the rest; then
     /// the copy is finished and renamed into place, or removed on failure.
     async fn finish_stream(self: &Arc<Self>, s: &Arc<Stream>, pin: &str) {
@@ -756,23 +781,14 @@ impl Store {
             st.working_set_pages = ws.len() as u64;
             st.working_set_chunks = order.len() as u64;
         }
-        order.extend(0..s.chunks.len());
-        let claimed = order.into_iter().filter(|c| s.claim(*c));
-        let mut fetches = futures::stream::iter(claimed.map(|c| self.stream_chunk(s, c))).buffer_unordered(self.cfg.fetch_concurrency);
-        while let Some(r) = fetches.next().await {
-            if let Err(e) = r {
-                s.fail_with(&e);
-                break;
-            }
-            if let Err(e) = self.renew_pin_if_due(pin, &s.id).await {
-                s.fail_with(&e);
-                break;
-            }
-            if s.failure().is_some() {
-                break;
+        // The rest once the restore had the CPU to itself for a while;
+        // page faults meanwhile fetch their chunks on demand.
+        if self.fetch_in_background(s, pin, order).await {
+            tokio::time::sleep(self.cfg.stream_background_delay).await;
+            if s.failure().is_none() {
+                self.fetch_in_background(s, pin, (0..s.chunks.len()).collect()).await;
             }
         }
-        drop(fetches);
         let all: Vec<usize> = (0..s.chunks.len()).collect();
         let res = match s.wait_for(&all).await {
             Err(why) => Err(why),
@@ -888,14 +904,42 @@ mod tests {
 
     /// A snapshot of `actor` only in the (in-memory) object tier.
     async fn only_remote(actor: &str) -> (tempfile::TempDir, Arc<Store>, SnapshotId) {
+        only_remote_with(actor, |_| {}).await
+    }
+
+    async fn only_remote_with(actor: &str, config: impl FnOnce(&mut StoreConfig)) -> (tempfile::TempDir, Arc<Store>, SnapshotId) {
         let tmp = tempfile::tempdir().unwrap();
         let mut cfg = StoreConfig::new(tmp.path().join("store"));
         cfg.background = false;
+        config(&mut cfg);
         let remote = Remote::from_store(Arc::new(object_store::memory::InMemory::new()), "", "memory://").unwrap();
         let store = Store::open_with_remote(cfg, remote).await.unwrap();
         let s = store.begin(&ActorName::new(actor).unwrap()).await.unwrap();
         std::fs::write(s.path.join("inventory.img"), b"inventory").unwrap();
         std::fs::write(s.path.join("pages-1.img"), (0..3_000_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
+        let id = store.commit(&s.id, CommitOptions::default()).await.unwrap().id;
+        store.upload(&id, None).await.unwrap();
+        store.evict(&id).await.unwrap();
+        (tmp, store, id)
+    }
+
+    /// A snapshot of `actor` only in the object tier whose task's pages
+    /// are all lazy (served to the restored process as it faults).
+    async fn lazy_only_remote(actor: &str, config: impl FnOnce(&mut StoreConfig)) -> (tempfile::TempDir, Arc<Store>, SnapshotId) {
+        use super::super::pagemap::{tests::image, PE_LAZY, PE_PRESENT};
+        let tmp = tempfile::tempdir().unwrap();
+        let mut cfg = StoreConfig::new(tmp.path().join("store"));
+        cfg.background = false;
+        config(&mut cfg);
+        let remote = Remote::from_store(Arc::new(object_store::memory::InMemory::new()), "", "memory://").unwrap();
+        let store = Store::open_with_remote(cfg, remote).await.unwrap();
+        let s = store.begin(&ActorName::new(actor).unwrap()).await.unwrap();
+        let dir = s.path.join("app");
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("inventory.img"), b"inventory").unwrap();
+        let pages = 733u64;
+        std::fs::write(dir.join("pagemap-1.img"), image(1, &[(0x10_0000, pages, PE_PRESENT | PE_LAZY)])).unwrap();
+        std::fs::write(dir.join("pages-1.img"), (0..pages * PAGE_SIZE).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
         let id = store.commit(&s.id, CommitOptions::default()).await.unwrap().id;
         store.upload(&id, None).await.unwrap();
         store.evict(&id).await.unwrap();
@@ -942,6 +986,24 @@ mod tests {
         let (second, s2) = store.checkout_streamed(&id).await.unwrap();
         assert!(s2.is_none(), "the local copy, pinned");
         assert_ne!(second.path, first.path);
+    }
+
+    /// The chunks nobody asked for wait for `stream_background_delay`; one
+    /// a page fault wants meanwhile is fetched at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_rest_of_a_stream_waits_for_the_background_delay() {
+        let (_t, store, id) = lazy_only_remote("ns/later", |c| c.stream_background_delay = Duration::from_secs(60)).await;
+        let (co, s) = store.checkout_streamed(&id).await.unwrap();
+        let s = s.expect("streamed");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (ready, total) = s.progress().unwrap();
+        assert!(ready < total, "only what the restore reads first: {ready} of {total} bytes");
+        let last = s.chunks.len() - 1;
+        assert!(s.want(&[last]), "the last chunk is not in yet");
+        s.wait_for(&[last]).await.unwrap();
+        let (now, _) = s.progress().expect("still under way");
+        assert_eq!(now, ready + s.chunks[last].size as u64 * s.chunks[last].places.len() as u64, "the wanted chunk alone");
+        store.release(&co.lease).await.unwrap();
     }
 
     #[test]
