@@ -904,29 +904,31 @@ mod tests {
 
     /// A snapshot of `actor` only in the (in-memory) object tier.
     async fn only_remote(actor: &str) -> (tempfile::TempDir, Arc<Store>, SnapshotId) {
-        only_remote_with(actor, |_| {}).await
-    }
-
-    async fn only_remote_with(actor: &str, config: impl FnOnce(&mut StoreConfig)) -> (tempfile::TempDir, Arc<Store>, SnapshotId) {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut cfg = StoreConfig::new(tmp.path().join("store"));
-        cfg.background = false;
-        config(&mut cfg);
-        let remote = Remote::from_store(Arc::new(object_store::memory::InMemory::new()), "", "memory://").unwrap();
-        let store = Store::open_with_remote(cfg, remote).await.unwrap();
-        let s = store.begin(&ActorName::new(actor).unwrap()).await.unwrap();
-        std::fs::write(s.path.join("inventory.img"), b"inventory").unwrap();
-        std::fs::write(s.path.join("pages-1.img"), (0..3_000_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
-        let id = store.commit(&s.id, CommitOptions::default()).await.unwrap().id;
-        store.upload(&id, None).await.unwrap();
-        store.evict(&id).await.unwrap();
-        (tmp, store, id)
+        only_remote_with(actor, |_| {}, |dir| {
+            std::fs::write(dir.join("inventory.img"), b"inventory").unwrap();
+            std::fs::write(dir.join("pages-1.img"), (0..3_000_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
+        })
+        .await
     }
 
     /// A snapshot of `actor` only in the object tier whose task's pages
     /// are all lazy (served to the restored process as it faults).
     async fn lazy_only_remote(actor: &str, config: impl FnOnce(&mut StoreConfig)) -> (tempfile::TempDir, Arc<Store>, SnapshotId) {
         use super::super::pagemap::{tests::image, PE_LAZY, PE_PRESENT};
+        only_remote_with(actor, config, |root| {
+            let dir = root.join("app");
+            std::fs::create_dir(&dir).unwrap();
+            std::fs::write(dir.join("inventory.img"), b"inventory").unwrap();
+            let pages = 733u64;
+            std::fs::write(dir.join("pagemap-1.img"), image(1, &[(0x10_0000, pages, PE_PRESENT | PE_LAZY)])).unwrap();
+            std::fs::write(dir.join("pages-1.img"), (0..pages * PAGE_SIZE).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
+        })
+        .await
+    }
+
+    /// A snapshot of `actor` made of the files `write` puts in its
+    /// directory, uploaded to an in-memory object tier and evicted.
+    async fn only_remote_with(actor: &str, config: impl FnOnce(&mut StoreConfig), write: impl FnOnce(&Path)) -> (tempfile::TempDir, Arc<Store>, SnapshotId) {
         let tmp = tempfile::tempdir().unwrap();
         let mut cfg = StoreConfig::new(tmp.path().join("store"));
         cfg.background = false;
@@ -934,12 +936,7 @@ mod tests {
         let remote = Remote::from_store(Arc::new(object_store::memory::InMemory::new()), "", "memory://").unwrap();
         let store = Store::open_with_remote(cfg, remote).await.unwrap();
         let s = store.begin(&ActorName::new(actor).unwrap()).await.unwrap();
-        let dir = s.path.join("app");
-        std::fs::create_dir(&dir).unwrap();
-        std::fs::write(dir.join("inventory.img"), b"inventory").unwrap();
-        let pages = 733u64;
-        std::fs::write(dir.join("pagemap-1.img"), image(1, &[(0x10_0000, pages, PE_PRESENT | PE_LAZY)])).unwrap();
-        std::fs::write(dir.join("pages-1.img"), (0..pages * PAGE_SIZE).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
+        write(&s.path);
         let id = store.commit(&s.id, CommitOptions::default()).await.unwrap().id;
         store.upload(&id, None).await.unwrap();
         store.evict(&id).await.unwrap();
