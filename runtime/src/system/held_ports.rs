@@ -66,6 +66,11 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
 /// `-m multiport` takes at most 15 ports per rule.
 const MULTIPORT_MAX: usize = 15;
+/// How long a port found in use is bound again before it counts as taken.
+/// A listener just closed (the shim's own at a handover, a dumped actor's)
+/// stays open in any child forked at that moment until its exec closes it:
+/// the shim forks runc, CRIU and iptables from other threads.
+const BIND_IN_USE_RETRY: Duration = Duration::from_millis(200);
 /// What a failed removal of the SYN-drop rules is logged as.
 const REMOVE_SYN_DROP: &str = "activation: remove the SYN drop rules";
 
@@ -299,6 +304,20 @@ fn bind(addr: SocketAddr, v6_only: bool) -> std::io::Result<StdListener> {
     Ok(StdListener::from(fd))
 }
 
+/// [`bind`], again every few milliseconds for up to `retry` while the port
+/// is in use (see [`BIND_IN_USE_RETRY`]); any other error at once.
+fn bind_retrying(addr: SocketAddr, v6_only: bool, retry: Duration) -> std::io::Result<StdListener> {
+    let deadline = std::time::Instant::now() + retry;
+    loop {
+        match bind(addr, v6_only) {
+            Err(e) if e.raw_os_error() == Some(libc::EADDRINUSE) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            r => return r,
+        }
+    }
+}
+
 impl Armed {
     /// Binds `listen` (addresses and ports, from [`listeners_for`]) in
     /// `netns` and starts watching them. The first real connection sends
@@ -315,7 +334,7 @@ impl Armed {
                 .iter()
                 .map(|a| {
                     let v6_only = a.is_ipv6() && addrs.iter().any(|b| b.is_ipv4() && b.port() == a.port());
-                    (*a, bind(*a, v6_only))
+                    (*a, bind_retrying(*a, v6_only, BIND_IN_USE_RETRY))
                 })
                 .collect::<Vec<_>>())
         })?;
@@ -716,7 +735,7 @@ mod tests {
         assert!(rules.contains("--dports 7070") && rules.contains("DROP"), "{rules}");
         assert!(rules.contains("-m socket --nowildcard -j ACCEPT"), "a SYN with a listener is accepted first: {rules}");
         // The restored actor listens again.
-        let app = in_netns(&ns.path, move || StdListener::bind(listen)).unwrap();
+        let app = in_netns(&ns.path, move || bind_retrying(listen, false, BIND_IN_USE_RETRY)).unwrap();
         app.set_nonblocking(true).unwrap();
         let app = TcpListener::from_std(app).unwrap();
         handover.finish().await;
@@ -765,6 +784,25 @@ mod tests {
         assert!(!take_kept_rules(&ns.path, &[listen]), "taken over, not kept twice");
         handover.finish().await;
         assert!(wait_rules_gone(&ns.path, "iptables", "7072").await, "the SYN-drop rules are still there after the handover");
+    }
+
+    /// Once a hold failed ("Address already in use") when another thread
+    /// had just forked: the child keeps a copy of a listener just closed
+    /// until its exec.
+    #[test]
+    fn a_port_closed_elsewhere_a_moment_later_is_bound() {
+        let other = StdListener::bind("127.0.0.1:0").unwrap();
+        let listen = other.local_addr().unwrap();
+        let e = bind_retrying(listen, false, Duration::ZERO).expect_err("the port is in use");
+        assert_eq!(e.raw_os_error(), Some(libc::EADDRINUSE));
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            drop(other);
+        });
+        // Liveness bound only: the port is free after 50 ms.
+        let l = bind_retrying(listen, false, Duration::from_secs(60)).unwrap();
+        assert_eq!(l.local_addr().unwrap(), listen);
+        closer.join().unwrap();
     }
 
     /// Held connections are bounded: one over the bound is reset.
