@@ -710,8 +710,10 @@ impl Store {
     }
 
     /// GETs chunk `c` (bounded by `stream_stall_timeout`), verifies it and
-    /// writes it into its places; the chunk object's size.
-    async fn stream_chunk(&self, s: &Stream, c: usize) -> Result<u64> {
+    /// writes it into its places (on the blocking pool, as a whole fetch
+    /// does: AEAD and zstd would hold up the page server's replies); the
+    /// chunk object's size.
+    async fn stream_chunk(&self, s: &Arc<Stream>, c: usize) -> Result<u64> {
         let slot = &s.chunks[c];
         let name = ChunkName::of(s.key.as_deref(), &slot.digest);
         let path = self.remote.chunk_path(&name);
@@ -724,15 +726,21 @@ impl Store {
             Ok(r) => r?,
         };
         let fetched = object.len() as u64;
-        let data = match &s.key {
-            None => chunk::decode(&object, &slot.digest, slot.size),
-            Some(k) => chunk::decode_sealed(&object, &slot.digest, slot.size, k, name.hex()),
-        }
-        .map_err(|what| Error::Corrupt { id: s.id.clone(), what: format!("chunk sha256:{} in the object tier ({path}): {what}", slot.digest) })?;
-        for (entry, off) in &slot.places {
-            let f = s.files[*entry].as_ref().ok_or_else(|| Error::Internal("chunk of a directory".into()))?;
-            f.write_all_at(&data, *off).map_err(|e| Error::io("write fetched chunk", s.root.join(format!("#{entry}")), e))?;
-        }
+        let st = s.clone();
+        blocking(move || {
+            let slot = &st.chunks[c];
+            let data = match &st.key {
+                None => chunk::decode(&object, &slot.digest, slot.size),
+                Some(k) => chunk::decode_sealed(&object, &slot.digest, slot.size, k, name.hex()),
+            }
+            .map_err(|what| Error::Corrupt { id: st.id.clone(), what: format!("chunk sha256:{} in the object tier ({path}): {what}", slot.digest) })?;
+            for (entry, off) in &slot.places {
+                let f = st.files[*entry].as_ref().ok_or_else(|| Error::Internal("chunk of a directory".into()))?;
+                f.write_all_at(&data, *off).map_err(|e| Error::io("write fetched chunk", st.root.join(format!("#{entry}")), e))?;
+            }
+            Ok(())
+        })
+        .await?;
         self.stats.update(|st| st.fetched_bytes += fetched);
         s.done(c, fetched);
         Ok(fetched)
