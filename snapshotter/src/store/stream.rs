@@ -843,11 +843,14 @@ impl Store {
         let links = self.paths.staging.join(random_id());
         blocking(move || {
             local::finish_tree(&root, &m)?;
-            local::write_atomic(&root.join(MANIFEST_FILE), &bytes)?;
-            // The checkout still reads `root` by path: the local copy is
-            // its hard links, renamed into place.
+            // The checkouts still read `root` by path: the local copy is
+            // its hard links, with the manifest beside them, renamed into
+            // place. Nothing is added to `root`: a restore checking its
+            // images against their seal now refuses any file the dump did
+            // not write (once `.manifest.json.tmp`, when a clone joined
+            // just before the end).
             local::link_tree(&root, &links)?;
-            local::fsync_dir(&links)?;
+            local::write_atomic(&links.join(MANIFEST_FILE), &bytes)?;
             let parent = target.parent().ok_or_else(|| Error::Internal("snapshot dir has no parent".into()))?;
             local::create_dir_all_durable(parent)?;
             std::fs::rename(&links, &target).map_err(|e| Error::io("rename fetched snapshot into place", &target, e))?;
@@ -970,6 +973,25 @@ mod tests {
         assert_eq!(store.status().fetched_bytes, a.fetched_bytes, "fetched once");
         let pin = s1.pin.get().cloned().unwrap();
         assert!(db::record(&store.db, &id).unwrap().unwrap().local == LocalState::Present, "placed");
+        // What the checkouts read is the dump alone, before and after the
+        // placement (a restore's seal check refuses anything else); the
+        // local copy has its manifest.
+        let m = Manifest::parse(&std::fs::read(store.snapshot_dir(&id).join(MANIFEST_FILE)).unwrap(), Some(&id)).unwrap();
+        let mut want: Vec<String> = m.entries.iter().map(|e| e.path.clone()).collect();
+        want.sort();
+        let mut got = Vec::new();
+        let mut todo = vec![first.path.clone()];
+        while let Some(dir) = todo.pop() {
+            for e in std::fs::read_dir(&dir).unwrap() {
+                let p = e.unwrap().path();
+                got.push(p.strip_prefix(&first.path).unwrap().to_str().unwrap().to_string());
+                if p.is_dir() {
+                    todo.push(p);
+                }
+            }
+        }
+        got.sort();
+        assert_eq!(got, want, "nothing added to the directory the checkouts read");
         store.release(&first.lease).await.unwrap();
         assert!(first.path.exists(), "the second checkout still reads the partial copy by path");
         assert!(lock(&store.pins).contains_key(&pin), "the pin stays while a checkout holds it");
