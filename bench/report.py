@@ -159,6 +159,11 @@ def details(e) -> list:
             bits.append(e[f"{key}_note"])
         if bits:
             lines.append(f"{who}: " + "; ".join(bits))
+    sl = e.get("slowest_run")
+    if sl:
+        lines.append(f"slowest run: {fmt(sl['ms'])} {e['unit']}, of which the shim's resume "
+                     f"{fmt(sl.get('last_resume_ms'))} ms; its phases: "
+                     + ", ".join(f"{k} {fmt(v)} ms" for k, v in (sl.get("phases_ms") or {}).items()))
     if e.get("error"):
         lines.append(f"**torpor error:** `{e['error']}`")
     if e.get("rerun_failed"):
