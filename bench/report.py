@@ -448,6 +448,21 @@ def render_markdown(data: dict, env: dict, svg_rel: str) -> str:
         "touched by this) is 1813 against runc-v2's 1487 ms (1.22; 1.13 in the run before): "
         "10 concurrent crictl runp take 834 ms of it, pod sandboxes runc-v2's `ctr c restore` "
         "does not make; its first answer is 1277 against 1143 ms.", "",
+        "- **A streamed copy's placement adds nothing to what its checkouts read; chunks are "
+        "decoded on the blocking pool** (6866843, 85b0509). A run at 6866843 had "
+        "clone_10_actors_remote_ms fail: a clone that joined the stream just before its end "
+        "was refused by its seal check (\"not the dump that was sealed\"): the placement wrote "
+        "`.manifest.json.tmp` into the directory the checkouts restore from. The manifest now "
+        "goes into the local copy's hard-link tree only. A streamed chunk is now verified, "
+        "decrypted, decompressed and written on the blocking pool, as a whole fetch's are. "
+        "resume_remote_256mib_ms now keeps the shim's phases of its slowest run: in a run at "
+        "85b0509 one resume of 30 took 771 ms (the other 29 <= 89 ms, every stream's first page "
+        "<= 70 ms after its checkout began; nothing recorded where the rest went), not in a "
+        "repeat of 30 nor in the run below. At 691c32b (load 0.50): resume_remote_256mib_ms "
+        "80 / 121 ms (slowest 124 ms: checkout 60, restore 45); resume_cross_node_256mib_ms "
+        "284 / 382 ms (p50 / p99 of 30; goal p99 <= 500 met); clone_10_actors_remote_ms 2083 "
+        "ms, 64.1 MiB fetched per 10 clones; clone_10_actors_ms 1634 against runc-v2's 1381 ms "
+        "(1.18): 10 concurrent crictl runp take 690 ms of it.", "",
         "## Adding a benchmark", "",
         "See `bench/README.md`: a script `bench/<name>.py` measures with the helpers in "
         "`bench/bench.py` and merges its entries by name into `bench/results.json`; "
