@@ -846,9 +846,9 @@ impl Store {
             // The checkouts still read `root` by path: the local copy is
             // its hard links, with the manifest beside them, renamed into
             // place. Nothing is added to `root`: a restore checking its
-            // images against their seal now refuses any file the dump did
-            // not write (once `.manifest.json.tmp`, when a clone joined
-            // just before the end).
+            // images against their seal refuses any file the dump did not
+            // write (once `.manifest.json.tmp`, when a clone joined just
+            // before the end).
             local::link_tree(&root, &links)?;
             local::write_atomic(&links.join(MANIFEST_FILE), &bytes)?;
             let parent = target.parent().ok_or_else(|| Error::Internal("snapshot dir has no parent".into()))?;
