@@ -227,6 +227,19 @@ impl Store {
         }
     }
 
+    /// GETs a chunk the manifest of snapshot `id` lists; one the object
+    /// tier does not have is `Corrupt` (the snapshot is not whole there),
+    /// naming it.
+    pub(super) async fn get_listed_chunk(&self, id: &SnapshotId, name: &ChunkName, digest: &str) -> Result<bytes::Bytes> {
+        match self.remote.get_chunk(name).await {
+            Err(Error::Remote { source, .. }) if matches!(*source, object_store::Error::NotFound { .. }) => Err(Error::Corrupt {
+                id: id.clone(),
+                what: format!("chunk sha256:{digest} is missing from the object tier ({})", self.remote.chunk_path(name)),
+            }),
+            r => r,
+        }
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn fetch_chunks_into(
         &self,
@@ -272,32 +285,16 @@ impl Store {
         let wanted = Arc::new(wanted);
         let stream = futures::stream::iter(order.into_iter().map(|digest| {
             let (files, wanted, done, progress, id, key) = (files.clone(), wanted.clone(), done.clone(), progress.clone(), id.clone(), key.clone());
+            let root = staging.to_path_buf();
             async move {
                 let name = ChunkName::of(key.as_deref(), &digest);
                 let path = self.remote.chunk_path(&name);
-                let object = match self.remote.get_chunk(&name).await {
-                    Ok(o) => o,
-                    Err(Error::Remote { source, .. }) if matches!(*source, object_store::Error::NotFound { .. }) => {
-                        return Err(Error::Corrupt { id, what: format!("chunk sha256:{digest} is missing from the object tier ({path})") })
-                    }
-                    Err(e) => return Err(e),
-                };
+                let object = self.get_listed_chunk(&id, &name, &digest).await?;
                 let fetched = object.len() as u64;
                 let written = blocking(move || {
                     let (size, places) = wanted.get(&digest).ok_or_else(|| Error::Internal("unknown chunk".into()))?;
-                    let data = match &key {
-                        None => chunk::decode(&object, &digest, *size),
-                        Some(k) => chunk::decode_sealed(&object, &digest, *size, k, name.hex()),
-                    }
-                    .map_err(|what| Error::Corrupt { id: id.clone(), what: format!("chunk sha256:{digest} in the object tier ({path}): {what}") })?;
-                    let mut n = 0u64;
-                    for (fi, off) in places {
-                        use std::os::unix::fs::FileExt;
-                        let f = files[*fi].as_ref().ok_or_else(|| Error::Internal("chunk of a directory".into()))?;
-                        f.write_all_at(&data, *off).map_err(|e| Error::io("write fetched chunk", format!("file #{fi}"), e))?;
-                        n += data.len() as u64;
-                    }
-                    Ok(n)
+                    let data = open_fetched(&id, &object, &name, &path, &digest, *size, key.as_deref())?;
+                    write_at_places(&data, places, &files, &root)
                 })
                 .await?;
                 let d = done.fetch_add(written, std::sync::atomic::Ordering::Relaxed) + written;
@@ -359,4 +356,29 @@ impl Store {
         Ok(())
     }
 
+}
+
+/// A chunk object fetched from the object tier (at `path`), verified
+/// against its `digest` and plain `size`, opened with `key` if sealed: its
+/// plain bytes, or `Corrupt` naming the chunk. Blocking (AEAD, zstd).
+pub(super) fn open_fetched(id: &SnapshotId, object: &[u8], name: &ChunkName, path: &object_store::path::Path, digest: &str, size: u32, key: Option<&Key>) -> Result<Vec<u8>> {
+    match key {
+        None => chunk::decode(object, digest, size),
+        Some(k) => chunk::decode_sealed(object, digest, size, k, name.hex()),
+    }
+    .map_err(|what| Error::Corrupt { id: id.clone(), what: format!("chunk sha256:{digest} in the object tier ({path}): {what}") })
+}
+
+/// Writes a chunk's plain `data` at each of its places (entry number in
+/// `files`, the open files of the tree at `root`; offset); the bytes
+/// written. Blocking.
+pub(super) fn write_at_places(data: &[u8], places: &[(usize, u64)], files: &[Option<Arc<std::fs::File>>], root: &Path) -> Result<u64> {
+    use std::os::unix::fs::FileExt;
+    let mut n = 0u64;
+    for (entry, off) in places {
+        let f = files[*entry].as_ref().ok_or_else(|| Error::Internal("chunk of a directory".into()))?;
+        f.write_all_at(data, *off).map_err(|e| Error::io("write fetched chunk", root.join(format!("#{entry}")), e))?;
+        n += data.len() as u64;
+    }
+    Ok(n)
 }

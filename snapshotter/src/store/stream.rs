@@ -48,7 +48,8 @@ use super::id::{ActorName, SnapshotId};
 use super::manifest::{EntryKind, Manifest, MANIFEST_FILE};
 use super::pagemap::{Pagemap, PAGE_SIZE};
 use super::remote::ChunkName;
-use super::{blocking, chunk, local, lock, random_id, Checkout, Store};
+use super::fetch::{open_fetched, write_at_places};
+use super::{blocking, local, lock, random_id, Checkout, Store};
 
 /// Pages faulted on within this long after the first one form the working
 /// set the next streamed resume fetches first.
@@ -718,27 +719,16 @@ impl Store {
         let name = ChunkName::of(s.key.as_deref(), &slot.digest);
         let path = self.remote.chunk_path(&name);
         let after = self.cfg.stream_stall_timeout;
-        let object = match tokio::time::timeout(after, self.remote.get_chunk(&name)).await {
+        let object = match tokio::time::timeout(after, self.get_listed_chunk(&s.id, &name, &slot.digest)).await {
             Err(_) => return Err(Error::Stalled { op: "get chunk", path: path.to_string(), after }),
-            Ok(Err(Error::Remote { source, .. })) if matches!(*source, object_store::Error::NotFound { .. }) => {
-                return Err(Error::Corrupt { id: s.id.clone(), what: format!("chunk sha256:{} is missing from the object tier ({path})", slot.digest) })
-            }
             Ok(r) => r?,
         };
         let fetched = object.len() as u64;
         let st = s.clone();
         blocking(move || {
             let slot = &st.chunks[c];
-            let data = match &st.key {
-                None => chunk::decode(&object, &slot.digest, slot.size),
-                Some(k) => chunk::decode_sealed(&object, &slot.digest, slot.size, k, name.hex()),
-            }
-            .map_err(|what| Error::Corrupt { id: st.id.clone(), what: format!("chunk sha256:{} in the object tier ({path}): {what}", slot.digest) })?;
-            for (entry, off) in &slot.places {
-                let f = st.files[*entry].as_ref().ok_or_else(|| Error::Internal("chunk of a directory".into()))?;
-                f.write_all_at(&data, *off).map_err(|e| Error::io("write fetched chunk", st.root.join(format!("#{entry}")), e))?;
-            }
-            Ok(())
+            let data = open_fetched(&st.id, &object, &name, &path, &slot.digest, slot.size, st.key.as_deref())?;
+            write_at_places(&data, &slot.places, &st.files, &st.root)
         })
         .await?;
         self.stats.update(|st| st.fetched_bytes += fetched);
@@ -979,18 +969,7 @@ mod tests {
         let m = Manifest::parse(&std::fs::read(store.snapshot_dir(&id).join(MANIFEST_FILE)).unwrap(), Some(&id)).unwrap();
         let mut want: Vec<String> = m.entries.iter().map(|e| e.path.clone()).collect();
         want.sort();
-        let mut got = Vec::new();
-        let mut todo = vec![first.path.clone()];
-        while let Some(dir) = todo.pop() {
-            for e in std::fs::read_dir(&dir).unwrap() {
-                let p = e.unwrap().path();
-                got.push(p.strip_prefix(&first.path).unwrap().to_str().unwrap().to_string());
-                if p.is_dir() {
-                    todo.push(p);
-                }
-            }
-        }
-        got.sort();
+        let got: Vec<String> = local::scan_tree(&first.path).unwrap().into_iter().map(|(path, ..)| path).collect();
         assert_eq!(got, want, "nothing added to the directory the checkouts read");
         store.release(&first.lease).await.unwrap();
         assert!(first.path.exists(), "the second checkout still reads the partial copy by path");
