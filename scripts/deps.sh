@@ -81,6 +81,8 @@ APT_PACKAGES=(
 	protobuf-c-compiler protobuf-compiler uuid-dev
 	# the cgroup v2 guest of test/vm/run.sh (make test)
 	qemu-system-x86 cpio
+	# the workload suite's servers, packed into images (test/images/workloads)
+	postgresql-15 redis-server redis-tools nginx
 )
 
 APT_SOURCES_FILE=/etc/apt/sources.list.d/torpor-newer.sources

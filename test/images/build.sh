@@ -8,6 +8,9 @@
 # Rebuilds only when an input changed: the sources in this directory, the Go
 # version and the busybox-static package version are hashed into a stamp.
 #
+# Then the workload suite's images (workloads/build.sh: PostgreSQL, Redis and
+# nginx from Debian's packages, with a stamp of their own).
+#
 # usage: build.sh [--force]   build if out of date (always with --force)
 #        build.sh --check     exit 0 if up to date, 1 if not (builds nothing)
 set -euo pipefail
@@ -42,11 +45,12 @@ bb_version=$(dpkg-query -W -f='${Version}' busybox-static 2>/dev/null || true)
 	die "busybox-static is not installed (apt-get install busybox-static, or run scripts/deps.sh)"
 
 # --- is the build up to date? ---------------------------------------------------
-# Everything under this directory (but docs), plus the toolchain and busybox versions.
+# Everything under this directory (but docs and the workload images, which
+# workloads/build.sh keeps), plus the toolchain and busybox versions.
 inputs_hash=$(
 	cd "$here"
 	{
-		find . -type f ! -name '*~' ! -name '*.md' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
+		find . -path ./workloads -prune -o -type f ! -name '*~' ! -name '*.md' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum
 		"$go" version
 		"$cc" --version | head -n 1
 		echo "busybox-static $bb_version"
@@ -59,17 +63,19 @@ up_to_date() {
 	local i
 	for i in "${images[@]}"; do [[ -s $out/$i.tar ]] || return 1; done
 }
+workloads=("$here/workloads/build.sh")
+[[ $mode == build ]] || workloads+=("--$mode")
 if [[ $mode == check ]]; then
 	if up_to_date; then
 		echo "test images up to date ($inputs_hash) in $out"
-		exit 0
+		exec "${workloads[@]}"
 	fi
 	echo "test images missing or out of date in $out (run test/images/build.sh)" >&2
 	exit 1
 fi
 if [[ $mode == build ]] && up_to_date; then
 	echo "test images up to date ($inputs_hash) in $out"
-	exit 0
+	exec "${workloads[@]}"
 fi
 
 # --- build -----------------------------------------------------------------------
@@ -119,3 +125,5 @@ done
 
 echo "$inputs_hash" >"$stamp"
 ls -l "$out"/pause.tar "$out"/actor.tar
+
+"${workloads[@]}"
