@@ -18,13 +18,15 @@
 #   TORPOR_SKIP_SHIM_BUILD=1  do not build the shim first (e.g. runc-only runs)
 #   TORPOR_TEST_CLUSTER=0 without args: skip the end-to-end tests through kubectl
 #
-# Without cargo args, all tests but tests/k8s.rs and tests/k8s_native.rs run
-# first; then the Kubernetes test cluster (test/cluster/up.sh) comes up on the
-# rig and tests/k8s.rs runs against it, one test at a time, and the cluster goes down
-# again. (A kubelet kills the pods it does not know, so the crictl-driven
-# tests never run while the cluster is up.) `--test k8s` runs only those, with
-# the cluster. Last, tests/k8s_native.rs gets a rig and cluster of its own
-# whose containerds start plain (TORPOR_RIG_PLAIN=1: torpor is installed by
+# Without cargo args, all tests but tests/k8s.rs, tests/workloads.rs and
+# tests/k8s_native.rs run first; then the Kubernetes test cluster
+# (test/cluster/up.sh) comes up on the rig and tests/k8s.rs and
+# tests/workloads.rs (real servers from Debian's packages) run against it, one
+# test at a time, and the cluster goes down again. (A kubelet kills the pods
+# it does not know, so the crictl-driven tests never run while the cluster is
+# up.) `--test k8s` or `--test workloads` runs only those, with the cluster.
+# Last, tests/k8s_native.rs gets a rig and cluster of its own whose
+# containerds start plain (TORPOR_RIG_PLAIN=1: torpor is installed by
 # `kubectl apply -k deploy/kubernetes`); `--test k8s_native` runs only those.
 # Exit code: cargo's (the first failing phase's).
 set -uo pipefail
@@ -86,9 +88,10 @@ else
 	cargo build --release -p torpor-shim --features torpor-shim/failpoints -p torporctl -p torpor-snapshotter --features torpor-snapshotter/failpoints -p torpor-agent || exit $?
 fi
 
-# The end-to-end tests through kubectl (tests/k8s.rs) need the cluster;
+# The end-to-end tests through kubectl (tests/k8s.rs, tests/workloads.rs) need the cluster;
 # tests/k8s_native.rs a cluster on plain containerds.
 CLUSTER_TEST=k8s
+WORKLOAD_TEST=workloads
 NATIVE_TEST=k8s_native
 case " ${cargo_args[*]} " in
 *" --test $NATIVE_TEST "* | *" --test=$NATIVE_TEST "*)
@@ -120,12 +123,12 @@ if [ "${#cargo_args[@]}" = 0 ]; then
 	targets=(--lib)
 	for f in "$TORPOR_REPO_ROOT"/test/tests/*.rs; do
 		t="$(basename "$f" .rs)"
-		[ "$t" = "$CLUSTER_TEST" ] || [ "$t" = "$NATIVE_TEST" ] || targets+=(--test "$t")
+		[ "$t" = "$CLUSTER_TEST" ] || [ "$t" = "$WORKLOAD_TEST" ] || [ "$t" = "$NATIVE_TEST" ] || targets+=(--test "$t")
 	done
 	cargo test -p torpor-tests --release "${targets[@]}" -- --test-threads="$THREADS" "${test_args[@]}"
 	rc=$?
 	if [ "${TORPOR_TEST_CLUSTER:-1}" != 0 ]; then
-		run_cluster_tests --test "$CLUSTER_TEST"
+		run_cluster_tests --test "$CLUSTER_TEST" --test "$WORKLOAD_TEST"
 		rc2=$?
 		[ "$rc" != 0 ] || rc=$rc2
 		# a plain rig and cluster of its own for tests/k8s_native.rs
@@ -145,7 +148,7 @@ if [ "${#cargo_args[@]}" = 0 ]; then
 	exit "$rc"
 fi
 case " ${cargo_args[*]} " in
-*" --test $CLUSTER_TEST "* | *" --test=$CLUSTER_TEST "* | *" --test $NATIVE_TEST "* | *" --test=$NATIVE_TEST "*)
+*" --test $CLUSTER_TEST "* | *" --test=$CLUSTER_TEST "* | *" --test $WORKLOAD_TEST "* | *" --test=$WORKLOAD_TEST "* | *" --test $NATIVE_TEST "* | *" --test=$NATIVE_TEST "*)
 	run_cluster_tests "${cargo_args[@]}"
 	exit $?
 	;;

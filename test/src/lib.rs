@@ -39,6 +39,7 @@ mod ctr;
 pub mod metrics;
 mod node;
 mod torporctl;
+pub mod workload;
 pub use cleanup::{arm_failpoint, Cleanup};
 pub use counter::{Counter, CounterSpec, COUNTER_PORT};
 pub use ctr::{
