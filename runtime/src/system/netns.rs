@@ -133,6 +133,113 @@ pub async fn connect_in(netns: &Path, addr: SocketAddr, deadline: Duration) -> R
     }
 }
 
+/// Connects to `to` from inside the network namespace `netns` with the
+/// source address `from`, which need not be local: a transparent socket
+/// (`IP_TRANSPARENT` / `IPV6_TRANSPARENT`, see `ip(7)`), as a TPROXY
+/// proxy's upstream is, so that the peer sees `from` as the client. The
+/// replies come back to it only where a route delivers `to`'s answers to
+/// `from` locally (the held ports' routing rule). Within `deadline`.
+pub async fn connect_transparent_in(netns: &Path, from: SocketAddr, to: SocketAddr, deadline: Duration) -> Result<TcpStream> {
+    let ns = netns.to_path_buf();
+    let socket = tokio::task::spawn_blocking(move || {
+        in_netns(&ns, move || {
+            let s = if to.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }?;
+            let (level, opt) = if to.is_ipv4() { (libc::SOL_IP, libc::IP_TRANSPARENT) } else { (libc::SOL_IPV6, libc::IPV6_TRANSPARENT) };
+            let one: libc::c_int = 1;
+            // SAFETY: a c_int option that lives for the call, on a socket we own.
+            let rc = unsafe {
+                libc::setsockopt(std::os::fd::AsRawFd::as_raw_fd(&s), level, opt, (&one as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as libc::socklen_t)
+            };
+            if rc < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            s.bind(from)?;
+            Ok(s)
+        })
+    })
+    .await
+    .map_err(|e| Error::InvalidArgument(format!("transparent socket in {netns:?}: {e}")))?
+    .map_err(|e| Error::InvalidArgument(format!("transparent socket from {from} in {netns:?}: {e}")))?;
+    match tokio::time::timeout(deadline, socket.connect(to)).await {
+        Ok(r) => r.io_context(|| format!("connect from {from} to {to} in {netns:?}")),
+        Err(_) => Err(Error::Io {
+            context: format!("connect from {from} to {to} in {netns:?}: no answer within {deadline:?}"),
+            source: std::io::Error::new(std::io::ErrorKind::TimedOut, "deadline exceeded"),
+        }),
+    }
+}
+
+/// The IPv6 TCP listeners of the network namespace of `pid` that are
+/// IPv6-only (`IPV6_V6ONLY`), which `/proc/net/tcp6` does not tell: asked
+/// of `sock_diag(7)` (`INET_DIAG_SKV6ONLY`) from inside the namespace.
+pub fn v6_only_listeners(pid: i32) -> Result<Vec<SocketAddr>> {
+    in_netns(Path::new(&format!("/proc/{pid}/ns/net")), v6_only_listeners_here)
+}
+
+/// [`v6_only_listeners`] of this thread's network namespace.
+fn v6_only_listeners_here() -> std::io::Result<Vec<SocketAddr>> {
+    use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST};
+    use netlink_packet_sock_diag::constants::{AF_INET6, IPPROTO_TCP};
+    use netlink_packet_sock_diag::inet::{nlas::Nla, ExtensionFlags, InetRequest, SocketId, StateFlags};
+    use netlink_packet_sock_diag::SockDiagMessage;
+    use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket as NetlinkSocket, SocketAddr as NetlinkAddr};
+
+    let mut socket = NetlinkSocket::new(NETLINK_SOCK_DIAG)?;
+    socket.bind_auto()?;
+    socket.connect(&NetlinkAddr::new(0, 0))?;
+    let mut header = NetlinkHeader::default();
+    header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+    let mut request = NetlinkMessage::new(
+        header,
+        SockDiagMessage::InetRequest(InetRequest {
+            family: AF_INET6,
+            protocol: IPPROTO_TCP,
+            extensions: ExtensionFlags::empty(),
+            states: StateFlags::LISTEN,
+            socket_id: SocketId::new_v6(),
+        })
+        .into(),
+    );
+    request.finalize();
+    let mut buf = vec![0; request.buffer_len()];
+    request.serialize(&mut buf);
+    socket.send(&buf, 0)?;
+    let mut out = Vec::new();
+    let mut recv = Vec::with_capacity(64 * 1024);
+    loop {
+        recv.clear();
+        let n = socket.recv(&mut recv, 0)?;
+        if n == 0 {
+            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "sock_diag: no end of the dump"));
+        }
+        let mut at = 0;
+        while at < n {
+            let msg = <NetlinkMessage<SockDiagMessage>>::deserialize(&recv[at..n])
+                .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("sock_diag answer: {e}")))?;
+            let len = msg.header.length as usize;
+            match msg.payload {
+                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
+                    if r.nlas.iter().any(|a| matches!(a, Nla::SkV6Only(true))) {
+                        let id = &r.header.socket_id;
+                        out.push(SocketAddr::new(id.source_address, id.source_port));
+                    }
+                }
+                NetlinkPayload::Done(_) => {
+                    out.sort_unstable();
+                    out.dedup();
+                    return Ok(out);
+                }
+                NetlinkPayload::Error(e) => return Err(std::io::Error::other(format!("sock_diag: {e}"))),
+                _ => {}
+            }
+            if len == 0 {
+                break;
+            }
+            at += len;
+        }
+    }
+}
+
 /// Runs `f` on a thread that has entered the network namespace `netns`
 /// (and waits for it: call it from a blocking context, or for work that
 /// does not block, such as a bind).
@@ -161,11 +268,46 @@ pub async fn iptables_in(netns: &Path, tool: &str, args: &[&str]) -> Result<std:
 /// `nsenter --net` would, without the extra process: the child joins the
 /// namespace (`setns`) between fork and exec.
 fn xtables_in(netns: &Path, tool: &str, args: &[&str]) -> Result<std::process::Command> {
+    let mut cmd = command_in(netns, tool)?;
+    cmd.args(["-w", XTABLES_WAIT_S]).args(args);
+    Ok(cmd)
+}
+
+/// Deadline of one `ip -batch` (a few rules and routes).
+pub const IP_DEADLINE: Duration = Duration::from_secs(10);
+
+/// `ip FAMILY -force -batch` of `batch` (`FAMILY`: `-4` or `-6`; one
+/// command a line, as `ip` takes them) in the network namespace `netns`, the lines passed on a memfd as fd 3,
+/// within [`IP_DEADLINE`]. A line that fails only with one of the messages
+/// in `fine` (e.g. `File exists` for an add) is no error. `what` names the
+/// change in an error.
+pub(crate) async fn ip_batch(netns: &Path, family: &str, batch: &str, fine: &[&str], what: &str) -> Result<()> {
+    let fd = nix::sys::memfd::memfd_create(c"torpor-ip-batch", nix::sys::memfd::MFdFlags::MFD_CLOEXEC)
+        .io_context(|| format!("memfd_create for the commands to {what}"))?;
+    let mut f = File::from(fd);
+    std::io::Write::write_all(&mut f, batch.as_bytes()).io_context(|| format!("write the commands to {what}"))?;
+    let mut cmd = command_in(netns, "ip")?;
+    cmd.args([family, "-force", "-batch", "/dev/fd/3"]);
+    crate::system::reaper::pass_fds(&mut cmd, vec![f], 3);
+    let o = crate::system::reaper::output(cmd, IP_DEADLINE).await?;
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let bad: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("Command failed") && !fine.iter().any(|m| l.contains(m)))
+        .collect();
+    if !o.status.success() && !bad.is_empty() {
+        return Err(Error::InvalidArgument(format!("{what} in {netns:?}: ip: {}", bad.join("; "))));
+    }
+    Ok(())
+}
+
+/// `PROGRAM`, to be started in the network namespace `netns`: the child
+/// joins it (`setns`) between fork and exec.
+fn command_in(netns: &Path, program: &str) -> Result<std::process::Command> {
     use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
-    let ns = File::open(netns).io_context(|| format!("open the network namespace {netns:?} for {tool}"))?;
-    let mut cmd = std::process::Command::new(tool);
-    cmd.args(["-w", XTABLES_WAIT_S]).args(args);
+    let ns = File::open(netns).io_context(|| format!("open the network namespace {netns:?} for {program}"))?;
+    let mut cmd = std::process::Command::new(program);
     // SAFETY: between fork and exec only setns(2) (async-signal-safe) on a
     // descriptor opened before the fork; `ns` is only kept alive.
     unsafe {

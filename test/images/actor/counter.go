@@ -58,6 +58,7 @@ func runCounter(args []string) {
 	sharedPath := fs.String("shared-mem", "", "file (e.g. in the pod's /dev/shm) whose first page is mapped shared; `shared` increments its counter")
 	fifoRead := fs.String("fifo-read", "", "named pipe (made if missing) to read from: `fifo read` reads a line")
 	fifoWrite := fs.String("fifo-write", "", "named pipe (made if missing) to write to: `fifo send` writes a line")
+	ipv6Only := fs.Bool("ipv6-only", false, "listen on [::] IPv6-only (IPV6_V6ONLY), not on every address of both families")
 	if rest := parseArgs(fs, args); len(rest) != 0 {
 		fatalf("counter: unexpected arguments %q", rest)
 	}
@@ -83,7 +84,11 @@ func runCounter(args []string) {
 	} else if *fifoWrite != "" {
 		c.fifo.open(*fifoWrite, true)
 	}
-	ln := listen(*port)
+	network := "tcp"
+	if *ipv6Only {
+		network = "tcp6" // Go sets IPV6_V6ONLY on a "tcp6" wildcard listener
+	}
+	ln := listenOn(network, *port)
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
@@ -144,7 +149,8 @@ func checksum() string {
 
 // serve speaks two protocols on one port, told apart by the first line:
 //   - line protocol: "inc" -> "N", "get" -> "N", "sum" -> "crc32c",
-//     "touch" -> bytes rewritten, "peer" -> the sidecar's answer over the
+//     "touch" -> bytes rewritten, "whoami" -> the connection's peer address
+//     (ADDR:PORT, as getpeername(2) gives it), "peer" -> the sidecar's answer over the
 //     unix connection dialed at start ("pong N", or "ERR ..."; "peer send"
 //     only asks, leaving the answer queued, "peer read" only reads it), "note TEXT" -> TEXT appended as a line to
 //     /var/notes (opened once, kept open for the process's life) -> the
@@ -176,6 +182,10 @@ func (c *counter) serve(conn net.Conn) {
 			fmt.Fprintf(conn, "%s\n", checksum())
 		case "touch":
 			fmt.Fprintf(conn, "%d\n", touch())
+		case "whoami":
+			// The connection's peer as this process sees it (getpeername):
+			// a client's own address, or a proxy's.
+			fmt.Fprintln(conn, conn.RemoteAddr().String())
 		case "shared":
 			fmt.Fprintln(conn, c.sharedInc())
 		case "fifo send":

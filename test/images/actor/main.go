@@ -14,7 +14,7 @@ import (
 const usage = `usage: actor COMMAND [flags]
 
 commands:
-  counter [--port 8080] [--alloc-mib N] [--seed S] [--peer SOCKET]
+  counter [--port 8080] [--alloc-mib N] [--seed S] [--peer SOCKET] [--ipv6-only]
                                              in-memory counter over TCP and HTTP
   peer [--listen /shared/peer.sock]          sidecar: "ping" -> "pong N" over a unix socket
   tree [--port 8081] [--children 2] [--threads 4]

@@ -10,7 +10,12 @@ import (
 // listen opens the TCP port on all addresses and announces it on stdout with
 // the line tests wait for: "listening on :PORT".
 func listen(port int) net.Listener {
-	ln, err := net.Listen("tcp", fmt.Sprintf(":%d", port))
+	return listenOn("tcp", port)
+}
+
+// listenOn is listen on network "tcp" (both families) or "tcp6" (IPv6 only).
+func listenOn(network string, port int) net.Listener {
+	ln, err := net.Listen(network, fmt.Sprintf(":%d", port))
 	if err != nil {
 		fatalf("listen on port %d: %v", port, err)
 	}
