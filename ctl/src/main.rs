@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 use serde_json::{json, Value};
 use torpor_api::ids::ActorId;
 
+mod node;
 mod snapshots;
 
 use torporctl::control::{self, list_shims, CallError, Op, Probe};
@@ -53,6 +54,9 @@ enum Command {
     /// The node's snapshot store: list, inspect, upload, evict, remove, gc.
     #[command(subcommand)]
     Snapshots(snapshots::Cmd),
+    /// Plumbing of the node installer (deploy/kubernetes/image/node.sh).
+    #[command(subcommand, hide = true)]
+    Node(node::Cmd),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +73,7 @@ fn main() -> ExitCode {
 fn run(cli: &Cli) -> Result<(), String> {
     let (op, name) = match &cli.command {
         Command::Snapshots(cmd) => return snapshots::run(&cli.store_socket, &cli.socket_dir, cmd, cli.json),
+        Command::Node(cmd) => return node::run(cmd),
         Command::Status { actor } => (None, actor.as_deref()),
         Command::Suspend { actor } => (Some(Op::Suspend), Some(actor.as_str())),
         Command::Resume { actor } => (Some(Op::Resume), Some(actor.as_str())),

@@ -687,7 +687,31 @@ pub fn repo_root() -> String {
     concat!(env!("CARGO_MANIFEST_DIR"), "/..").to_string()
 }
 
+/// The shims' control socket dir deploy/kubernetes mounts into the agent's container.
+pub const DEFAULT_SHIM_SOCKET_DIR: &str = "/run/torpor/shims";
+
+/// Each node's shim socket dir (TORPOR_SHIM_SOCKET_DIR), without repeats.
+pub fn shim_socket_dirs() -> Vec<String> {
+    let mut dirs: Vec<String> = Vec::new();
+    for n in &cluster().nodes {
+        let d = n.shim_socket_dir();
+        if !dirs.contains(&d) {
+            dirs.push(d);
+        }
+    }
+    dirs
+}
+
 impl KubeNode {
+    /// Its shims' control socket dir (TORPOR_SHIM_SOCKET_DIR).
+    pub fn shim_socket_dir(&self) -> String {
+        self.torpor_env
+            .iter()
+            .find(|(k, _)| k == "TORPOR_SHIM_SOCKET_DIR")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| DEFAULT_SHIM_SOCKET_DIR.into())
+    }
+
     /// The rig node's state dir (`/run/torpor-test`, `/run/torpor-test-b`).
     pub fn state_dir(&self) -> String {
         self.containerd.trim_end_matches("/containerd.sock").to_string()
@@ -722,27 +746,39 @@ impl KubeNode {
         names
     }
 
+    /// TORPOR_HOST_PID for this node: none (PID 1, the default) when PID 1's
+    /// mount namespace can be entered from here; else (a sandbox whose init
+    /// is out of reach, as this rig's can be) the pid of the rig containerd's
+    /// supervisor, a process of the host's mount namespace that outlives
+    /// containerd's restarts.
+    pub fn host_pid_setting(&self) -> String {
+        if std::fs::read_link("/proc/1/ns/mnt").is_ok() {
+            return String::new();
+        }
+        let file = format!("{}/containerd-supervisor.pid", self.state_dir());
+        let pid = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("read {file} (the rig's containerd supervisor, TORPOR_RIG_PLAIN=1): {e}"));
+        let pid = pid.trim();
+        assert!(!pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()), "{file}: not a pid: {pid:?}");
+        eprintln!("{}: PID 1's mount namespace cannot be entered here: TORPOR_HOST_PID={pid} (containerd's supervisor)", self.name);
+        format!("TORPOR_HOST_PID={pid}\n")
+    }
+
     /// The installer's settings for this node (deploy/kubernetes/node-env.yaml):
     /// the rig node's paths.
     pub fn node_env(&self) -> String {
         let st = self.state_dir();
-        let shims = self
-            .torpor_env
-            .iter()
-            .find(|(k, _)| k == "TORPOR_SHIM_SOCKET_DIR")
-            .map(|(_, v)| v.clone())
-            .unwrap_or_else(|| "/run/torpor/shims".into());
+        let shims = self.shim_socket_dir();
         format!(
-            "TORPOR_PREFIX={st}/torpor-node\n\
+            "{}TORPOR_PREFIX={st}/torpor-node\n\
              TORPOR_CONTAINERD_DROPIN={st}/conf.d/torpor.toml\n\
              TORPOR_CONTAINERD_SOCKET={st}/containerd.sock\n\
-             TORPOR_CONTAINERD_MATCH='--config {st}/containerd.toml'\n\
              TORPOR_SNAPSHOTTER_SOCKET={st}/torpor/snapshotter.sock\n\
              TORPOR_SNAPSHOTTER_CONFIG={st}/snapshotter.toml\n\
              TORPOR_STORE_SOCKET={st}/torpor/store.sock\n\
              TORPOR_SHIM_SOCKET_DIR={shims}\n\
              export AWS_ACCESS_KEY_ID={}\n\
              export AWS_SECRET_ACCESS_KEY={}\n",
+            self.host_pid_setting(),
             env_or("TORPOR_RIG_S3_ACCESS_KEY", "torpor-rig"),
             env_or("TORPOR_RIG_S3_SECRET_KEY", "torpor-rig-secret-key"),
         )
@@ -784,11 +820,28 @@ pub fn write_overlay(tag: &str) -> String {
     // and the API server is where the cluster's nodes reach it (no
     // kube-proxy here: the kubernetes Service's ClusterIP routes nowhere)
     let port = env_or("TORPOR_CLUSTER_APISERVER_PORT", "16443");
-    let agent_patch = serde_json::json!([
-        {"op": "add", "path": "/spec/template/spec/containers/1/env/-", "value": {"name": "TORPOR_AGENT_RESYNC_S", "value": "2"}},
-        {"op": "add", "path": "/spec/template/spec/containers/1/env/-", "value": {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}},
-        {"op": "add", "path": "/spec/template/spec/containers/1/env/-", "value": {"name": "KUBERNETES_SERVICE_PORT", "value": port}}
-    ]);
+    // (containers 1 and 2: agent and lifecycle, whose preStop asks the API
+    // server whether the DaemonSet is gone)
+    let mut agent_patch = vec![serde_json::json!(
+        {"op": "add", "path": "/spec/template/spec/containers/1/env/-", "value": {"name": "TORPOR_AGENT_RESYNC_S", "value": "2"}})];
+    for c in [1, 2] {
+        agent_patch.push(serde_json::json!(
+            {"op": "add", "path": format!("/spec/template/spec/containers/{c}/env/-"), "value": {"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}}));
+        agent_patch.push(serde_json::json!(
+            {"op": "add", "path": format!("/spec/template/spec/containers/{c}/env/-"), "value": {"name": "KUBERNETES_SERVICE_PORT", "value": port}}));
+    }
+    // the agent's container has the host's shim socket dir at its path
+    // (deploy/kubernetes mounts the default one): a node whose dir
+    // differs gets its own mount, as daemonset.yaml says (both pods get
+    // every node's: one DaemonSet)
+    for (i, shims) in shim_socket_dirs().into_iter().filter(|d| d != DEFAULT_SHIM_SOCKET_DIR).enumerate() {
+        let name = format!("shims-{i}");
+        agent_patch.push(serde_json::json!(
+            {"op": "add", "path": "/spec/template/spec/volumes/-", "value": {"name": name, "hostPath": {"path": shims, "type": "DirectoryOrCreate"}}}));
+        agent_patch.push(serde_json::json!(
+            {"op": "add", "path": "/spec/template/spec/containers/1/volumeMounts/-", "value": {"name": name, "mountPath": shims, "readOnly": true}}));
+    }
+    let agent_patch = Value::Array(agent_patch);
     std::fs::write(format!("{dir}/agent-resync.json"), agent_patch.to_string()).unwrap_or_else(|e| panic!("write the overlay: {e}"));
     // kustomize takes a base by a relative path only
     let canon = |p: &str| std::fs::canonicalize(p).unwrap_or_else(|e| panic!("canonicalize {p}: {e}")).to_string_lossy().into_owned();
@@ -827,7 +880,7 @@ pub fn wait_installed(tag: &str) {
                 let pods = kubectl(&[&ns[..], &["get", "pods", "-o", "wide"]].concat());
                 let desc = kubectl(&[&ns[..], &["describe", "pods"]].concat());
                 let mut logs = String::new();
-                for c in ["install", "snapshotter", "agent"] {
+                for c in ["install", "snapshotter", "agent", "lifecycle"] {
                     let l = kubectl(&[&ns[..], &["logs", "-l", "app.kubernetes.io/name=torpor-node", "-c", c, "--tail=40", "--prefix"]].concat());
                     logs.push_str(&format!("--- {c} ---\n{}{}\n", l.stdout, l.stderr));
                 }

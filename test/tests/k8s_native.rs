@@ -22,20 +22,99 @@ struct Install {
     /// (node, CRI runtime handlers) before `kubectl apply -k`.
     before: Vec<(String, Vec<String>)>,
     overlay: String,
+    /// Pods running their own `containerd`, started before the install
+    /// (see [`impostors`]); they live as long as the install (the
+    /// cluster's teardown removes both).
+    impostors: Impostors,
 }
 
-/// Installs torpor with kubectl (once per test binary).
+/// Installs torpor with kubectl (once per test binary), with a pod on each
+/// node running an impostor containerd since before the install.
 fn installed() -> &'static Install {
     static I: OnceLock<Install> = OnceLock::new();
     I.get_or_init(|| {
         require_cluster();
         let before = cluster().nodes.iter().map(|n| (n.name.clone(), n.runtime_handlers())).collect();
+        let impostors = impostors();
         build_node_image("t1");
         let overlay = write_overlay("t1");
         kubectl_ok(&["apply", "-k", &overlay]);
         wait_installed("t1");
-        Install { before, overlay }
+        Install { before, overlay, impostors }
     })
+}
+
+/// A pod on each node (runc: torpor is not there yet) whose process is an
+/// executable called `/usr/bin/containerd` (a copy of the actor) with the
+/// node's real containerd's command line: what a tenant can run. Started
+/// before the install, so its pid is below the real containerd's once the
+/// install has restarted it: the process scan of the launcher before
+/// issue 38 took it for containerd and ran the snapshotter in its mount
+/// namespace.
+struct Impostors {
+    _ns: Namespace,
+    /// (node, the impostor's host pid)
+    pids: Vec<(String, u32)>,
+}
+
+/// The command line the impostor on `node` shows.
+fn impostor_cmdline(node: &KubeNode) -> String {
+    format!("/usr/local/bin/containerd --config {}/containerd.toml", node.state_dir())
+}
+
+fn impostors() -> Impostors {
+    let ns = Namespace::new("native-impostor");
+    let mut pids = Vec::new();
+    for n in &cluster().nodes {
+        let name = format!("containerd-{}", n.letter);
+        let script = format!("cp /actor /usr/bin/containerd && exec -a '{}' /usr/bin/containerd sleep", impostor_cmdline(n));
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+            "nodeName": n.name, "dnsPolicy": "Default", "enableServiceLinks": false, "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "c", "image": ACTOR_IMAGE, "imagePullPolicy": "Never", "command": ["/bin/sh", "-c", script]}],
+        }});
+        ns.apply(&pod.to_string());
+        ns.wait_ready(&name);
+        let marker = impostor_cmdline(n);
+        let pid = wait_until(&format!("the impostor containerd of {}", n.name), LIVENESS, || {
+            host_processes().into_iter().find(|(_, exe, cmd)| exe == "/usr/bin/containerd" && cmd.starts_with(&marker)).map(|(pid, _, _)| pid)
+        });
+        eprintln!("{}: an impostor containerd runs as pid {pid} (pod {}/{name})", n.name, ns.name);
+        pids.push((n.name.clone(), pid));
+    }
+    Impostors { _ns: ns, pids }
+}
+
+/// The host's processes: (pid, exe as its mount namespace names it, command
+/// line with spaces for NULs). Processes that ended meanwhile are left out.
+fn host_processes() -> Vec<(u32, String, String)> {
+    let mut v = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap_or_else(|e| panic!("read /proc: {e}")).flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(exe) = std::fs::read_link(e.path().join("exe")) else { continue };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else { continue };
+        let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+        v.push((pid, exe.to_string_lossy().into_owned(), cmd.trim_end().to_string()));
+    }
+    v
+}
+
+/// `/proc/<pid>/ns/mnt`.
+#[track_caller]
+fn mount_ns(pid: &str) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+        .unwrap_or_else(|e| panic!("readlink /proc/{pid}/ns/mnt: {e}"))
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A line of `/proc/<pid>/status` (`CapEff`), its value.
+#[track_caller]
+fn proc_status(pid: u32, key: &str) -> String {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
+    s.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(':')))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| panic!("no {key} in /proc/{pid}/status"))
 }
 
 /// A counter pod of RuntimeClass torpor (or `class`) on `node`.
@@ -465,4 +544,104 @@ fn z_delete_k_uninstalls_then_apply_k_installs_again() {
     assert!(!kubectl(&["get", "runtimeclass", "torpor"]).success(), "the RuntimeClass is gone");
     kubectl_ok(&["apply", "-k", &inst.overlay]);
     wait_installed("t1");
+}
+
+/// Issue 38 #2: a pod running its own `containerd` (an executable of that
+/// name with the real one's command line, older than the real one) does not
+/// change what the launcher runs: the snapshotter runs in the host's mount
+/// namespace (PID 1's; where that cannot be entered here,
+/// TORPOR_HOST_PID's), and names the real containerd, the peer of its
+/// socket; the impostor is left alone (not signalled by the install's
+/// restart of containerd).
+#[test]
+fn a_pod_running_its_own_containerd_does_not_steer_the_launcher() {
+    let inst = installed();
+    let host_ns = mount_ns("self");
+    if let Ok(pid1) = std::fs::read_link("/proc/1/ns/mnt") {
+        assert_eq!(pid1.to_string_lossy(), host_ns, "the tests run in the host's mount namespace");
+    } else {
+        eprintln!("(PID 1's mount namespace cannot be read here: the host's is this test's, as the rig's containerds')");
+    }
+    let procs = host_processes();
+    for n in &cluster().nodes {
+        let impostor = inst.impostors.pids.iter().find(|(name, _)| name == &n.name).map(|(_, p)| *p).unwrap_or_else(|| panic!("no impostor on {}", n.name));
+        let imp = procs.iter().find(|(p, _, _)| *p == impostor).unwrap_or_else(|| panic!("{}: the impostor (pid {impostor}) is gone: signalled?", n.name));
+        assert!(imp.1.ends_with("/containerd") && imp.2.starts_with(&impostor_cmdline(n)), "{}: {imp:?}", n.name);
+        let impostor_ns = mount_ns(&impostor.to_string());
+        assert_ne!(impostor_ns, host_ns, "the impostor runs in its pod's mount namespace");
+        let pidfile = format!("{}/containerd.pid", n.state_dir());
+        let real: u32 = std::fs::read_to_string(&pidfile)
+            .unwrap_or_else(|e| panic!("read {pidfile}: {e}"))
+            .trim()
+            .parse()
+            .unwrap_or_else(|e| panic!("{pidfile}: {e}"));
+        assert_eq!(mount_ns(&real.to_string()), host_ns, "{}: the rig's containerd runs in the host's mount namespace", n.name);
+        // the impostor is older (the install restarted containerd): it is
+        // what a process scan in pid order finds first
+        eprintln!("{}: containerd pid {real}, impostor pid {impostor}", n.name);
+        assert!(impostor < real, "{}: the impostor ({impostor}) started before the install's containerd ({real})", n.name);
+
+        // the snapshotter: in the host's mount namespace, never the impostor's
+        let bin = format!("{}/torpor-node/bin/torpor-snapshotter", n.state_dir());
+        let snap: Vec<u32> = procs.iter().filter(|(_, exe, _)| exe == &bin).map(|(p, _, _)| *p).collect();
+        assert_eq!(snap.len(), 1, "{}: one torpor-snapshotter ({bin}): {snap:?}", n.name);
+        assert_eq!(mount_ns(&snap[0].to_string()), host_ns, "{}: the snapshotter runs in the host's mount namespace", n.name);
+        // its log names the real containerd (the peer of its socket)
+        let pod = node_pod(&n.name).unwrap_or_else(|| panic!("no torpor-node pod on {}", n.name));
+        let pod_name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
+        let log = kubectl_ok(&["-n", "torpor-system", "logs", &pod_name, "-c", "snapshotter"]);
+        let line = log.lines().find(|l| l.contains("starting") && l.contains("torpor-snapshotter")).unwrap_or_else(|| panic!("{}: no start line in the snapshotter's log:\n{log}", n.name));
+        let sock = format!("{}/containerd.sock", n.state_dir());
+        assert!(line.contains(&format!("containerd's (pid {real}, the peer of {sock})")), "{}: {line}", n.name);
+        assert!(!line.contains(&format!("pid {impostor}")), "{}: {line}", n.name);
+    }
+}
+
+/// Issue 38 #8: the agent, which parses pods' annotations, runs without
+/// privilege: no capability, no new privileges, seccomp, a read-only root,
+/// and of the host only the shims' socket dirs, read-only (no host `/`).
+#[test]
+fn the_agent_container_is_unprivileged_and_has_no_host_root() {
+    installed();
+    for n in &cluster().nodes {
+        let pod = node_pod(&n.name).unwrap_or_else(|| panic!("no torpor-node pod on {}", n.name));
+        let spec = &pod["spec"];
+        let agent = spec["containers"].as_array().into_iter().flatten().find(|c| c["name"] == "agent").unwrap_or_else(|| panic!("no agent container: {spec}"));
+        let sc = &agent["securityContext"];
+        assert_ne!(sc["privileged"], true, "{sc}");
+        assert_eq!(sc["allowPrivilegeEscalation"], false, "{sc}");
+        assert_eq!(sc["readOnlyRootFilesystem"], true, "{sc}");
+        assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]), "{sc}");
+        assert!(sc["capabilities"]["add"].is_null(), "{sc}");
+        assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{sc}");
+        for m in agent["volumeMounts"].as_array().into_iter().flatten() {
+            let vol = spec["volumes"].as_array().into_iter().flatten().find(|v| v["name"] == m["name"]).unwrap_or_else(|| panic!("no volume {m}"));
+            if let Some(path) = vol["hostPath"]["path"].as_str() {
+                assert_ne!(path.trim_end_matches('/'), "", "the agent mounts the host's /: {m}");
+                assert!(path.contains("torpor") && path.ends_with("/shims"), "the agent mounts only shim socket dirs of the host: {vol}");
+                assert_eq!(m["readOnly"], true, "{m}");
+            }
+        }
+    }
+    // and so it runs: every agent process (one per node) has no capability,
+    // no new privileges, a seccomp filter, and no host file but the sockets
+    let agents: Vec<(u32, String)> = host_processes()
+        .into_iter()
+        .filter(|(_, exe, cmd)| exe == "/torpor/bin/torpor-agent" && cmd.contains("--socket-dir"))
+        .map(|(p, _, cmd)| (p, cmd))
+        .collect();
+    for n in &cluster().nodes {
+        let dir = n.shim_socket_dir();
+        let (pid, _) = agents.iter().find(|(_, cmd)| cmd.ends_with(&format!("--socket-dir {dir}"))).unwrap_or_else(|| panic!("{}: no torpor-agent on {dir}: {agents:?}", n.name));
+        assert_eq!(proc_status(*pid, "CapEff"), "0000000000000000", "{}: the agent's capabilities", n.name);
+        assert_eq!(proc_status(*pid, "CapPrm"), "0000000000000000", "{}: the agent's capabilities", n.name);
+        assert_eq!(proc_status(*pid, "NoNewPrivs"), "1", "{}", n.name);
+        assert_eq!(proc_status(*pid, "Seccomp"), "2", "{}: a seccomp filter", n.name);
+        let root = format!("/proc/{pid}/root");
+        let st = n.state_dir();
+        for host_file in [format!("{st}/containerd.sock"), format!("/host{st}/containerd.sock"), format!("{st}/torpor/store.sock"), format!("/host{st}/torpor/store.sock")] {
+            assert!(!std::path::Path::new(&format!("{root}{host_file}")).exists(), "{}: the agent sees {host_file}", n.name);
+        }
+        assert!(std::path::Path::new(&format!("{root}{dir}")).is_dir(), "{}: the agent has its shims' dir {dir}", n.name);
+    }
 }

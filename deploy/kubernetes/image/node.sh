@@ -1,18 +1,27 @@
 #!/bin/sh
 # torpor's node installer and launcher: the entry point of the torpor-node
-# DaemonSet's image (deploy/kubernetes/daemonset.yaml). Runs in a privileged
-# container with the host's PID namespace and the host's / at /host.
+# DaemonSet's image (deploy/kubernetes/daemonset.yaml). The pod has the
+# host's PID namespace; every mode but `agent` runs in a privileged
+# container with the host's / at /host.
 #
 #   node.sh install     copy the shim, torporctl, torpor-snapshotter and CRIU onto
 #                       the node, write containerd's drop-in, restart containerd
 #                       if the drop-in changed (initContainer `install`)
 #   node.sh snapshotter run torpor-snapshotter in the host's mount namespace
 #                       (container `snapshotter`)
-#   node.sh agent       run torpor-agent (container `agent`)
+#   node.sh agent       run torpor-agent (container `agent`: unprivileged, no
+#                       capability, only the shims' socket dir of the host,
+#                       mounted read-only at the same path)
+#   node.sh lifecycle   wait (container `lifecycle`: what follows runs in it)
 #   node.sh ready       the pod's readiness probe: the snapshot store answers
 #   node.sh prestop     on the DaemonSet's deletion (not on an upgrade): uninstall
 #   node.sh uninstall   remove the drop-in and the binaries, restart containerd
 #
+# containerd is the process serving its socket (SO_PEERCRED of a connection
+# to $TORPOR_CONTAINERD_SOCKET, `torporctl node socket-peer`), and must run in
+# the host's mount namespace (PID 1's, TORPOR_HOST_PID): never a process found
+# by its name or command line (a pod can run a binary called containerd with
+# any arguments), and nothing is run in a namespace taken from such a process.
 # Settings: the defaults below, then /etc/torpor-node/default.env, then
 # /etc/torpor-node/$NODE_NAME.env (the ConfigMap torpor-node-env; a node
 # whose paths differ gets its own file). All paths are the host's.
@@ -28,8 +37,9 @@ IMG="${TORPOR_IMAGE_ROOT:-}"         # the image's / (tests: another dir)
 TORPOR_PREFIX=/usr/local                         # bin/, sbin/criu, lib/torpor/
 TORPOR_CONTAINERD_DROPIN=/etc/containerd/conf.d/torpor.toml
 TORPOR_CONTAINERD_SOCKET=/run/containerd/containerd.sock
-TORPOR_CONTAINERD_MATCH=                         # a string of the containerd command line to find it by (default: any containerd)
+TORPOR_CONTAINERD_MATCH=                         # optional: a string containerd's command line must contain (a check only: containerd is the peer of its socket)
 TORPOR_CONTAINERD_SERVICE=containerd             # the systemd unit, when systemd is PID 1
+TORPOR_HOST_PID=1                                # a process of the host's mount namespace (containerd must run in it; the snapshotter is started in it)
 TORPOR_SNAPSHOTTER_SOCKET=/run/torpor/snapshotter.sock
 TORPOR_SNAPSHOTTER_CONFIG=/etc/torpor/snapshotter.toml
 TORPOR_STORE_SOCKET=/run/torpor/store.sock       # the snapshotter's store.address (what the shims use)
@@ -42,22 +52,28 @@ for f in "$IMG/etc/torpor-node/default.env" "$IMG/etc/torpor-node/${NODE_NAME:-}
 	fi
 done
 export TORPOR_SHIM_SOCKET_DIR
+case "$TORPOR_HOST_PID" in '' | *[!0-9]* | 0*) die "TORPOR_HOST_PID='$TORPOR_HOST_PID' is not a pid" ;; esac
 
 BIN="$TORPOR_PREFIX/bin"
 SHARE="$TORPOR_PREFIX/lib/torpor"
 MARK="# installed by torpor-node"
 
 # ---- containerd
-containerd_pid() { # the host's containerd (the one TORPOR_CONTAINERD_MATCH names)
-	for p in /proc/[0-9]*; do
-		exe="$(readlink "$p/exe" 2>/dev/null)" || continue
-		case "$exe" in */containerd) ;; *) continue ;; esac
-		if [ -z "$TORPOR_CONTAINERD_MATCH" ] || tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -qF -- "$TORPOR_CONTAINERD_MATCH"; then
-			echo "${p#/proc/}"
-			return 0
-		fi
-	done
-	return 1
+CTL="$IMG/torpor/bin/torporctl"
+# containerd_pid [quiet]: the host's containerd: the process serving its
+# socket (SO_PEERCRED, in the host's PID namespace: the pod has hostPID),
+# refused unless it runs in the host's mount namespace (TORPOR_HOST_PID's)
+containerd_pid() {
+	if [ "${1:-}" = quiet ]; then
+		pid="$("$CTL" node socket-peer --mount-ns-of "$TORPOR_HOST_PID" "$HOST$TORPOR_CONTAINERD_SOCKET" 2>/dev/null)" || return 1
+	else
+		pid="$("$CTL" node socket-peer --mount-ns-of "$TORPOR_HOST_PID" "$HOST$TORPOR_CONTAINERD_SOCKET")" || return 1
+	fi
+	if [ -n "$TORPOR_CONTAINERD_MATCH" ] && ! tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -qF -- "$TORPOR_CONTAINERD_MATCH"; then
+		[ "${1:-}" = quiet ] || log "$MODE" "the peer of $TORPOR_CONTAINERD_SOCKET (pid $pid) has no '$TORPOR_CONTAINERD_MATCH' in its command line (TORPOR_CONTAINERD_MATCH)"
+		return 1
+	fi
+	echo "$pid"
 }
 
 restart_containerd() {
@@ -69,12 +85,12 @@ restart_containerd() {
 	fi
 	# No systemd: containerd's supervisor (runit, s6, openrc's supervise-daemon,
 	# a restart loop) starts it again after it exits.
-	old="$(containerd_pid)" || die "no containerd process found (TORPOR_CONTAINERD_MATCH=$TORPOR_CONTAINERD_MATCH)"
-	log "$MODE" "restarting containerd (pid $old, SIGTERM; its supervisor starts it again)"
+	old="$(containerd_pid)" || die "containerd not found: no process in the host's mount namespace serves $TORPOR_CONTAINERD_SOCKET"
+	log "$MODE" "restarting containerd (pid $old, the peer of $TORPOR_CONTAINERD_SOCKET; SIGTERM, its supervisor starts it again)"
 	kill -TERM "$old" || die "cannot signal containerd (pid $old)"
 	i=0
 	while :; do
-		new="$(containerd_pid)" && [ "$new" != "$old" ] && [ -S "$HOST$TORPOR_CONTAINERD_SOCKET" ] && break
+		new="$(containerd_pid quiet)" && [ "$new" != "$old" ] && break
 		i=$((i + 1))
 		[ "$i" -le $((TORPOR_RESTART_TIMEOUT_S * 2)) ] || die "containerd did not come back within ${TORPOR_RESTART_TIMEOUT_S}s (is it supervised?)"
 		sleep 0.5
@@ -176,23 +192,41 @@ prestop)
 	fi
 	;;
 snapshotter)
-	# In containerd's mount namespace (the host's): containerd mounts the
-	# paths it returns, and its store lives on the host's disk.
-	pid="$(containerd_pid)" || die "no containerd process found (TORPOR_CONTAINERD_MATCH=$TORPOR_CONTAINERD_MATCH)"
-	log "$MODE" "starting $BIN/torpor-snapshotter --config $TORPOR_SNAPSHOTTER_CONFIG in the mount namespace of containerd (pid $pid)"
+	# In the host's mount namespace (PID 1's, TORPOR_HOST_PID's), where
+	# containerd runs (checked: containerd mounts the paths the snapshotter
+	# returns), and its store lives on the host's disk. Never in a namespace
+	# taken from a process found by a scan: a pod could have made that process.
+	pid="$(containerd_pid)" || die "containerd not found: no process in the host's mount namespace serves $TORPOR_CONTAINERD_SOCKET"
+	log "$MODE" "starting $BIN/torpor-snapshotter in the host's mount namespace (pid $TORPOR_HOST_PID's, $(readlink "/proc/$TORPOR_HOST_PID/ns/mnt")), containerd's (pid $pid, the peer of $TORPOR_CONTAINERD_SOCKET)"
 	if [ -f "$HOST$TORPOR_SNAPSHOTTER_CONFIG" ]; then
-		exec nsenter -t "$pid" -m -- "$BIN/torpor-snapshotter" --config "$TORPOR_SNAPSHOTTER_CONFIG"
+		exec nsenter -t "$TORPOR_HOST_PID" -m -- "$BIN/torpor-snapshotter" --config "$TORPOR_SNAPSHOTTER_CONFIG"
 	fi
-	exec nsenter -t "$pid" -m -- "$BIN/torpor-snapshotter"
+	exec nsenter -t "$TORPOR_HOST_PID" -m -- "$BIN/torpor-snapshotter"
 	;;
 ready)
-	# The pod's readiness probe (on the agent container): the snapshotter's
-	# store answers (a resume and the shims' lease confirmations need it),
-	# so a rolling upgrade moves on to the next node only then.
-	exec /torpor/bin/torporctl --store-socket "$HOST$TORPOR_STORE_SOCKET" snapshots status >/dev/null
+	# The pod's readiness probe (on the lifecycle container): the
+	# snapshotter's store answers (a resume and the shims' lease
+	# confirmations need it), so a rolling upgrade moves on to the next node
+	# only then. (Not on the snapshotter: a probe execs in the mount namespace
+	# of the container's process, and the snapshotter's is the host's.)
+	exec "$CTL" --store-socket "$HOST$TORPOR_STORE_SOCKET" snapshots status >/dev/null
+	;;
+lifecycle)
+	# Holds the pod's readiness probe (ready) and its preStop hook
+	# (prestop): they need the host, which the agent's container has not.
+	log "$MODE" "waiting (readiness probe: node.sh ready; preStop: node.sh prestop)"
+	trap 'exit 0' TERM INT
+	while :; do
+		sleep 3600 &
+		wait $! || true
+	done
 	;;
 agent)
-	exec /torpor/bin/torpor-agent --socket-dir "$HOST$TORPOR_SHIM_SOCKET_DIR"
+	# Unprivileged: the agent container has the host's shim socket dir at the
+	# same path (read-only) and nothing else of the host.
+	awk -v d="$TORPOR_SHIM_SOCKET_DIR" '$5 == d { found = 1 } END { exit !found }' /proc/self/mountinfo ||
+		die "$TORPOR_SHIM_SOCKET_DIR (TORPOR_SHIM_SOCKET_DIR) is not mounted in the agent's container: mount the host's directory at that path (volume shims in daemonset.yaml)"
+	exec /torpor/bin/torpor-agent --socket-dir "$TORPOR_SHIM_SOCKET_DIR"
 	;;
-*) echo "usage: node.sh install|uninstall|prestop|snapshotter|ready|agent" >&2; exit 2 ;;
+*) echo "usage: node.sh install|uninstall|prestop|snapshotter|lifecycle|ready|agent" >&2; exit 2 ;;
 esac
