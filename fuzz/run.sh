@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 secs="${FUZZ_SECONDS:-60}"
-targets="${FUZZ_TARGETS:-fuzz_rootfs_apply fuzz_annotations manifest manifest_fields envelope config control}"
+targets="${FUZZ_TARGETS:-fuzz_rootfs_apply fuzz_annotations manifest manifest_fields envelope lease chunk config control}"
 command -v cargo-fuzz >/dev/null || { echo "fuzz/run.sh: cargo-fuzz not installed (cargo install cargo-fuzz)" >&2; exit 1; }
 if rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
 	fuzz=(cargo +nightly fuzz)

@@ -38,6 +38,8 @@ pub struct StoreService {
     metrics: Option<Arc<crate::metrics::Metrics>>,
     /// The page server's socket (none: no streamed checkouts).
     page_server: Option<std::path::PathBuf>,
+    /// The node's `[tenancy]` policy, served by `Policy`.
+    tenancy: crate::config::TenancyConfig,
 }
 
 impl StoreService {
@@ -48,7 +50,14 @@ impl StoreService {
 
     /// Store operations on runtime `data`.
     pub fn with_data_runtime(store: Arc<Store>, gc_keep: usize, data: tokio::runtime::Handle) -> Self {
-        Self { store, gc_keep, transfers: Mutex::new(HashMap::new()), next: 0.into(), data, metrics: None, page_server: None }
+        Self { store, gc_keep, transfers: Mutex::new(HashMap::new()), next: 0.into(), data, metrics: None, page_server: None, tenancy: Default::default() }
+    }
+
+    /// The node's `[tenancy]` policy, answered by `Policy` (default: a pod
+    /// clones only actors of its own namespace).
+    pub fn with_tenancy(mut self, tenancy: crate::config::TenancyConfig) -> Self {
+        self.tenancy = tenancy;
+        self
     }
 
     /// Streamed checkouts, their pages served by the page server on `socket`.
@@ -145,6 +154,7 @@ fn status(op: &str, e: store::Error) -> ttrpc::Error {
         | E::NoLocalCopy { .. }
         | E::LeaseHeld { .. }
         | E::LeaseLost { .. }
+        | E::LeaseUnproven { .. }
         | E::UnknownKey { .. } => {
             Code::FAILED_PRECONDITION
         }
@@ -449,6 +459,12 @@ impl api::Store for StoreService {
             });
         }
         Ok(api::Empty::new())
+    }
+
+    async fn policy(&self, _: &TtrpcContext, _: api::Empty) -> ttrpc::Result<api::PolicyResponse> {
+        let mut r = api::PolicyResponse::new();
+        r.clone_source_namespaces = self.tenancy.clone_source_namespaces.clone();
+        Ok(r)
     }
 
     async fn status(&self, _: &TtrpcContext, _: api::Empty) -> ttrpc::Result<api::StatusResponse> {

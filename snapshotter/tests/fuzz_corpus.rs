@@ -54,7 +54,43 @@ fn write_seeds() {
     let sealed = torpor_snapshotter::store::crypto::seal_manifest(&key, &id, &bytes).unwrap();
     let mut escaping = m.clone();
     escaping.entries[1].path = "../../etc/shadow".into();
-    let seeds: Vec<(&str, &str, Vec<u8>)> = vec![
+    let lease = torpor_snapshotter::store::actor_lease::LeaseDoc {
+        format: 1,
+        actor: m.actor.clone(),
+        node: "node-a".into(),
+        owner: "shim-1".into(),
+        epoch: 3,
+        acquired_unix_ms: 1_700_000_000_000,
+        expires_unix_ms: 1_700_000_030_000,
+        released: false,
+        leaving: false,
+        durable_generation: 1,
+        written_unix_ms: 1_700_000_000_000,
+        mac: None,
+    };
+    let lease_path = "objects/actors/fuzz/actor/lease.json";
+    let ring = torpor_snapshotter::store::Keyring::new(vec![Key::new("k1", &[7u8; 32]).unwrap()], Some("k1"), false).unwrap();
+    let mut plain_lease = lease.clone();
+    let plain_lease = torpor_snapshotter::store::actor_lease::seal_lease(&Default::default(), lease_path, &mut plain_lease).unwrap();
+    let mut mac_lease = lease.clone();
+    let mac_lease = torpor_snapshotter::store::actor_lease::seal_lease(&ring, lease_path, &mut mac_lease).unwrap();
+    let far = String::from_utf8(plain_lease.clone()).unwrap().replace("1700000030000", "18446744073709551615");
+    let edited = String::from_utf8(mac_lease.clone()).unwrap().replace("\"released\": false", "\"released\": true");
+    let chunk_data: Vec<u8> = (0..4096u32).map(|i| (i % 13) as u8).collect();
+    let with_len = |obj: Vec<u8>| [&(chunk_data.len() as u32).to_le_bytes()[..], &obj].concat();
+    let key = Key::new("k1", &[7u8; 32]).unwrap();
+    let digest = torpor_snapshotter::store::chunk::sha256_hex(&chunk_data);
+    let sealed_chunk = torpor_snapshotter::store::chunk::encode_sealed(&chunk_data, 3, &key, &key.chunk_address(&digest)).unwrap();
+    let mut seeds: Vec<(&str, &str, Vec<u8>)> = vec![
+        ("lease", "seed-plain.json", plain_lease),
+        ("lease", "seed-mac.json", mac_lease),
+        ("lease", "seed-expiry-past-9999.json", far.into_bytes()),
+        ("lease", "seed-edited.json", edited.into_bytes()),
+        ("chunk", "seed-zstd", with_len(torpor_snapshotter::store::chunk::encode(&chunk_data, 3).unwrap())),
+        ("chunk", "seed-sealed", with_len(sealed_chunk)),
+        ("chunk", "seed-claims-4gib", [&u32::MAX.to_le_bytes()[..], &torpor_snapshotter::store::chunk::encode(&chunk_data, 3).unwrap()].concat()),
+    ];
+    seeds.extend(vec![
         ("manifest", "seed-valid.json", bytes.clone()),
         ("manifest", "seed-truncated.json", bytes[..bytes.len() / 2].to_vec()),
         ("manifest_fields", "seed-valid.json", serde_json::to_vec(&m).unwrap()),
@@ -65,7 +101,7 @@ fn write_seeds() {
         ("config", "seed-shipped.toml", std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/torpor/snapshotter.toml")).unwrap()),
         ("config", "seed-huge-duration.toml", b"[store]\ngc_interval = \"5124095576030431h\"\n".to_vec()),
         ("config", "seed-bad-scheme.toml", b"[store]\nremote_url = \"ftp://h/x\"\nlease_ttl = \"18446744073709551615ms\"\n".to_vec()),
-    ];
+    ]);
     for (target, name, data) in seeds {
         let dir = fuzz_dir().join("corpus").join(target);
         std::fs::create_dir_all(&dir).unwrap();

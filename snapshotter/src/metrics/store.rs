@@ -102,7 +102,7 @@ pub fn error_kind(e: &Error) -> &'static str {
     match e {
         Error::InvalidId(_) | Error::InvalidArgument(_) | Error::UnsupportedFile { .. } => "invalid",
         Error::InvalidConfig(_) => "config",
-        Error::LeaseHeld { .. } => "lease_held",
+        Error::LeaseHeld { .. } | Error::LeaseUnproven { .. } => "lease_held",
         Error::LeaseLost { .. } => "lease_lost",
         Error::NotFound(_) | Error::StagingNotFound(_) | Error::LeaseNotFound(_) => "not_found",
         Error::NotDurable { .. } => "not_durable",

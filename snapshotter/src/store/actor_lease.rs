@@ -17,6 +17,33 @@
 //! the lease is this node's or absent ([`Store::fence`]): a node that lost
 //! the lease cannot publish a generation behind its successor's back.
 //!
+//! **A bucket writer.** Anyone who can write the bucket can delete, edit,
+//! plant or replay a lease object. With encryption keys configured every
+//! lease object carries an HMAC-SHA256 under the writer's active key
+//! ([`LeaseMac`]: key id, key check value, MAC over the object's path and
+//! its canonical JSON), and a node takes only what authenticates under its
+//! ring. A lease object is *proven free* (taken at once) only when it
+//! authenticates and was released or expired, and the object tier's
+//! last-modified time of it agrees with the time written inside it
+//! ([`LeaseDoc::written_unix_ms`], within `lease_ttl / 6` and its one-second
+//! resolution): a genuine object replayed later is not fresh. An expired one
+//! is taken once `lease_ttl / 6` and one second past its expiry. Anything
+//! else that does not name a live holder (no lease object while the actor
+//! has durable snapshots; an object that does not parse, has a time past
+//! year 9999, carries no MAC or a wrong one; a stale copy of a released or
+//! expired one) is taken only after this node has watched it stay exactly
+//! the same (same version and bytes), looking at least every
+//! `lease_ttl / 8`, for one full `lease_ttl`: a node that held the actor
+//! renews its lease every `lease_ttl / 3`, and its renewal finds any change
+//! it did not write (a deleted, edited, planted or replayed object) and
+//! loses the lease ([`Error::LeaseLost`]), so by then it stopped running the
+//! actor (its shims' lease fence holds no promise past `2 × lease_ttl / 3`
+//! from its last renewal). A lease object authenticated under a key this
+//! node does not have is refused ([`Error::LeaseUnproven`]), not taken: it
+//! is another node's, and this node could not tell its durable generation.
+//! Without keys nothing authenticates: the absence and the freshness rules
+//! still hold, but a bucket writer can forge a released lease.
+//!
 //! Within one node the node-local claim of the shims arbitrates (two shims of
 //! one actor on one node are refused there); the lease names the node and,
 //! for messages, the shim that took it.
@@ -39,8 +66,9 @@ use super::config::millis;
 use super::db::{self, LocalState, RemoteState, Tx};
 use super::error::{Error, Result};
 use super::id::{ActorName, SnapshotId};
-use super::remote::{ConditionalWrites, Honoured, ObjectVersion};
-use super::{lock, now_ms, Store};
+use super::crypto::{self, Keyring};
+use super::remote::{ConditionalWrites, Honoured, LeaseObject, ObjectVersion};
+use super::{check_unix_ms, lock, now_ms, unix_ms_text, Store};
 
 pub const LEASE_FORMAT: u32 = 1;
 
@@ -69,6 +97,92 @@ pub struct LeaseDoc {
     pub leaving: bool,
     /// The newest generation of the actor uploaded by any holder.
     pub durable_generation: u64,
+    /// When this version of the object was written, by its writer's clock
+    /// (0 in the objects of nodes from before it: never proven fresh).
+    #[serde(default)]
+    pub written_unix_ms: u64,
+    /// The object's authentication (with keys configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<LeaseMac>,
+}
+
+/// HMAC-SHA256, under the `lease mac` subkey of key `key_id` (check value
+/// `key_check`), of the object's path and its canonical JSON with `mac`
+/// left out (`crypto::Key::lease_mac`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseMac {
+    pub key_id: String,
+    pub key_check: String,
+    pub hmac: String,
+}
+
+/// Why a lease object read cannot be taken as it says.
+#[derive(Debug)]
+pub enum Unproven {
+    /// Unreadable, out of range, not authenticated or failing it: possibly
+    /// planted; taken over once it stayed the same for one TTL.
+    Untrusted(String),
+    /// Authenticated under a key this node does not have: refused.
+    ForeignKey(String),
+}
+
+/// The bytes of a lease object: `doc` sealed under the ring's active key
+/// (none: plain) at object path `path`.
+pub fn seal_lease(ring: &Keyring, path: &str, doc: &mut LeaseDoc) -> Result<Vec<u8>> {
+    doc.mac = None;
+    if let Some(k) = ring.active() {
+        let body = serde_json::to_vec(&*doc).map_err(|e| Error::Internal(format!("encode lease: {e}")))?;
+        doc.mac = Some(LeaseMac { key_id: k.id().to_string(), key_check: k.check_value().to_string(), hmac: k.lease_mac(path, &body) });
+    }
+    serde_json::to_vec_pretty(&*doc).map_err(|e| Error::Internal(format!("encode lease: {e}")))
+}
+
+/// Parse and check the lease object of `actor` at `path`: its format, its
+/// actor, its times (none past year 9999), and with keys in `ring` its MAC.
+/// Never panics, whatever the bytes.
+pub fn read_lease(ring: &Keyring, actor: &ActorName, path: &str, bytes: &[u8]) -> std::result::Result<LeaseDoc, Unproven> {
+    let bad = |what: String| Unproven::Untrusted(format!("the lease object of actor {actor} ({path}) {what}"));
+    let doc: LeaseDoc = serde_json::from_slice(bytes).map_err(|e| bad(format!("is unreadable: {e}")))?;
+    if doc.format != LEASE_FORMAT || doc.actor != *actor {
+        return Err(bad(format!("is of format {} for actor {}: not this store's", doc.format, doc.actor)));
+    }
+    for (field, ms) in [("acquired_unix_ms", doc.acquired_unix_ms), ("expires_unix_ms", doc.expires_unix_ms), ("written_unix_ms", doc.written_unix_ms)] {
+        check_unix_ms(field, ms).map_err(|e| bad(format!("is out of range: {e}")))?;
+    }
+    if ring.is_empty() {
+        return Ok(doc);
+    }
+    let Some(mac) = doc.mac.clone() else {
+        return Err(bad("is not authenticated (no MAC; this store's nodes authenticate their leases under the store key)".into()));
+    };
+    let key = match ring.get(&mac.key_id) {
+        Some(k) if k.check_value() == mac.key_check => k,
+        Some(k) => {
+            return Err(bad(format!(
+                "names key {:?} with check value {}, and this node's key {:?} has {}: it does not authenticate",
+                mac.key_id,
+                mac.key_check,
+                mac.key_id,
+                k.check_value()
+            )))
+        }
+        None if crypto::check_key_id(&mac.key_id).is_ok() && mac.key_check.len() == 16 && mac.key_check.bytes().all(|b| b.is_ascii_hexdigit()) => {
+            return Err(Unproven::ForeignKey(format!(
+                "the lease object of actor {actor} ({path}) is authenticated under key {:?} (check {}), which this node does not have (its keys: {}): another node's, refused",
+                mac.key_id,
+                mac.key_check,
+                ring.describe()
+            )))
+        }
+        None => return Err(bad(format!("names a malformed key ({:?}, check {:?})", mac.key_id, mac.key_check))),
+    };
+    let mut plain = doc.clone();
+    plain.mac = None;
+    let body = serde_json::to_vec(&plain).map_err(|e| bad(format!("cannot be re-encoded: {e}")))?;
+    if !key.verify_lease_mac(path, &body, &mac.hmac) {
+        return Err(bad(format!("fails authentication under key {:?} (edited or forged)", mac.key_id)));
+    }
+    Ok(doc)
 }
 
 /// A lease this node holds (kept in the metadata database).
@@ -101,33 +215,11 @@ pub struct Grant {
     pub previous: Option<LeaseDoc>,
 }
 
-fn unix_ms_text(ms: u64) -> String {
-    let t = std::time::UNIX_EPOCH + Duration::from_millis(ms);
-    humantime::format_rfc3339_millis(t).to_string()
-}
-
-fn parse(actor: &ActorName, path: &str, bytes: &[u8]) -> Result<LeaseDoc> {
-    let doc: LeaseDoc = serde_json::from_slice(bytes).map_err(|e| {
-        Error::InvalidArgument(format!("the lease object of actor {actor} ({path}) is unreadable: {e}; delete it to let a node take the actor"))
-    })?;
-    if doc.format != LEASE_FORMAT || doc.actor != *actor {
-        return Err(Error::InvalidArgument(format!(
-            "the lease object of actor {actor} ({path}) is of format {} for actor {}: not this store's",
-            doc.format, doc.actor
-        )));
-    }
-    Ok(doc)
-}
-
 /// Writes `held` to the database (durably: one committed transaction).
 fn record_held(db: &Database, held: &Held) -> Result<()> {
     let tx = Tx::begin(db)?;
     tx.put_actor_lease(&held.doc.actor, held)?;
     tx.commit()
-}
-
-fn encode(doc: &LeaseDoc) -> Result<Vec<u8>> {
-    serde_json::to_vec_pretty(doc).map_err(|e| Error::Internal(format!("encode lease: {e}")))
 }
 
 /// The leases this node holds, in memory (the metadata database keeps them
@@ -141,6 +233,9 @@ pub(crate) struct LeaseTable {
     locks: Mutex<HashMap<ActorName, Arc<tokio::sync::Mutex<()>>>>,
     /// Serializes lease writes on object tiers without conditional updates.
     fallback: tokio::sync::Mutex<()>,
+    /// Lease objects not proven free that this node watches before it
+    /// takes them: actor → (what the object was, first seen, last seen).
+    watched: Mutex<HashMap<ActorName, (String, std::time::Instant, std::time::Instant)>>,
 }
 
 impl LeaseTable {
@@ -166,6 +261,24 @@ impl LeaseTable {
         lock(&self.locks).entry(actor.clone()).or_default().clone()
     }
 
+    /// How long this node has watched `actor`'s lease object be `state`
+    /// without a gap longer than `max_gap` between two looks (a longer gap
+    /// could hide a change: the watch starts again).
+    fn watch(&self, actor: &ActorName, state: &str, max_gap: Duration) -> Duration {
+        let now = std::time::Instant::now();
+        let mut w = lock(&self.watched);
+        let e = w.entry(actor.clone()).or_insert_with(|| (state.to_string(), now, now));
+        if e.0 != state || now.duration_since(e.2) > max_gap {
+            *e = (state.to_string(), now, now);
+        }
+        e.2 = now;
+        now.duration_since(e.1)
+    }
+
+    fn unwatch(&self, actor: &ActorName) {
+        lock(&self.watched).remove(actor);
+    }
+
     /// Waits for every lease operation under way, the database records of
     /// renewals ([`Store::save_renewed`]) included.
     pub(crate) async fn settle(&self) {
@@ -173,6 +286,24 @@ impl LeaseTable {
         for one in all {
             drop(one.lock().await);
         }
+    }
+}
+
+/// [`read_lease`] of a lease object as read from the object tier (one too
+/// large to read is untrusted).
+fn read_object(ring: &Keyring, actor: &ActorName, path: &str, o: &LeaseObject) -> std::result::Result<LeaseDoc, Unproven> {
+    match &o.too_large {
+        Some(why) => Err(Unproven::Untrusted(format!("the lease object of actor {actor} ({path}): {why}"))),
+        None => read_lease(ring, actor, path, &o.bytes),
+    }
+}
+
+/// What a lease object read is, to tell whether it changed: absent, or
+/// its version and the digest of its bytes.
+fn lease_state(o: Option<&LeaseObject>) -> String {
+    match o {
+        None => "absent".into(),
+        Some(o) => format!("{:?}/{:?}/{}", o.version.e_tag, o.version.version, super::chunk::sha256_hex(&o.bytes)),
     }
 }
 
@@ -264,44 +395,104 @@ impl Store {
     }
 
     /// Takes the actor's lease for this node (for shim `owner`): refused
-    /// with [`Error::LeaseHeld`] while another node holds it unexpired.
+    /// with [`Error::LeaseHeld`] while another node holds it unexpired. A
+    /// lease object not proven free (module docs) is watched for one
+    /// `lease_ttl` first, at most [`LEAVING_WAIT`] in one call (past that:
+    /// [`Error::LeaseUnproven`], and a retry goes on watching).
     pub async fn acquire(&self, actor: &ActorName, owner: &str) -> Result<Grant> {
         let one = self.leases.lock(actor);
         let _one = one.lock().await;
         let path = self.remote.lease_path(actor).to_string();
-        let leaving_until = std::time::Instant::now() + LEAVING_WAIT;
+        let started = std::time::Instant::now();
+        let leaving_until = started + LEAVING_WAIT;
         let mut pause = Duration::from_millis(100);
         let mut rounds = 0;
+        let mut told = String::new();
         while rounds < ROUNDS {
             let now = now_ms();
             let current = self.remote.get_lease(actor).await?;
-            let (previous, expect) = match current {
-                None => (None, None),
-                Some((bytes, version)) => (Some(parse(actor, &path, &bytes)?), Some(version)),
+            let state = lease_state(current.as_ref());
+            let read = match &current {
+                None => None,
+                Some(o) => Some(read_object(&self.cfg.keyring, actor, &path, o)),
             };
-            if let Some(p) = &previous {
-                let free = p.released || p.expires_unix_ms <= now || p.node == self.node();
-                if !free && p.leaving && std::time::Instant::now() < leaving_until {
-                    // The actor's pod left that node a moment ago (a drain,
-                    // a delete): its next pod here waits for the handover
-                    // rather than failing its start.
-                    if pause == Duration::from_millis(100) {
-                        info!(actor = %actor, from = %p.node, "actor leaving node {}: waiting for its lease (its newest snapshot is being uploaded there)", p.node);
+            // Why the object is not proven free, if it is not.
+            let mut unproven: Option<String> = None;
+            let mut previous: Option<LeaseDoc> = None;
+            match read {
+                None => {
+                    if self.has_durable_snapshots(actor).await? {
+                        unproven = Some(format!("{path} is missing while the actor has durable snapshots"));
                     }
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                    continue;
                 }
-                if !free {
-                    return Err(Error::LeaseHeld {
-                        actor: actor.clone(),
-                        node: p.node.clone(),
-                        owner: p.owner.clone(),
-                        until: unix_ms_text(p.expires_unix_ms),
-                    });
+                Some(Err(Unproven::ForeignKey(why))) => {
+                    return Err(Error::LeaseUnproven { actor: actor.clone(), why, retry: "never, unless this node gets that key".into() })
+                }
+                Some(Err(Unproven::Untrusted(why))) => {
+                    if told != state {
+                        self.untrusted(&format!("the lease object of actor {actor}"), &Error::InvalidArgument(why.clone()));
+                    }
+                    unproven = Some(why);
+                }
+                Some(Ok(p)) => {
+                    let held_here = self.leases.get(actor).is_some_and(|h| h.doc == p);
+                    let expired = p.expires_unix_ms <= now;
+                    let free = p.released || expired || p.node == self.node();
+                    if !free && p.leaving && std::time::Instant::now() < leaving_until {
+                        // The actor's pod left that node a moment ago (a drain,
+                        // a delete): its next pod here waits for the handover
+                        // rather than failing its start.
+                        if pause == Duration::from_millis(100) {
+                            info!(actor = %actor, from = %p.node, "actor leaving node {}: waiting for its lease (its newest snapshot is being uploaded there)", p.node);
+                        }
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(Duration::from_secs(1));
+                        continue;
+                    }
+                    if !free {
+                        return Err(Error::LeaseHeld { actor: actor.clone(), node: p.node.clone(), owner: p.owner.clone(), until: unix_ms_text(p.expires_unix_ms) });
+                    }
+                    let lm = current.as_ref().map_or(0, |o| o.last_modified_ms);
+                    if !held_here {
+                        if p.node == self.node() && !p.released && !expired {
+                            unproven = Some(format!("{path} names this node (epoch {}), which does not hold it: an old copy, or a write whose record was lost", p.epoch));
+                        } else if !self.fresh(&p, lm) {
+                            unproven = Some(format!(
+                                "{path} ({}, written at {}) was last modified at {} by the object tier's clock: a copy written again later (replayed), not proven free",
+                                if p.released { "released" } else { "expired" },
+                                unix_ms_text(p.written_unix_ms),
+                                unix_ms_text(u64::try_from(lm).unwrap_or(0))
+                            ));
+                        } else if !p.released && now < p.expires_unix_ms.saturating_add(self.fresh_slack_ms() + 1000) {
+                            unproven = Some(format!("{path} expired at {}: taken {} ms after that", unix_ms_text(p.expires_unix_ms), self.fresh_slack_ms() + 1000));
+                        }
+                    }
+                    previous = Some(p);
                 }
             }
-            let ours = previous.as_ref().is_some_and(|p| p.node == self.node() && !p.released);
+            if let Some(why) = &unproven {
+                let ttl = self.lease_ttl();
+                let watched = self.leases.watch(actor, &state, ttl / 6);
+                if watched < ttl {
+                    if told != state {
+                        info!(actor = %actor, why = %why, "actor lease not proven free: watching it for one lease_ttl before taking it (a node that may still run the actor loses it at its next renewal)");
+                        told = state.clone();
+                    }
+                    if std::time::Instant::now() >= leaving_until {
+                        return Err(Error::LeaseUnproven {
+                            actor: actor.clone(),
+                            why: why.clone(),
+                            retry: format!("in {} ms (one lease_ttl after this node first saw it so)", (ttl - watched).as_millis()),
+                        });
+                    }
+                    tokio::time::sleep((ttl - watched).min(ttl / 8).min(Duration::from_secs(1))).await;
+                    continue;
+                }
+                warn!(actor = %actor, why = %why, "actor lease taken after watching it unchanged for one lease_ttl");
+            }
+            let expect = current.as_ref().map(|o| o.version.clone());
+            let authenticated = !self.cfg.keyring.is_empty();
+            let ours = previous.as_ref().is_some_and(|p| p.node == self.node() && !p.released) && unproven.is_none();
             let epoch = match &previous {
                 None => 1,
                 Some(p) if ours => p.epoch,
@@ -312,8 +503,9 @@ impl Store {
                     ))
                 })?,
             };
-            let durable_generation = self.trusted_durable_generation(actor, previous.as_ref().map_or(0, |p| p.durable_generation)).await?;
-            let doc = LeaseDoc {
+            let named = previous.as_ref().map_or(0, |p| p.durable_generation);
+            let durable_generation = self.trusted_durable_generation(actor, named, authenticated).await?;
+            let mut doc = LeaseDoc {
                 format: LEASE_FORMAT,
                 actor: actor.clone(),
                 node: self.node().to_string(),
@@ -324,13 +516,17 @@ impl Store {
                 released: false,
                 leaving: false,
                 durable_generation: durable_generation.max(self.durable_generation(actor)?),
+                written_unix_ms: now,
+                mac: None,
             };
-            match self.remote.put_lease(actor, encode(&doc)?, expect, &self.leases.fallback).await? {
+            let bytes = seal_lease(&self.cfg.keyring, &path, &mut doc)?;
+            match self.remote.put_lease(actor, bytes, expect, &self.leases.fallback).await? {
                 Err(_) => {
                     rounds += 1;
                     continue;
                 }
                 Ok(v) => {
+                    self.leases.unwatch(actor);
                     let held = Held { doc: doc.clone(), e_tag: v.e_tag, version: v.version, surrendering: false, surrender_since_ms: None };
                     {
                         let tx = Tx::begin(&self.db)?;
@@ -349,6 +545,26 @@ impl Store {
             }
         }
         Err(Error::LeaseLost { actor: actor.clone(), detail: format!("the lease object {path} kept changing under {ROUNDS} conditional writes") })
+    }
+
+    /// How far the object tier's last-modified time of a lease object may
+    /// be past the time written in it for the object to be fresh.
+    fn fresh_slack_ms(&self) -> u64 {
+        millis(self.lease_ttl()) / 6
+    }
+
+    /// Was lease object `doc` written when the object tier says it was last
+    /// modified (`last_modified_ms`, one-second resolution on S3): not a
+    /// copy of an older version written again.
+    fn fresh(&self, doc: &LeaseDoc, last_modified_ms: i64) -> bool {
+        let Ok(lm) = u64::try_from(last_modified_ms) else { return false };
+        doc.written_unix_ms > 0 && lm <= doc.written_unix_ms.saturating_add(self.fresh_slack_ms())
+    }
+
+    /// Does the actor have a snapshot durable in the object tier (its
+    /// listing, or this node's records)?
+    async fn has_durable_snapshots(&self, actor: &ActorName) -> Result<bool> {
+        Ok(self.durable_generation(actor)? > 0 || !self.remote.generations(actor).await?.is_empty())
     }
 
     /// The actor leaves this node (its pod was removed, or its shim died):
@@ -443,7 +659,10 @@ impl Store {
         doc.released = release;
         doc.leaving = held.surrendering && !release;
         doc.expires_unix_ms = if release { now } else { now.saturating_add(millis(self.lease_ttl())) };
-        match self.remote.put_lease(actor, encode(&doc)?, Some(held.version()), &self.leases.fallback).await? {
+        doc.written_unix_ms = now;
+        let path = self.remote.lease_path(actor).to_string();
+        let bytes = seal_lease(&self.cfg.keyring, &path, &mut doc)?;
+        match self.remote.put_lease(actor, bytes, Some(held.version()), &self.leases.fallback).await? {
             Ok(v) => {
                 let took = now_ms().saturating_sub(now);
                 if took > millis(self.lease_ttl()) / 6 {
@@ -463,17 +682,28 @@ impl Store {
             }
             Err(_) => {
                 // Changed behind our back: our own write whose answer was
-                // lost, or another node took over after it expired.
-                let path = self.remote.lease_path(actor).to_string();
+                // lost (the object is exactly what we wrote), or anything
+                // else: another node took over after it expired, or a
+                // bucket writer deleted, edited, planted or replayed it.
+                // Either way the lease is lost here: another node may take
+                // it once it watched the object unchanged for a TTL.
                 match self.remote.get_lease(actor).await? {
-                    Some((bytes, v)) => {
-                        let now_doc = parse(actor, &path, &bytes)?;
-                        if now_doc.node == self.node() && now_doc.epoch == held.doc.epoch {
-                            self.save_renewed(Held { doc: now_doc, e_tag: v.e_tag, version: v.version, ..held }, one);
+                    Some(o) => {
+                        let now_doc = read_object(&self.cfg.keyring, actor, &path, &o);
+                        if now_doc.as_ref().is_ok_and(|d| *d == doc) {
+                            let v = o.version;
+                            if release {
+                                self.drop_held(actor)?;
+                                return Ok(());
+                            }
+                            self.save_renewed(Held { doc, e_tag: v.e_tag, version: v.version, ..held }, one);
                             return Ok(());
                         }
                         self.drop_held(actor)?;
-                        let detail = format!("node {} took it over at epoch {} (after it expired here)", now_doc.node, now_doc.epoch);
+                        let detail = match now_doc {
+                            Ok(d) => format!("node {} holds it at epoch {} (this node held epoch {}): changed behind this node's back", d.node, d.epoch, held.doc.epoch),
+                            Err(Unproven::Untrusted(why) | Unproven::ForeignKey(why)) => format!("{why}: changed behind this node's back"),
+                        };
                         warn!(actor = %actor, detail, "actor lease LOST: this node's copy of the actor must not run on");
                         Err(Error::LeaseLost { actor: actor.clone(), detail })
                     }
@@ -550,9 +780,14 @@ impl Store {
     /// tier opens under the ring; otherwise (anyone who can write the bucket
     /// could have planted it, e.g. near u64::MAX to block every commit) it
     /// is ignored, reported and counted. Without keys nothing in the object
-    /// tier can be authenticated and it is taken as it is.
-    async fn trusted_durable_generation(&self, actor: &ActorName, named: u64) -> Result<u64> {
-        if named == 0 || self.cfg.keyring.is_empty() || named <= self.durable_generation(actor)? {
+    /// tier can be authenticated and it is taken as it is. A lease object
+    /// that authenticated (`authenticated`: keys configured and its MAC
+    /// checked) is taken as it is.
+    async fn trusted_durable_generation(&self, actor: &ActorName, named: u64, authenticated: bool) -> Result<u64> {
+        // An authenticated lease object was written by a node with the
+        // store key: its generation may be sealed under a key missing here
+        // (then the restore is refused rather than going to the past).
+        if named == 0 || authenticated || self.cfg.keyring.is_empty() || named <= self.durable_generation(actor)? {
             return Ok(named);
         }
         let id = SnapshotId::new(actor.clone(), named);
@@ -570,12 +805,12 @@ impl Store {
     async fn not_held(&self, actor: &ActorName) -> Error {
         let path = self.remote.lease_path(actor).to_string();
         let detail = match self.remote.get_lease(actor).await {
-            Ok(Some((bytes, _))) => match parse(actor, &path, &bytes) {
+            Ok(Some(o)) => match read_object(&self.cfg.keyring, actor, &path, &o) {
                 Ok(d) if d.node != self.node() && !d.released => {
                     format!("node {} holds it (epoch {}, shim {}) until {}", d.node, d.epoch, d.owner, unix_ms_text(d.expires_unix_ms))
                 }
                 Ok(d) => format!("this node does not hold it (the lease object says node {}, epoch {}, released: {})", d.node, d.epoch, d.released),
-                Err(e) => format!("this node does not hold it ({e})"),
+                Err(Unproven::Untrusted(e) | Unproven::ForeignKey(e)) => format!("this node does not hold it ({e})"),
             },
             Ok(None) => "this node does not hold it (no lease object)".into(),
             Err(e) => format!("this node does not hold it (the lease object cannot be read: {e})"),
@@ -601,8 +836,9 @@ impl Store {
         let Some(held) = self.held(actor)? else {
             return match self.remote.get_lease(actor).await? {
                 None => Ok(None),
-                Some((bytes, _)) => {
-                    let doc = parse(actor, &path, &bytes)?;
+                Some(o) => {
+                    let doc = read_object(&self.cfg.keyring, actor, &path, &o)
+                        .map_err(|(Unproven::Untrusted(why) | Unproven::ForeignKey(why))| lost(format!("{why}: this node's snapshots of it are not published")))?;
                     if doc.node != self.node() {
                         Err(lost(format!("the lease is node {}'s (epoch {}): this node's snapshots of it are not published", doc.node, doc.epoch)))
                     } else if !doc.released && doc.expires_unix_ms <= now_ms() {
@@ -616,7 +852,9 @@ impl Store {
         let now = now_ms();
         let mut doc = held.doc.clone();
         doc.expires_unix_ms = now.saturating_add(millis(self.lease_ttl()));
-        match self.remote.put_lease(actor, encode(&doc)?, Some(held.version()), &self.leases.fallback).await? {
+        doc.written_unix_ms = now;
+        let bytes = seal_lease(&self.cfg.keyring, &path, &mut doc)?;
+        match self.remote.put_lease(actor, bytes, Some(held.version()), &self.leases.fallback).await? {
             Ok(v) => {
                 let renewed = Held { doc, e_tag: v.e_tag, version: v.version, ..held };
                 let valid = self.valid_until(&renewed);
@@ -624,20 +862,21 @@ impl Store {
                 Ok(deadline(valid))
             }
             Err(_) => match self.remote.get_lease(actor).await? {
-                Some((bytes, v)) => {
-                    let now_doc = parse(actor, &path, &bytes)?;
-                    if now_doc.node == self.node() && now_doc.epoch == held.doc.epoch && !now_doc.released && now_doc.expires_unix_ms > now_ms() {
-                        // Our own write whose answer was lost.
-                        let renewed = Held { doc: now_doc, e_tag: v.e_tag, version: v.version, ..held };
+                Some(o) => {
+                    let now_doc = read_object(&self.cfg.keyring, actor, &path, &o);
+                    if now_doc.as_ref().is_ok_and(|d| *d == doc) && doc.expires_unix_ms > now_ms() {
+                        // Our own write whose answer was lost (the object
+                        // is exactly what was written: not a replay).
+                        let renewed = Held { doc, e_tag: o.version.e_tag, version: o.version.version, ..held };
                         let valid = self.valid_until(&renewed);
                         self.save_renewed(renewed, one);
                         return Ok(deadline(valid));
                     }
                     self.drop_held(actor)?;
-                    let detail = format!(
-                        "node {} holds it at epoch {} (this node held epoch {}): this node's snapshots of it are not published",
-                        now_doc.node, now_doc.epoch, held.doc.epoch
-                    );
+                    let detail = match now_doc {
+                        Ok(d) => format!("node {} holds it at epoch {} (this node held epoch {}): this node's snapshots of it are not published", d.node, d.epoch, held.doc.epoch),
+                        Err(Unproven::Untrusted(why) | Unproven::ForeignKey(why)) => format!("{why}: changed behind this node's back; this node's snapshots of it are not published"),
+                    };
                     warn!(actor = %actor, detail, "actor lease LOST: this node's copy of the actor must not run on");
                     Err(lost(detail))
                 }

@@ -93,14 +93,21 @@ impl Store {
     /// Is `e` (reading an entry of the object tier) one to ignore and report
     /// rather than fail on: keys are configured (the object tier is
     /// authenticated) and the entry did not authenticate. An unreachable
-    /// object tier is never that, and neither is a manifest sealed under a
-    /// key this node does not have: it may be another node's, legitimately
-    /// (a key missing here), and passing over it could restore the actor's
-    /// past; that stays an `UnknownKey` error naming the key.
+    /// object tier is never that. A manifest sealed under a key id this
+    /// node does not have (or under its id with other key material) is:
+    /// no configured key opens it, so it is not this store's (anyone who
+    /// can write the bucket can plant an envelope naming any key id, and it
+    /// blocked the actor on every node). It is skipped for `latest`, warned
+    /// about and counted; a snapshot sealed under any key of the ring still
+    /// opens (key rotation). Restoring the actor's past instead of a newer
+    /// snapshot sealed under a key missing here cannot follow from it: the
+    /// actor's lease, authenticated under the store key, names its newest
+    /// durable generation ([`Store::check_lease_floor`]), and a lease
+    /// authenticated under a key this node does not have is refused
+    /// (`actor_lease`). Without keys nothing is ignored: a sealed snapshot
+    /// stays an `UnknownKey` error naming its key (a node left without keys).
     pub(super) fn ignores_untrusted(&self, e: &Error) -> bool {
-        !self.cfg.keyring.is_empty()
-            && !e.is_remote_unavailable()
-            && !matches!(e, Error::UnknownKey { .. } | Error::Db { .. } | Error::Io { .. } | Error::Internal(_))
+        !self.cfg.keyring.is_empty() && !e.is_remote_unavailable() && !matches!(e, Error::Db { .. } | Error::Io { .. } | Error::Internal(_))
     }
 
     /// An entry of the object tier that does not authenticate under the

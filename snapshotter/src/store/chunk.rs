@@ -19,6 +19,11 @@
 //! 16+K+N …    payload (sealed: XChaCha20-Poly1305 ciphertext || 16-byte tag,
 //!             AAD = bytes 0..16+K+N || the object's address; see `crypto`)
 //! ```
+//!
+//! No chunk is larger than [`MAX_CHUNK_BYTES`] (the largest FastCDC cuts):
+//! a chunk object, its claimed length and what its payload decompresses to
+//! are refused past it (and past the length the manifest gives), whatever
+//! the object or the manifest says.
 
 use std::fs::File;
 use std::path::Path;
@@ -34,6 +39,16 @@ pub const FORMAT_VERSION: u8 = 1;
 pub const FLAG_ZSTD: u8 = 0b01;
 pub const FLAG_ENCRYPTED: u8 = 0b10;
 pub const HEADER_LEN: usize = 16;
+/// The largest chunk there is: FastCDC's largest maximum chunk size (no
+/// chunking configuration cuts larger ones).
+pub const MAX_CHUNK_BYTES: u32 = fastcdc::v2020::MAXIMUM_MAX as u32;
+
+/// The largest object a chunk of `size` plain bytes can be stored as: the
+/// header with the longest key id and nonce, the raw chunk (stored raw when
+/// zstd does not make it smaller) and the tag.
+pub fn max_object_len(size: u32) -> u64 {
+    (HEADER_LEN + 255 + 255 + TAG_LEN) as u64 + u64::from(size.min(MAX_CHUNK_BYTES))
+}
 
 /// sha256 of `data`, lower-case hex.
 pub fn sha256_hex(data: &[u8]) -> String {
@@ -51,29 +66,26 @@ pub fn encode(data: &[u8], level: i32) -> Result<Vec<u8>> {
 }
 
 /// Encode one chunk as an object sealed under `key` (see [`super::crypto`]):
-/// `address` is its object name (`key.chunk_address(digest)`), whose first 24
-/// bytes are the nonce and which the AEAD binds with the header.
+/// `address` is its object name (`key.chunk_address(digest)`), which the
+/// AEAD binds with the header. The nonce is derived from the header, the
+/// address and the exact bytes encrypted ([`Key::chunk_nonce`]).
 pub fn encode_sealed(data: &[u8], level: i32, key: &Key, address: &str) -> Result<Vec<u8>> {
     encode_inner(data, level, Some((key, address)))
 }
 
-fn address_nonce(address: &str) -> std::result::Result<[u8; NONCE_LEN], String> {
-    let mut nonce = [0u8; NONCE_LEN];
-    let hex = address.get(..2 * NONCE_LEN).ok_or_else(|| format!("chunk address {address:?} is too short"))?;
-    hex::decode_to_slice(hex, &mut nonce).map_err(|e| format!("chunk address {address:?}: {e}"))?;
-    Ok(nonce)
-}
-
 fn encode_inner(data: &[u8], level: i32, seal: Option<(&Key, &str)>) -> Result<Vec<u8>> {
-    let raw_len = u32::try_from(data.len()).map_err(|_| Error::Internal(format!("chunk of {} bytes is too large", data.len())))?;
+    let raw_len = u32::try_from(data.len())
+        .ok()
+        .filter(|n| *n <= MAX_CHUNK_BYTES)
+        .ok_or_else(|| Error::Internal(format!("chunk of {} bytes is larger than the largest chunk ({MAX_CHUNK_BYTES} bytes)", data.len())))?;
     let compressed = zstd::bulk::compress(data, level).map_err(|e| Error::Internal(format!("zstd compress: {e}")))?;
     let (mut flags, payload): (u8, &[u8]) = if compressed.len() < data.len() { (FLAG_ZSTD, &compressed) } else { (0, data) };
-    let (key_id, nonce, tag_len) = match seal {
-        Some((key, address)) => {
+    let (key_id, sealed, tag_len) = match seal {
+        Some((key, _)) => {
             flags |= FLAG_ENCRYPTED;
-            (key.id().as_bytes(), Some(address_nonce(address).map_err(Error::Internal)?), TAG_LEN)
+            (key.id().as_bytes(), true, TAG_LEN)
         }
-        None => (&[][..], None, 0),
+        None => (&[][..], false, 0),
     };
     let stored_len = u32::try_from(payload.len() + tag_len).map_err(|_| Error::Internal("chunk payload too large".into()))?;
     let mut out = Vec::with_capacity(HEADER_LEN + key_id.len() + NONCE_LEN + payload.len() + tag_len);
@@ -81,17 +93,18 @@ fn encode_inner(data: &[u8], level: i32, seal: Option<(&Key, &str)>) -> Result<V
     out.push(FORMAT_VERSION);
     out.push(flags);
     out.push(key_id.len() as u8);
-    out.push(if nonce.is_some() { NONCE_LEN as u8 } else { 0 });
+    out.push(if sealed { NONCE_LEN as u8 } else { 0 });
     out.extend_from_slice(&raw_len.to_le_bytes());
     out.extend_from_slice(&stored_len.to_le_bytes());
     out.extend_from_slice(key_id);
-    if let Some(n) = &nonce {
-        out.extend_from_slice(n);
-    }
-    let start = out.len();
-    out.extend_from_slice(payload);
-    if let (Some((key, address)), Some(n)) = (seal, nonce) {
-        key.seal_chunk(&n, &mut out, start, address.as_bytes()).map_err(Error::Internal)?;
+    if let Some((key, address)) = seal {
+        let nonce = key.chunk_nonce(&out, address, payload);
+        out.extend_from_slice(&nonce);
+        let start = out.len();
+        out.extend_from_slice(payload);
+        key.seal_chunk(&nonce, &mut out, start, address.as_bytes()).map_err(Error::Internal)?;
+    } else {
+        out.extend_from_slice(payload);
     }
     Ok(out)
 }
@@ -111,6 +124,12 @@ pub fn decode_sealed(object: &[u8], digest: &str, expected_len: u32, key: &Key, 
 }
 
 fn decode_inner(object: &[u8], digest: &str, expected_len: u32, open: Option<(&Key, &str)>) -> std::result::Result<Vec<u8>, String> {
+    if expected_len > MAX_CHUNK_BYTES {
+        return Err(format!("the manifest says {expected_len} bytes, more than the largest chunk ({MAX_CHUNK_BYTES} bytes)"));
+    }
+    if object.len() as u64 > max_object_len(expected_len) {
+        return Err(format!("object is {} bytes, more than a chunk of {expected_len} bytes is stored as ({})", object.len(), max_object_len(expected_len)));
+    }
     if object.len() < HEADER_LEN {
         return Err(format!("object is {} bytes, shorter than the {HEADER_LEN}-byte header", object.len()));
     }
@@ -153,7 +172,9 @@ fn decode_inner(object: &[u8], digest: &str, expected_len: u32, open: Option<(&K
         }
     };
     let data = if flags & FLAG_ZSTD != 0 {
-        zstd::bulk::decompress(payload, raw_len as usize).map_err(|e| format!("zstd: {e}"))?
+        // Bounded: `raw_len` is the manifest's length, itself at most
+        // MAX_CHUNK_BYTES; a frame that decodes to more is refused.
+        zstd::bulk::decompress(payload, raw_len as usize).map_err(|e| format!("zstd (at most {raw_len} bytes): {e}"))?
     } else {
         payload.to_vec()
     };
@@ -270,6 +291,59 @@ mod tests {
         assert!(!obj.windows(32).any(|w| w == &random[1000..1032]), "plaintext not in the object");
         let obj = encode_sealed(&compressible, 1, &k, &k.chunk_address(&sha256_hex(&compressible))).unwrap();
         assert!(obj.len() < 1000, "compressed before sealing");
+    }
+
+    /// Issue 38 row 9: the nonce was the first 24 bytes of the address (a
+    /// function of the plaintext alone) while the bytes encrypted are the
+    /// zstd output: two nodes at different zstd levels encrypted different
+    /// bytes under one (key, nonce). Now the nonce follows the bytes
+    /// encrypted; the objects sealed before (address nonce) still open.
+    #[test]
+    fn a_chunk_compressed_two_ways_is_sealed_under_two_nonces() {
+        let k = sealed_key("k1", 1);
+        let data: Vec<u8> = (0..300_000u32).map(|i| ((i * 7919) % 251) as u8 ^ (i / 1000) as u8).collect();
+        let d = sha256_hex(&data);
+        let addr = k.chunk_address(&d);
+        let fast = encode_sealed(&data, 1, &k, &addr).unwrap();
+        let small = encode_sealed(&data, 19, &k, &addr).unwrap();
+        let start = HEADER_LEN + 2;
+        assert_eq!((fast[5], small[5]), (FLAG_ZSTD | FLAG_ENCRYPTED, FLAG_ZSTD | FLAG_ENCRYPTED));
+        assert_ne!(fast.len(), small.len(), "two encodings of one chunk (zstd levels 1 and 19)");
+        assert_ne!(fast[start..start + NONCE_LEN], small[start..start + NONCE_LEN], "different bytes encrypted under the same nonce");
+        for obj in [&fast, &small] {
+            assert_eq!(decode_sealed(obj, &d, data.len() as u32, &k, &addr).unwrap(), data);
+        }
+        // A chunk sealed the old way (nonce = the address's first 24 bytes).
+        let mut legacy = fast[..start].to_vec();
+        let mut nonce = [0u8; NONCE_LEN];
+        hex::decode_to_slice(&addr[..2 * NONCE_LEN], &mut nonce).unwrap();
+        legacy.extend_from_slice(&nonce);
+        let body = legacy.len();
+        let payload = zstd::bulk::compress(&data, 1).unwrap();
+        legacy.extend_from_slice(&payload);
+        k.seal_chunk(&nonce, &mut legacy, body, addr.as_bytes()).unwrap();
+        assert_eq!(decode_sealed(&legacy, &d, data.len() as u32, &k, &addr).unwrap(), data, "a chunk sealed before still opens");
+    }
+
+    /// Issue 38 row 6: a manifest's claimed chunk length bounds what is
+    /// read and decompressed, and no chunk is larger than MAX_CHUNK_BYTES.
+    #[test]
+    fn decoding_is_bounded_by_the_chunk_size_limit() {
+        let big = vec![0u8; 4 * 1024 * 1024];
+        let obj = encode(&big, 1).unwrap();
+        assert!(obj.len() < 4096);
+        // The manifest claims less than the frame holds: zstd stops at the bound.
+        let mut lying = obj.clone();
+        lying[8..12].copy_from_slice(&1024u32.to_le_bytes());
+        let e = decode(&lying, &sha256_hex(&big[..1024]), 1024).unwrap_err();
+        assert!(e.contains("zstd (at most 1024 bytes)"), "{e}");
+        // A claim past the largest chunk is refused before anything is allocated.
+        let e = decode(&obj, &sha256_hex(&big), u32::MAX).unwrap_err();
+        assert!(e.contains("largest chunk"), "{e}");
+        // An object larger than its chunk can be stored as.
+        let e = decode(&vec![0u8; 2048], &sha256_hex(b"x"), 1).unwrap_err();
+        assert!(e.contains("more than a chunk of 1 bytes"), "{e}");
+        assert!(encode(&vec![0u8; MAX_CHUNK_BYTES as usize + 1], 1).is_err());
     }
 
     #[test]

@@ -12,14 +12,22 @@
 //! | `chunk aead`          | XChaCha20-Poly1305 key of chunk payloads |
 //! | `manifest aead`       | XChaCha20-Poly1305 key of manifests |
 //! | `manifest nonce`      | HMAC-SHA256 key deriving a manifest's nonce |
+//! | `chunk nonce`         | HMAC-SHA256 key deriving a chunk's nonce |
+//! | `lease mac`           | HMAC-SHA256 key authenticating actor lease objects |
 //! | `key check`           | 8 bytes shown as the key's *check value* |
 //!
 //! A sealed chunk is named `hex(HMAC-SHA256(address key, "sha256:" || digest))`
 //! (the digest, hex, of its plaintext): no object name is a sha256 an
 //! observer could confirm, and the same chunk under the same key is the same
-//! object (deduplication keeps working). Its nonce is the first 24 bytes of
-//! that address: deterministic, so a nonce repeats only with the same
-//! plaintext under the same key. A manifest's nonce is
+//! object (deduplication keeps working). Its nonce is
+//! `HMAC-SHA256(chunk nonce key, header || address || payload)[..24]`, the
+//! payload being the exact bytes encrypted (the zstd output, or the raw
+//! chunk): two nodes that compress one chunk differently (another zstd level
+//! or version) encrypt different bytes under different nonces, and a nonce
+//! repeats under a key only with the very same bytes (same ciphertext). The
+//! chunks sealed before (nonce = the first 24 bytes of the address, which
+//! depends on the plaintext only) still open: the decoder takes the nonce
+//! from the object's header. A manifest's nonce is
 //! `HMAC-SHA256(manifest nonce key, aad || 0 || plaintext)[..24]` (a synthetic
 //! IV: the same manifest sealed twice is the same object, so a retried
 //! upload finds its own manifest identical). The formats are in
@@ -74,6 +82,8 @@ pub struct Key {
     chunk: XChaCha20Poly1305,
     manifest: XChaCha20Poly1305,
     manifest_nonce: Zeroizing<[u8; 32]>,
+    chunk_nonce: Zeroizing<[u8; 32]>,
+    lease_mac: Zeroizing<[u8; 32]>,
     check: String,
 }
 
@@ -111,6 +121,8 @@ impl Key {
             chunk: XChaCha20Poly1305::new(&(*chunk_key).into()),
             manifest: XChaCha20Poly1305::new(&(*manifest_key).into()),
             manifest_nonce: expand("manifest nonce"),
+            chunk_nonce: expand("chunk nonce"),
+            lease_mac: expand("lease mac"),
             check: hex::encode(&check[..8]),
         })
     }
@@ -128,6 +140,35 @@ impl Key {
     /// The object name (hex HMAC-SHA256) of the chunk whose plaintext has sha256 `digest` (hex).
     pub fn chunk_address(&self, digest: &str) -> String {
         hex::encode(hmac(&self.address[..], &[b"sha256:", digest.as_bytes()]))
+    }
+
+    /// The nonce of a chunk object: an HMAC of everything the object holds
+    /// before its nonce (`head`: magic, version, flags, lengths, key id),
+    /// its address and the exact bytes encrypted (`payload`). Different
+    /// bytes under one key never share a nonce (but for an HMAC collision);
+    /// the same bytes give the same object (deduplication, retried uploads).
+    pub(crate) fn chunk_nonce(&self, head: &[u8], address: &str, payload: &[u8]) -> [u8; NONCE_LEN] {
+        let len = (payload.len() as u64).to_le_bytes();
+        let mac = hmac(&self.chunk_nonce[..], &[&b"torpor-chunk-nonce-v2\0"[..], head, address.as_bytes(), &[0], &len, payload]);
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&mac[..NONCE_LEN]);
+        nonce
+    }
+
+    /// HMAC-SHA256 of an actor lease object's `body` (its canonical JSON
+    /// without the MAC) for the lease object at `path`, hex.
+    pub fn lease_mac(&self, path: &str, body: &[u8]) -> String {
+        hex::encode(hmac(&self.lease_mac[..], &[&b"torpor-lease-v1\0"[..], path.as_bytes(), &[0], body]))
+    }
+
+    /// Does `mac` (hex) authenticate `body` at `path`? Constant time.
+    pub fn verify_lease_mac(&self, path: &str, body: &[u8], mac: &str) -> bool {
+        let Ok(tag) = hex::decode(mac) else { return false };
+        let Ok(mut m) = <HmacSha256 as KeyInit>::new_from_slice(&self.lease_mac[..]) else { return false };
+        for p in [&b"torpor-lease-v1\0"[..], path.as_bytes(), &[0], body] {
+            m.update(p);
+        }
+        m.verify_slice(&tag).is_ok()
     }
 
     /// Encrypt `buf[start..]` in place (AAD: `buf[..start]` then `extra_aad`)

@@ -18,6 +18,12 @@ pub enum Error {
 
     #[error("actor {actor} is held by node {node} (shim {owner}) until {until}: it runs or is resuming there; refused to run it here too")]
     LeaseHeld { actor: ActorName, node: String, owner: String, until: String },
+    /// The actor's lease object is not proven free (missing while the actor
+    /// has durable snapshots, not authenticated, a stale copy...): this
+    /// node takes it only once it has watched it unchanged for one lease
+    /// TTL, or never (authenticated under a key this node does not have).
+    #[error("actor {actor}: {why}; a node that may still run the actor is waited out (one lease TTL unchanged) before this node takes it: retry {retry}")]
+    LeaseUnproven { actor: ActorName, why: String, retry: String },
     #[error("actor {actor}: this node no longer holds its lease ({detail})")]
     LeaseLost { actor: ActorName, detail: String },
     #[error("invalid store configuration: {0}")]

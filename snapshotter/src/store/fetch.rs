@@ -229,13 +229,14 @@ impl Store {
 
     /// GETs a chunk the manifest of snapshot `id` lists; one the object
     /// tier does not have is `Corrupt` (the snapshot is not whole there),
-    /// naming it.
-    pub(super) async fn get_listed_chunk(&self, id: &SnapshotId, name: &ChunkName, digest: &str) -> Result<bytes::Bytes> {
-        match self.remote.get_chunk(name).await {
+    /// naming it; so is one larger than a chunk of `size` bytes is stored as.
+    pub(super) async fn get_listed_chunk(&self, id: &SnapshotId, name: &ChunkName, digest: &str, size: u32) -> Result<bytes::Bytes> {
+        match self.remote.get_chunk(name, size).await {
             Err(Error::Remote { source, .. }) if matches!(*source, object_store::Error::NotFound { .. }) => Err(Error::Corrupt {
                 id: id.clone(),
                 what: format!("chunk sha256:{digest} is missing from the object tier ({})", self.remote.chunk_path(name)),
             }),
+            Err(e @ Error::Inconsistent { .. }) => Err(Error::Corrupt { id: id.clone(), what: format!("chunk sha256:{digest}: {e}") }),
             r => r,
         }
     }
@@ -289,7 +290,8 @@ impl Store {
             async move {
                 let name = ChunkName::of(key.as_deref(), &digest);
                 let path = self.remote.chunk_path(&name);
-                let object = self.get_listed_chunk(&id, &name, &digest).await?;
+                let size = wanted.get(&digest).map_or(0, |(size, _)| *size);
+                let object = self.get_listed_chunk(&id, &name, &digest, size).await?;
                 let fetched = object.len() as u64;
                 let written = blocking(move || {
                     let (size, places) = wanted.get(&digest).ok_or_else(|| Error::Internal("unknown chunk".into()))?;

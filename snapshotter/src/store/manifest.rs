@@ -118,6 +118,7 @@ impl Manifest {
                 return Err(format!("manifest is for snapshot {}, not {expect}", m.id()));
             }
         }
+        super::check_unix_ms("created_ms", m.created_ms)?;
         if m.hash != "sha256" {
             return Err(format!("unsupported chunk hash {:?}", m.hash));
         }
@@ -140,6 +141,9 @@ impl Manifest {
                     let sum: u64 = e.chunks.iter().map(|c| c.size as u64).sum();
                     if sum != e.size {
                         return Err(format!("file {:?}: chunks add up to {sum} bytes, size says {}", e.path, e.size));
+                    }
+                    if let Some(c) = e.chunks.iter().find(|c| c.size > super::chunk::MAX_CHUNK_BYTES) {
+                        return Err(format!("file {:?}: chunk of {} bytes, more than the largest chunk ({} bytes)", e.path, c.size, super::chunk::MAX_CHUNK_BYTES));
                     }
                     if let Some(c) = e.chunks.iter().find(|c| !is_digest(&c.digest)) {
                         return Err(format!("file {:?}: malformed chunk digest {:?}", e.path, c.digest));
@@ -206,5 +210,24 @@ mod tests {
         evil.entries[1].path = "../x".into();
         let (evil, _) = evil.to_bytes().unwrap();
         assert!(Manifest::parse(&evil, None).unwrap_err().contains("unsafe"));
+    }
+
+    /// Issue 38 rows 5 and 6: a time past year 9999 and a chunk larger than
+    /// any there is are refused at parse (they reached formatting and
+    /// allocations sized by them).
+    #[test]
+    fn out_of_range_times_and_chunk_sizes_are_refused() {
+        let mut m = sample();
+        m.created_ms = super::super::MAX_UNIX_MS + 1;
+        let e = Manifest::parse(&m.to_bytes().unwrap().0, None).unwrap_err();
+        assert!(e.contains("created_ms") && e.contains("year 9999"), "{e}");
+        m.created_ms = super::super::MAX_UNIX_MS;
+        Manifest::parse(&m.to_bytes().unwrap().0, None).unwrap();
+        let mut m = sample();
+        m.entries[1].chunks[0].size = u32::MAX;
+        m.entries[1].size = u32::MAX as u64;
+        m.logical_bytes = u32::MAX as u64;
+        let e = Manifest::parse(&m.to_bytes().unwrap().0, None).unwrap_err();
+        assert!(e.contains("largest chunk"), "{e}");
     }
 }

@@ -21,6 +21,47 @@ use url::Url;
 use super::error::{Error, Result};
 use super::id::{ActorName, SnapshotId};
 
+/// The largest manifest object read (sealed or not), and the largest
+/// upload intent, checkout pin or sweep announcement (chunk lists as long as
+/// a manifest's): a 64 GiB snapshot of 512 KiB chunks has a manifest of
+/// about 25 MB.
+pub const MAX_MANIFEST_OBJECT_BYTES: u64 = 64 << 20;
+/// The largest actor lease object read (they are a few hundred bytes).
+pub const MAX_LEASE_OBJECT_BYTES: u64 = 64 << 10;
+
+/// Reads the body of `r` (the object at `path`), refusing it once it is
+/// larger than `cap`: by the size the object tier gives, then while it is
+/// read (a body longer than announced).
+async fn read_capped(op: &'static str, path: &Path, r: object_store::GetResult, cap: u64) -> Result<Bytes> {
+    let too_large = |size: u64| Error::Inconsistent {
+        path: path.to_string(),
+        detail: format!("{op}: the object is {size} bytes, more than the {cap} bytes such an object may have: refused unread (not this store's, or planted)"),
+    };
+    if r.meta.size > cap {
+        return Err(too_large(r.meta.size));
+    }
+    let mut out = bytes::BytesMut::with_capacity(r.meta.size as usize);
+    let mut body = r.into_stream();
+    while let Some(part) = body.try_next().await.map_err(|e| Error::remote(op, path, e))? {
+        if (out.len() + part.len()) as u64 > cap {
+            return Err(too_large((out.len() + part.len()) as u64));
+        }
+        out.extend_from_slice(&part);
+    }
+    Ok(out.freeze())
+}
+
+/// An actor's lease object as read: its bytes, version, and the object
+/// tier's last-modified time of it (unix ms, by the object tier's clock).
+pub struct LeaseObject {
+    pub bytes: Bytes,
+    pub version: ObjectVersion,
+    pub last_modified_ms: i64,
+    /// Larger than [`MAX_LEASE_OBJECT_BYTES`]: not read (`bytes` empty),
+    /// why in words.
+    pub too_large: Option<String>,
+}
+
 #[derive(Clone, Debug)]
 pub struct Remote {
     pub store: Arc<dyn ObjectStore>,
@@ -288,14 +329,18 @@ impl Remote {
         self.actor_root(actor).join("lease.json")
     }
 
-    /// The actor's lease object and its version, if there is one.
-    pub async fn get_lease(&self, actor: &ActorName) -> Result<Option<(Bytes, ObjectVersion)>> {
+    /// The actor's lease object (at most [`MAX_LEASE_OBJECT_BYTES`]), if there is one.
+    pub async fn get_lease(&self, actor: &ActorName) -> Result<Option<LeaseObject>> {
         let path = self.lease_path(actor);
         match self.store.get(&path).await {
             Ok(r) => {
                 let version = ObjectVersion { e_tag: r.meta.e_tag.clone(), version: r.meta.version.clone() };
-                let bytes = r.bytes().await.map_err(|e| Error::remote("read lease", &path, e))?;
-                Ok(Some((bytes, version)))
+                let last_modified_ms = r.meta.last_modified.timestamp_millis();
+                match read_capped("read lease", &path, r, MAX_LEASE_OBJECT_BYTES).await {
+                    Ok(bytes) => Ok(Some(LeaseObject { bytes, version, last_modified_ms, too_large: None })),
+                    Err(Error::Inconsistent { detail, .. }) => Ok(Some(LeaseObject { bytes: Bytes::new(), version, last_modified_ms, too_large: Some(detail) })),
+                    Err(e) => Err(e),
+                }
             }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(Error::remote("get lease", &path, e)),
@@ -323,9 +368,13 @@ impl Remote {
         match self.store.put_opts(&path, PutPayload::from(bytes.clone()), opts).await {
             Ok(r) => Ok(Ok(ObjectVersion { e_tag: r.e_tag, version: r.version })),
             Err(object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. }) => Ok(Err(Precondition)),
+            // An update of a lease object that was deleted since it was
+            // read (some object stores answer 404 to If-Match on a missing
+            // key): it changed.
+            Err(object_store::Error::NotFound { .. }) if expect.is_some() => Ok(Err(Precondition)),
             Err(object_store::Error::NotImplemented { .. }) => {
                 let _one = fallback.lock().await;
-                let now = self.get_lease(actor).await?.map(|(_, v)| v);
+                let now = self.get_lease(actor).await?.map(|l| l.version);
                 let same = match (&now, &expect) {
                     (Some(n), Some(e)) => n.e_tag == e.e_tag && n.version == e.version,
                     _ => false,
@@ -403,10 +452,11 @@ impl Remote {
         }
     }
 
-    /// A small object's bytes, or `None` when there is no such object.
+    /// A small object's bytes (an intent, a pin, an announcement: at most
+    /// [`MAX_MANIFEST_OBJECT_BYTES`]), or `None` when there is no such object.
     pub async fn get_object(&self, op: &'static str, path: &Path) -> Result<Option<Bytes>> {
         match self.store.get(path).await {
-            Ok(r) => Ok(Some(r.bytes().await.map_err(|e| Error::remote(op, path, e))?)),
+            Ok(r) => Ok(Some(read_capped(op, path, r, MAX_MANIFEST_OBJECT_BYTES).await?)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(Error::remote(op, path, e)),
         }
@@ -441,10 +491,12 @@ impl Remote {
         Ok(())
     }
 
-    pub async fn get_chunk(&self, name: &ChunkName) -> Result<Bytes> {
+    /// A chunk object of `size` plain bytes (as its manifest says): one
+    /// larger than such a chunk can be stored as is refused unread.
+    pub async fn get_chunk(&self, name: &ChunkName, size: u32) -> Result<Bytes> {
         let path = self.chunk_path(name);
         let r = self.store.get(&path).await.map_err(|e| Error::remote("get chunk", &path, e))?;
-        r.bytes().await.map_err(|e| Error::remote("read chunk", &path, e))
+        read_capped("read chunk", &path, r, super::chunk::max_object_len(size)).await
     }
 
     pub async fn delete_chunk(&self, name: &ChunkName) -> Result<()> {
@@ -476,10 +528,11 @@ impl Remote {
         }
     }
 
+    /// The snapshot's manifest object (at most [`MAX_MANIFEST_OBJECT_BYTES`]).
     pub async fn get_manifest(&self, id: &SnapshotId) -> Result<Option<Bytes>> {
         let path = self.manifest_path(id);
         match self.store.get(&path).await {
-            Ok(r) => Ok(Some(r.bytes().await.map_err(|e| Error::remote("read manifest", &path, e))?)),
+            Ok(r) => Ok(Some(read_capped("read manifest", &path, r, MAX_MANIFEST_OBJECT_BYTES).await?)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(Error::remote("get manifest", &path, e)),
         }

@@ -719,7 +719,7 @@ impl Store {
         let name = ChunkName::of(s.key.as_deref(), &slot.digest);
         let path = self.remote.chunk_path(&name);
         let after = self.cfg.stream_stall_timeout;
-        let object = match tokio::time::timeout(after, self.get_listed_chunk(&s.id, &name, &slot.digest)).await {
+        let object = match tokio::time::timeout(after, self.get_listed_chunk(&s.id, &name, &slot.digest, slot.size)).await {
             Err(_) => return Err(Error::Stalled { op: "get chunk", path: path.to_string(), after }),
             Ok(r) => r?,
         };

@@ -99,6 +99,10 @@ pub(super) struct IntentFile {
     ciphertext: Option<String>,
 }
 
+/// The longest `live_ms` an announcement is taken at (a sweep announces a
+/// few minutes at most: window, client retries, request timeout).
+const MAX_ANNOUNCEMENT_LIVE_MS: u64 = 3_600_000;
+
 /// `<prefix>/sweeps/<id>-<round>.json`
 #[derive(Serialize, Deserialize)]
 struct Announcement {
@@ -317,7 +321,13 @@ impl Store {
                 let (node, live_ms) = match self.remote.get_object("read sweep announcement", &m.location).await? {
                     None => continue,
                     Some(b) => match serde_json::from_slice::<Announcement>(&b) {
-                        Ok(a) => (a.node, a.live_ms as i64),
+                        // Bounded: a planted announcement must not make
+                        // uploads wait for ever (nor overflow the sum).
+                        Ok(a) if a.live_ms <= MAX_ANNOUNCEMENT_LIVE_MS => (a.node, a.live_ms as i64),
+                        Ok(a) => {
+                            warn!(announcement = %m.location, live_ms = a.live_ms, "sweep announcement live for longer than any sweep announces ({} s): taken as live for {} s after it was written", MAX_ANNOUNCEMENT_LIVE_MS / 1000, UNREADABLE_ANNOUNCEMENT_LIVE_MS / 1000);
+                            (a.node, UNREADABLE_ANNOUNCEMENT_LIVE_MS)
+                        }
                         Err(e) => {
                             warn!(announcement = %m.location, error = %e, "unreadable sweep announcement: taken as live for {} s after it was written", UNREADABLE_ANNOUNCEMENT_LIVE_MS / 1000);
                             ("?".to_string(), UNREADABLE_ANNOUNCEMENT_LIVE_MS)
