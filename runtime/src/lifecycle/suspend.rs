@@ -445,7 +445,10 @@ impl Actor {
                 dumped.push((id.clone(), image.clone()));
                 // Its files, while no process changes them.
                 if let Some(upper) = self.tasks.app_info(id).ok().and_then(|i| i.rootfs_upper) {
-                    let captured = capture_rootfs(id, &upper, image).await;
+                    let captured = match crate::system::rootfs::CaptureLimits::from_env() {
+                        Ok(limits) => capture_rootfs(id, &upper, image, limits).await,
+                        Err(e) => Err(e),
+                    };
                     t.mark("rootfs_capture");
                     if let Err(e) = captured {
                         failure = Some(e);
@@ -562,14 +565,17 @@ fn sync_tree(dir: &Path) -> Result<()> {
 }
 
 /// Writes container `id`'s rootfs changes (its overlay upper directory
-/// `upper`) into its image directory: a restore in a new container applies
-/// them ([`crate::system::rootfs`]).
-async fn capture_rootfs(id: &str, upper: &Path, image: &Path) -> Result<()> {
+/// `upper`) into its image directory, within `limits`: a restore in a new
+/// container applies them ([`crate::system::rootfs`]). Past a limit the
+/// capture is refused (a failed precondition naming the file), and the
+/// suspend rolls back like any failed one.
+async fn capture_rootfs(id: &str, upper: &Path, image: &Path, limits: crate::system::rootfs::CaptureLimits) -> Result<()> {
     let started = Instant::now();
     let (upper, out) = (upper.to_path_buf(), image.join(crate::system::rootfs::DIFF_FILE));
-    let stats = tokio::task::spawn_blocking(move || crate::system::rootfs::capture(&upper, &out))
+    let stats = tokio::task::spawn_blocking(move || crate::system::rootfs::capture(&upper, &out, &limits))
         .await
-        .map_err(|e| Error::Io { context: format!("capture the rootfs changes of {id}"), source: std::io::Error::other(e) })??;
+        .map_err(|e| Error::Io { context: format!("capture the rootfs changes of {id}"), source: std::io::Error::other(e) })?
+        .map_err(|e| Error::from(e).context(&format!("capture the rootfs changes of container {id}")))?;
     info!(container = id, entries = stats.entries, bytes = stats.bytes, deletions = stats.deletions,
         ms = started.elapsed().as_millis() as u64, "rootfs changes captured");
     Ok(())
