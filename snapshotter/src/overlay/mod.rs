@@ -21,7 +21,7 @@ pub mod mounts;
 pub mod usage;
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -60,9 +60,15 @@ pub struct Overlay {
     tmp_seq: AtomicU64,
 }
 
+/// Creates directory `path` with exactly `mode`, whatever the process's
+/// umask (the daemon's is 077, for the store's files): a snapshot's `fs`
+/// is the root of a container's rootfs and must be 0755, as containerd's
+/// overlay snapshotter makes it, or a process of a non-root user cannot
+/// even load its libraries. An existing directory is left as it is.
 fn mkdir(path: &Path, mode: u32) -> Result<()> {
     match std::fs::DirBuilder::new().mode(mode).create(path) {
-        Ok(()) => Ok(()),
+        Ok(()) => std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| Error::io("set the mode of directory", path, e)),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && path.is_dir() => Ok(()),
         Err(e) => Err(Error::io("create directory", path, e)),
     }
