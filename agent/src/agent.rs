@@ -29,7 +29,7 @@ use torporctl::control::Op;
 use crate::error::{Error, Result};
 use crate::node::{self, Actor};
 use crate::report::{self, MetaPatch, Writer};
-use crate::state::{self, Desired, Plan, ACTOR, APPLIED, DESIRED, MOVED_FROM, RESULT, RUNTIME_CLASS, STATE_LABEL};
+use crate::state::{self, Desired, Plan, APPLIED, DESIRED, MOVED_FROM, RESULT, RUNTIME_CLASS, STATE_LABEL};
 
 /// The agent's settings.
 #[derive(Debug, Clone)]
@@ -141,12 +141,10 @@ pub fn is_torpor_pod(pod: &Pod) -> bool {
         && pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref()) == Some(RUNTIME_CLASS)
 }
 
-/// The actor id of a pod: its `torpor.dev/actor` annotation, else `<namespace>/<name>`.
-pub fn actor_id(pod: &Pod) -> String {
-    match pod.annotations().get(ACTOR) {
-        Some(a) if !a.is_empty() => a.clone(),
-        _ => format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()),
-    }
+/// The actor of `pod` among this node's `actors` (by pod uid, see
+/// [`node::actors`]): a pod acts only on the actor its own shim runs.
+pub fn actor_of<'a>(pod: &Pod, actors: &'a BTreeMap<String, Actor>) -> Option<&'a Actor> {
+    actors.get(pod.metadata.uid.as_deref()?)
 }
 
 fn ms(v: &Value, k: &str) -> String {
@@ -174,8 +172,7 @@ impl Agent {
     }
 
     async fn reconcile(&mut self, pod: &Pod, actors: &BTreeMap<String, Actor>) -> Result<()> {
-        let id = actor_id(pod);
-        let Some(actor) = actors.get(&id) else {
+        let Some(actor) = actor_of(pod, actors) else {
             // not started yet, or its shim is gone
             return Ok(());
         };
@@ -243,7 +240,7 @@ impl Agent {
                             self.writer.event(pod, true, fail_reason, op.name(), note).await;
                             // its state now, for the label
                             if let Ok(all) = node::actors(&self.cfg.socket_dir).await {
-                                if let Some(a) = all.get(actor.id()) {
+                                if let Some(a) = actor.pod_uid().and_then(|uid| all.get(uid)) {
                                     *actor = a.clone();
                                 }
                             }
@@ -345,17 +342,31 @@ fn note_of(op: Op, actor: &Actor, took: u128, d: Desired) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::ACTOR;
 
     #[test]
-    fn pods_and_actor_ids() {
+    fn pods_and_their_actors() {
         let mut p = Pod::default();
         p.metadata.name = Some("web".into());
         p.metadata.namespace = Some("ns".into());
         assert!(!is_torpor_pod(&p));
         p.spec = Some(k8s_openapi::api::core::v1::PodSpec { runtime_class_name: Some("torpor".into()), ..Default::default() });
         assert!(is_torpor_pod(&p));
-        assert_eq!(actor_id(&p), "ns/web");
-        p.metadata.annotations = Some([(ACTOR.to_string(), "shop/cart".to_string())].into());
-        assert_eq!(actor_id(&p), "shop/cart");
+
+        let actor = |id: &str, uid: &str| Actor {
+            sock: format!("/run/torpor/shims/{uid}.sock").into(),
+            record: serde_json::json!({"actor": id, "state": "RUNNING", "pod_uid": uid}),
+        };
+        let actors: BTreeMap<String, Actor> =
+            [("uid-a", actor("ns/web", "uid-a")), ("uid-b", actor("team-b/secret", "uid-b"))].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        assert!(actor_of(&p, &actors).is_none(), "a pod without a uid has no actor");
+        p.metadata.uid = Some("uid-a".into());
+        assert_eq!(actor_of(&p, &actors).map(Actor::id), Some("ns/web"));
+        // Its annotation naming another namespace's actor changes nothing
+        // (issue 38, row 3).
+        p.metadata.annotations = Some([(ACTOR.to_string(), "team-b/secret".to_string())].into());
+        assert_eq!(actor_of(&p, &actors).map(Actor::id), Some("ns/web"));
+        p.metadata.uid = Some("uid-c".into());
+        assert!(actor_of(&p, &actors).is_none(), "a pod whose shim runs no actor acts on none");
     }
 }

@@ -23,6 +23,12 @@ impl Actor {
         self.record["actor"].as_str().unwrap_or("")
     }
 
+    /// The uid of the Kubernetes pod the actor runs in (the shim's record,
+    /// from CRI's sandbox metadata), if it runs in one.
+    pub fn pod_uid(&self) -> Option<&str> {
+        self.record["pod_uid"].as_str().filter(|u| !u.is_empty())
+    }
+
     pub fn state(&self) -> &str {
         self.record["state"].as_str().unwrap_or("")
     }
@@ -34,8 +40,11 @@ impl Actor {
     }
 }
 
-/// The actors of the shims in `socket_dir`, by actor id. Shims that are
-/// dead, old or do not answer are left out (and logged).
+/// The actors of the shims in `socket_dir` that run in a Kubernetes pod,
+/// by the pod's uid: the shim's own record of the pod it serves, which no
+/// pod author can change (a pod's annotations can name any actor). Shims
+/// that are dead, old or do not answer are left out (and logged), and so
+/// are actors outside Kubernetes (`ctr` containers).
 pub async fn actors(socket_dir: &Path) -> Result<BTreeMap<String, Actor>> {
     let socks = control::list_shims(socket_dir).map_err(Error::Node)?;
     let mut out = BTreeMap::new();
@@ -43,7 +52,9 @@ pub async fn actors(socket_dir: &Path) -> Result<BTreeMap<String, Actor>> {
         match control::status(&sock).await {
             Probe::Status(v) if v["actor"].is_object() => {
                 let a = Actor { sock, record: v["actor"].clone() };
-                out.insert(a.id().to_string(), a);
+                if let Some(uid) = a.pod_uid() {
+                    out.insert(uid.to_string(), a);
+                }
             }
             Probe::Status(_) | Probe::Dead => {}
             Probe::Legacy(_) => tracing::warn!(sock = %sock.display(), "{}", control::LEGACY_SHIM),

@@ -9,7 +9,6 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use serde_json::{json, Value};
 
-use crate::agent::actor_id;
 use crate::error::{Error, Result};
 use crate::state::{self, Desired, APPLIED, DESIRED, RESULT, RUNTIME_CLASS, SNAPSHOT, STATE_LABEL};
 
@@ -57,6 +56,19 @@ pub async fn pods(client: &Client, sel: &Selection) -> Result<Vec<Pod>> {
 
 fn is_torpor(p: &Pod) -> bool {
     p.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref()) == Some(RUNTIME_CLASS)
+}
+
+/// The actor id the shim gives `p`'s actor: `torpor.dev/actor` within the
+/// pod's namespace (a bare name is `<namespace>/<name>`), else
+/// `<namespace>/<pod name>`. For display only: the agent finds a pod's
+/// actor by the pod's uid in the shim's record.
+pub fn actor_id(p: &Pod) -> String {
+    let ns = p.namespace().unwrap_or_default();
+    match p.annotations().get(state::ACTOR).filter(|a| !a.is_empty()) {
+        Some(a) if a.contains('/') => a.clone(),
+        Some(a) => format!("{ns}/{a}"),
+        None => format!("{ns}/{}", p.name_any()),
+    }
 }
 
 /// A pod's torpor status as `-o json` prints it.

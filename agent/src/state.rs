@@ -3,19 +3,7 @@
 
 use torporctl::control::Op;
 
-/// The pod annotation that asks for a state: `running`, `suspended` or `frozen`.
-pub const DESIRED: &str = "torpor.dev/desired-state";
-/// The value of [`DESIRED`] the agent last acted on (it acts once per
-/// request: a request that woke the actor since is not undone). The
-/// plugin removes it with each request, so that asking again acts again.
-pub const APPLIED: &str = "torpor.dev/applied-state";
-/// What the last action did: `ok <op> <ms> ms` or `failed <op>: <reason>`.
-pub const RESULT: &str = "torpor.dev/applied-result";
-/// The actor's snapshot in the node's store (`<actor>@<generation>`), when it has one.
-pub const SNAPSHOT: &str = "torpor.dev/snapshot";
-/// The node the pod's actor moved here from, with its state (the agent
-/// writes it with the `Moved` Event, once).
-pub const MOVED_FROM: &str = "torpor.dev/moved-from";
+pub use torpor_api::annotations::{APPLIED, DESIRED, MOVED_FROM, RESULT, SNAPSHOT};
 /// The actor id of a pod, when set (else `<namespace>/<pod>`).
 pub const ACTOR: &str = "torpor.dev/actor";
 /// The pod label with the actor's state (`kubectl get pods -L torpor.dev/state`).

@@ -23,8 +23,9 @@ pub use generated::control_ttrpc::{create_control, Control, ControlClient};
 
 /// The API's name (its protobuf package).
 pub const API: &str = "torpor.control.v1";
-/// Additions made to v1 since its first release: 1, `Actor.freeze_tier`.
-pub const REVISION: u32 = 1;
+/// Additions made to v1 since its first release: 1, `Actor.freeze_tier`;
+/// 2, `Actor.pod_uid`.
+pub const REVISION: u32 = 2;
 /// The type URL of [`ErrorDetail`] in a ttrpc status's details.
 pub const ERROR_DETAIL_TYPE_URL: &str = "type.googleapis.com/torpor.control.v1.ErrorDetail";
 

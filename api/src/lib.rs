@@ -8,7 +8,10 @@
 //!   `proto/torpor/control/v1/control.proto`).
 //! - [`ids`]: actor ids and snapshot references (`actor@generation`), the
 //!   one parser of them.
+//! - [`annotations`]: the pod annotations of torpor's agent and kubectl
+//!   plugin, which the shim passes over.
 
+pub mod annotations;
 pub mod control;
 pub mod ids;
 

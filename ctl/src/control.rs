@@ -208,6 +208,7 @@ pub fn actor_json(a: &api::Actor) -> Value {
         "orphaned": a.orphaned,
         "recovered_from": a.recovered_from,
         "moved_from": a.moved_from,
+        "pod_uid": a.pod_uid,
         "explicit_actor": a.explicit_actor,
         "staging": a.staging.as_ref().map(|s| json!({"id": s.id, "path": s.path})),
         "snapshot": snapshot_json(a.snapshot.as_ref()),

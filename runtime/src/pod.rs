@@ -77,6 +77,28 @@ impl Runtime {
         r
     }
 
+    /// A restore source of another namespace than the pod's is a clone
+    /// across tenants: refused unless the node's policy (the daemon's
+    /// `[tenancy] clone_source_namespaces`) lists that namespace. Checked
+    /// before any lookup, so the answer says nothing of what the other
+    /// namespace holds.
+    async fn check_clone_source(&self, actor: &ActorSpec) -> Result<()> {
+        let Some(foreign) = actor.foreign_clone_source() else { return Ok(()) };
+        let allowed = self.actor.store.clone_source_namespaces().await.map_err(|e| e.context("the node's clone policy"))?;
+        if allowed.iter().any(|n| n == foreign) {
+            return Ok(());
+        }
+        let (ns, src) = (actor.namespace.as_deref().unwrap_or_default(), actor.restore_from.as_ref().map(ToString::to_string).unwrap_or_default());
+        let listed = if allowed.is_empty() { "none".to_string() } else { allowed.join(", ") };
+        Err(Error::InvalidAnnotation {
+            key: annotations::RESTORE_FROM.into(),
+            value: src,
+            reason: format!(
+                "a pod of namespace {ns} may clone actors of its own namespace, and of the namespaces this node allows                  ([tenancy] clone_source_namespaces of torpor-snapshotter: {listed})"
+            ),
+        })
+    }
+
     async fn create_inner(&self, req: CreateRequest) -> Result<i32> {
         let spec = ContainerSpec::of(&read_spec(&req.bundle)?);
         let actor = ActorSpec::from_annotations(&spec.annotations)?;
@@ -86,6 +108,7 @@ impl Runtime {
         let mut restore_from = None;
         let mut adopted = None;
         if !spec.sandbox {
+            self.check_clone_source(&actor).await?;
             let group = spec.group(&req.id);
             let explicit = spec.annotations.contains_key(annotations::ACTOR);
             self.actor.init(&group, &actor, explicit).await?;

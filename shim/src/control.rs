@@ -375,6 +375,7 @@ pub fn actor_message(r: &Record) -> api::Actor {
     a.orphaned = r.orphaned;
     a.recovered_from = r.recovered_from.clone();
     a.moved_from = r.moved_from.clone();
+    a.pod_uid = r.pod_uid.clone();
     a.explicit_actor = r.explicit_actor;
     a.staging = r
         .staging

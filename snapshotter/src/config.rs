@@ -33,6 +33,14 @@ struct FileConfig {
     snapshotter: FileSnapshotter,
     #[serde(default)]
     store: FileStore,
+    #[serde(default)]
+    tenancy: FileTenancy,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileTenancy {
+    clone_source_namespaces: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -86,6 +94,33 @@ pub const ENV_KEY: &str = "TORPOR_STORE_KEY";
 pub const ENV_KEY_FD: &str = "TORPOR_STORE_KEY_FD";
 pub const ENV_KEY_ID: &str = "TORPOR_STORE_KEY_ID";
 
+/// `[tenancy]`: what pods of one namespace may do with another's actors
+/// (docs/SECURITY.md, "Pod authors"). Served to the shims by the store
+/// API's `Policy`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenancyConfig {
+    /// Namespaces whose actors a pod of any namespace may clone
+    /// (`torpor.dev/restore-from: <namespace>/<actor>`): the cluster
+    /// operator's golden snapshots. A pod may always clone an actor of its
+    /// own namespace; by default, of no other.
+    pub clone_source_namespaces: Vec<String>,
+}
+
+/// A Kubernetes namespace name: a DNS-1123 label (1 to 63 characters of
+/// a-z, 0-9 and '-', starting and ending with a letter or digit).
+pub fn check_namespace(n: &str) -> std::result::Result<(), String> {
+    let ok = !n.is_empty()
+        && n.len() <= 63
+        && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !n.starts_with('-')
+        && !n.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("{n:?} is not a namespace name (1 to 63 characters of a-z, 0-9 and '-', starting and ending with a letter or digit)"))
+    }
+}
+
 /// Command-line overrides (each `None` when the flag was not given).
 #[derive(Debug, Default, Clone)]
 pub struct Overrides {
@@ -108,6 +143,7 @@ pub struct Config {
     pub rcu_expedited: bool,
     pub snapshotter: SnapshotterConfig,
     pub store: StoreConfig,
+    pub tenancy: TenancyConfig,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -312,6 +348,7 @@ impl Default for Config {
                 encryption: EncryptionConfig::default(),
                 keyring: crate::store::Keyring::default(),
             },
+            tenancy: TenancyConfig::default(),
         }
     }
 }
@@ -525,6 +562,17 @@ impl Config {
                     },
                 },
                 keyring: crate::store::Keyring::default(),
+            },
+            tenancy: TenancyConfig {
+                clone_source_namespaces: {
+                    let mut v = f.tenancy.clone_source_namespaces.unwrap_or_default();
+                    for n in &v {
+                        check_namespace(n).map_err(|e| format!("tenancy.clone_source_namespaces: {e}"))?;
+                    }
+                    v.sort();
+                    v.dedup();
+                    v
+                },
             },
         };
         cfg.validate().map_err(|e| match e {
@@ -818,6 +866,9 @@ remote_url = "s3://bucket/prefix"
         assert!(!x("rcu_expedited = false"), "false: the node's setting is left alone");
         let e = Config::parse("rcu_expedited = \"yes\"").unwrap_err();
         assert!(e.contains("rcu_expedited"), "{e}");
+        let t = |t: &str| Config::parse(t).unwrap().tenancy.clone_source_namespaces;
+        assert_eq!(t(""), Vec::<String>::new(), "no other namespace's actors are cloned by default");
+        assert_eq!(t("[tenancy]\nclone_source_namespaces = [\"golden\", \"base-2\", \"golden\"]"), vec!["base-2", "golden"]);
     }
 
     #[test]
@@ -856,6 +907,9 @@ remote_url = "s3://bucket/prefix"
             ("metrics_address = \"127.0.0.1\"", "metrics_address"),
             ("metrics_address = \"127.0.0.1:0\"", "port 0"),
             ("metrics_address = 9464", "metrics_address"),
+            ("[tenancy]\nclone_source_namespaces = [\"Golden\"]", "tenancy.clone_source_namespaces"),
+            ("[tenancy]\nclone_source_namespaces = [\"a/b\"]", "not a namespace name"),
+            ("[tenancy]\nclone_sources = []", "clone_sources"),
         ];
         for (text, want) in cases {
             let e = Config::parse(text).unwrap_err();

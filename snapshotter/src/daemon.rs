@@ -232,7 +232,8 @@ pub async fn run(cfg: Config) -> Result<()> {
     let page_server = tokio::spawn(crate::page_server::serve(pages_listener, store.clone()));
     let service = crate::store_api::StoreService::with_data_runtime(store.clone(), cfg.store.gc_keep, tokio::runtime::Handle::current())
         .with_metrics(metrics.clone())
-        .with_page_server(pages_socket.clone());
+        .with_page_server(pages_socket.clone())
+        .with_tenancy(cfg.tenancy.clone());
     let address = cfg.store.address.clone();
     let mut store_server = api_rt
         .handle()

@@ -236,6 +236,11 @@ lease_ttl = '${TORPOR_RIG_LEASE_TTL:-6s}'
 
 [store.encryption]
 keys = { '$TORPOR_RIG_STORE_KEY_ID' = '$TORPOR_RIG_STORE_KEY_DIR/$TORPOR_RIG_STORE_KEY_ID' }
+
+[tenancy]
+# the namespace of the golden snapshots any namespace's pods may clone
+# (tests/tenancy.rs)
+clone_source_namespaces = ['torpor-golden']
 TOML
 	mv "$TORPOR_RIG_SNAPSHOTTER_CONFIG.tmp" "$TORPOR_RIG_SNAPSHOTTER_CONFIG"
 }

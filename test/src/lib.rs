@@ -179,6 +179,12 @@ pub fn runtime_type() -> String {
 
 /// A name unique across tests, threads and test processes: `prefix-<pid>-<n>-<rand>`.
 /// Lower-case, DNS-label safe, at most 63 characters.
+/// A unique actor id in the test pods' namespace ([`POD_NAMESPACE`]):
+/// an actor belongs to its pod's namespace.
+pub fn actor_name(prefix: &str) -> String {
+    format!("{POD_NAMESPACE}/{}", unique_name(prefix))
+}
+
 pub fn unique_name(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -539,6 +545,9 @@ pub struct Pod {
     pub log_dir: PathBuf,
     /// The pod's annotations (`torpor.dev/*`).
     pub annotations: BTreeMap<String, String>,
+    /// Its Kubernetes namespace (CRI metadata): [`POD_NAMESPACE`] unless
+    /// made with [`PodOptions::in_namespace`].
+    pub namespace: String,
     dir: TempDir,
     removed: bool,
 }
@@ -549,6 +558,8 @@ pub struct PodOptions {
     pub annotations: BTreeMap<String, String>,
     /// Runtime handler; None = the one under test.
     pub runtime: Option<String>,
+    /// Kubernetes namespace (CRI metadata); None = [`POD_NAMESPACE`].
+    pub namespace: Option<String>,
 }
 
 impl PodOptions {
@@ -557,7 +568,15 @@ impl PodOptions {
         PodOptions {
             annotations: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             runtime: None,
+            namespace: None,
         }
+    }
+
+    /// The pod in Kubernetes namespace `ns` instead of [`POD_NAMESPACE`]
+    /// (another tenant).
+    pub fn in_namespace(mut self, ns: &str) -> PodOptions {
+        self.namespace = Some(ns.to_string());
+        self
     }
 
     /// A pod of the actor `actor` (`torpor.dev/actor`).
@@ -633,6 +652,8 @@ impl Pod {
         std::fs::create_dir_all(&log_dir).unwrap();
         let mut cfg = pod_config_on(node, &name, &opts.annotations, &log_dir);
         cfg["metadata"]["attempt"] = json!(attempt);
+        let namespace = opts.namespace.clone().unwrap_or_else(|| POD_NAMESPACE.to_string());
+        cfg["metadata"]["namespace"] = json!(namespace);
         let config_path = write_json(dir.path(), "pod.json", &cfg);
         let runtime = opts
             .runtime
@@ -651,15 +672,21 @@ impl Pod {
             config_path,
             log_dir,
             annotations: opts.annotations,
+            namespace,
             dir,
             removed: false,
         })
     }
 
-    /// The id of the pod's actor: its `torpor.dev/actor`, else the default
+    /// The id of the pod's actor: its `torpor.dev/actor` (within the pod's
+    /// namespace: a bare name is `<namespace>/<name>`), else the default
     /// `<namespace>/<pod name>`.
     pub fn actor(&self) -> String {
-        self.annotations.get("torpor.dev/actor").cloned().unwrap_or_else(|| default_actor(&self.name))
+        match self.annotations.get("torpor.dev/actor") {
+            Some(a) if a.contains('/') => a.clone(),
+            Some(a) => format!("{}/{a}", self.namespace),
+            None => format!("{}/{}", self.namespace, self.name),
+        }
     }
 
     /// The pod's temp dir (configs, logs).

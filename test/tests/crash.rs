@@ -328,7 +328,7 @@ fn crash_resume_with_an_open_connection() {
 #[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn kept_checkpoint_is_restored_once_by_actor_id() {
     torpor_only();
-    let actor = format!("crash-test/{}", unique_name("actor"));
+    let actor = actor_name("crash-actor");
     let opts = PodOptions::actor(&actor);
     let c = crash_at("crash-id", "resume-after-persist", opts.clone(), Some("crash-id-new"));
     assert_restored(&c, "RESUMING");

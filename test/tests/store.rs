@@ -359,7 +359,7 @@ fn clones_made_during_a_stream_join_it_and_are_stopped_with_it_when_it_breaks() 
     let bytes = snapshot(&name)["bytes"].as_u64().unwrap_or(0);
     assert!(bytes > 60 << 20, "the snapshot holds the memory: {}", snapshot(&name));
     let held = arm_failpoint("snapshotter", "stream-hold");
-    let ids: Vec<String> = (0..2).map(|i| unique_name(&format!("store-clone{i}"))).collect();
+    let ids: Vec<String> = (0..2).map(|i| actor_name(&format!("store-clone{i}"))).collect();
     let _clone_snapshots: Vec<Cleanup> = ids.iter().map(|id| Cleanup::snapshots(id)).collect();
     let clones: Vec<Counter> = ids
         .iter()
@@ -513,7 +513,7 @@ fn assert_refused_as(c: &Counter, name: &str, out: Output) {
 fn restore_by_identity_through_the_store() {
     torpor_only();
     let _serial = serial();
-    let actor = format!("store-test/{}", unique_name("id"));
+    let actor = actor_name("store-id");
     let _g = Cleanup::snapshots(&actor);
     let first = CounterSpec::new().alloc_mib(64).start(Pod::run_with("store-id-a", PodOptions::actor(&actor)));
     let sum = first.count_to(3);

@@ -174,7 +174,7 @@ fn a_golden_snapshot_cloned_into_ten_actors_that_diverge() {
     const CLONES: usize = 10;
     let (a, b) = (Node::a(), Node::b());
     b.require();
-    let golden_actor = unique_name("tn-golden");
+    let golden_actor = actor_name("tn-golden");
     let _gg = Cleanup::snapshots_everywhere(&golden_actor);
     let seed = seed();
     let golden = counter(16, &seed).start(Pod::run_on(a, "tn-golden", PodOptions::actor(&golden_actor)));
@@ -193,7 +193,7 @@ fn a_golden_snapshot_cloned_into_ten_actors_that_diverge() {
 
     // Ten clones, five per node, created concurrently (one thread per
     // node); half name the generation, half the actor (its newest).
-    let ids: Vec<String> = (0..CLONES).map(|i| unique_name(&format!("tn-clone{i}"))).collect();
+    let ids: Vec<String> = (0..CLONES).map(|i| actor_name(&format!("tn-clone{i}"))).collect();
     let _guards: Vec<Cleanup> = ids.iter().map(|id| Cleanup::snapshots_everywhere(id)).collect();
     let make = |i: usize| {
         let node = if i.is_multiple_of(2) { a } else { b };
@@ -262,7 +262,7 @@ fn a_golden_snapshot_cloned_into_ten_actors_that_diverge() {
     assert_eq!(entries[0]["manifest_digest"], digest, "{entries:?}");
     assert_eq!(entries[0]["pins"], 0, "no pin left: {entries:?}");
     drop(clones);
-    let last_id = unique_name("tn-clone-late");
+    let last_id = actor_name("tn-clone-late");
     let _gl = Cleanup::snapshots_everywhere(&last_id);
     let late = counter(16, "1").start(Pod::run_on(
         b,
@@ -276,7 +276,7 @@ fn a_golden_snapshot_cloned_into_ten_actors_that_diverge() {
 /// Runs a counter pod with `restore_from` on node B; returns the output of
 /// the step that failed (runp, create or start).
 fn failed_clone(restore_from: &str) -> (String, Output) {
-    let actor = unique_name("tn-badclone");
+    let actor = actor_name("tn-badclone");
     let opts = PodOptions::annotated(&[("torpor.dev/actor", &actor), ("torpor.dev/restore-from", restore_from)]);
     let node = Node::b();
     let pod = match Pod::try_run_on(node, "tn-badclone", opts) {
@@ -382,7 +382,7 @@ fn one_actor_created_at_once_on_two_nodes_runs_once() {
     let _up = nodes_up();
     let (a, b) = (Node::a(), Node::b());
     b.require();
-    let actor = format!("fence/{}", unique_name("x"));
+    let actor = actor_name("fence-x");
     let _g = Cleanup::snapshots_everywhere(&actor);
     let opts = PodOptions::annotated(&[("torpor.dev/actor", &actor)]);
     let pods = [Pod::run_on(a, "tn-race", opts.clone()), Pod::run_on(b, "tn-race", opts)];
@@ -434,7 +434,7 @@ fn a_stop_with_on_stop_suspend_moves_the_actor_with_its_newest_state() {
     let _up = nodes_up();
     let (a, b) = (Node::a(), Node::b());
     b.require();
-    let actor = format!("drain/{}", unique_name("x"));
+    let actor = actor_name("drain-x");
     let _g = Cleanup::snapshots_everywhere(&actor);
     let opts = PodOptions::annotated(&[("torpor.dev/actor", &actor), ("torpor.dev/on-stop", "suspend")]);
     let seed = seed();
@@ -475,7 +475,7 @@ fn a_node_cut_off_from_the_lease_freezes_its_actor_before_another_takes_it() {
     let _only = nodes_exclusive();
     let (a, b) = (Node::a(), Node::b());
     b.require();
-    let actor = format!("fence/{}", unique_name("cut"));
+    let actor = actor_name("fence-cut");
     let _g = Cleanup::snapshots_everywhere(&actor);
     let opts = PodOptions::annotated(&[("torpor.dev/actor", &actor)]);
     let seed = seed();
@@ -534,7 +534,7 @@ fn node_a_dies_and_node_b_takes_the_actor_once_the_lease_expires() {
     let _only = nodes_exclusive();
     let (a, b) = (Node::a(), Node::b());
     b.require();
-    let actor = format!("fence/{}", unique_name("dead"));
+    let actor = actor_name("fence-dead");
     let _g = Cleanup::snapshots_everywhere(&actor);
     let opts = PodOptions::annotated(&[("torpor.dev/actor", &actor)]);
     let seed = seed();

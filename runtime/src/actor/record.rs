@@ -105,6 +105,11 @@ pub struct Record {
     /// there (the actor moved here, with `recovered_from` its state).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved_from: Option<String>,
+    /// The Kubernetes pod the actor runs in (its uid, from CRI's sandbox
+    /// metadata): what the node agent maps a pod to its actor by, never a
+    /// pod's own annotations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_uid: Option<String>,
     /// The actor id was set explicitly (`torpor.dev/actor`), not defaulted
     /// to the pod: its snapshots outlive the removal of a running actor.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -214,6 +219,7 @@ impl Record {
             orphaned: false,
             recovered_from: None,
             moved_from: None,
+            pod_uid: None,
             explicit_actor: false,
             staging: None,
             snapshot: None,

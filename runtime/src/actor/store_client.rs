@@ -194,6 +194,13 @@ impl SnapshotStore {
         Error::store(kind, format!("snapshot store ({}) {op}: {}", self.socket.display(), s.message))
     }
 
+    /// The node's policy for actors (`[tenancy]` of the daemon's config):
+    /// the namespaces whose actors any pod may clone.
+    pub async fn clone_source_namespaces(&self) -> Result<Vec<String>> {
+        let r = self.call("policy", StoreErrorKind::FailedPrecondition, |c| async move { c.policy(ctx(QUICK), &api::Empty::new()).await }).await?;
+        Ok(r.clone_source_namespaces)
+    }
+
     pub async fn begin(&self, actor: &str) -> Result<Staging> {
         let mut req = api::BeginRequest::new();
         req.actor = actor.to_string();

@@ -232,6 +232,7 @@ impl Actor {
         let store = record::Store::new(&self.state_root, group)?;
         let mut rec = Record::new(spec.actor.clone().unwrap_or_else(|| group.to_string()));
         rec.explicit_actor = explicit;
+        rec.pod_uid = spec.pod_uid.clone();
         rec.keep_local_s = spec.keep_local.map(|d| d.as_secs().max(1));
         let claim = Claim::take(&rec.actor, group)?;
         // One node runs the actor: its lease in the object tier (refused,

@@ -3,11 +3,22 @@
 //! Every annotation is optional. A value that does not parse is an error that
 //! names the annotation and the allowed form: torpor never falls back to a
 //! default silently. An unknown `torpor.dev/` key is an error too, so that a
-//! typo (`torpor.dev/idle-afer`) does not go unnoticed.
+//! typo (`torpor.dev/idle-afer`) does not go unnoticed; the annotations
+//! torpor's own agent and kubectl plugin write on a pod
+//! ([`torpor_api::annotations::AGENT_KEYS`]) are passed over.
+//!
+//! Tenancy (docs/SECURITY.md, "Pod authors"): under Kubernetes an actor
+//! belongs to its pod's namespace (CRI's sandbox metadata, which no pod
+//! author sets). `torpor.dev/actor` names an actor within it (`web` is
+//! `<namespace>/web`; another namespace is refused), and so does a bare
+//! `torpor.dev/restore-from`; a restore source of another namespace is
+//! allowed only where the node's policy lists that namespace
+//! ([`ActorSpec::foreign_clone_source`], checked at create).
 
 use std::collections::HashMap;
 use std::time::Duration;
 
+use torpor_api::annotations::AGENT_KEYS;
 use torpor_api::ids::{ActorId, SnapshotSelector};
 
 use crate::error::{Error, Result};
@@ -43,6 +54,7 @@ const RESTORE_FROM_FORM: &str = "<actor> (its newest snapshot) or <actor>@<gener
 // Kubernetes annotations the CRI plugin sets, used for the default actor id.
 pub const K8S_POD_NAMESPACE: &str = "io.kubernetes.cri.sandbox-namespace";
 pub const K8S_POD_NAME: &str = "io.kubernetes.cri.sandbox-name";
+pub const K8S_POD_UID: &str = "io.kubernetes.cri.sandbox-uid";
 
 /// What a failed restore leaves (`torpor.dev/on-restore-failure`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -59,8 +71,15 @@ pub enum OnRestoreFailure {
 /// The validated torpor configuration of one actor (a pod's app containers).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ActorSpec {
-    /// Actor id: `torpor.dev/actor`, or `<namespace>/<pod name>` under CRI.
+    /// Actor id: `torpor.dev/actor` (under CRI, within the pod's
+    /// namespace: `<namespace>/<name>`), or `<namespace>/<pod name>`.
     pub actor: Option<String>,
+    /// The pod's namespace (CRI's `io.kubernetes.cri.sandbox-namespace`),
+    /// which the actor and any restore source of its own belong to; `None`
+    /// outside Kubernetes (a `ctr` container: node operators only).
+    pub namespace: Option<String>,
+    /// The pod's uid (CRI's `io.kubernetes.cri.sandbox-uid`).
+    pub pod_uid: Option<String>,
     pub idle_after: Option<Duration>,
     /// `torpor.dev/freeze-first`: a suspend freezes the actor in memory
     /// for this long before the checkpoint (the freeze tier,
@@ -99,18 +118,27 @@ impl ActorSpec {
     /// Validates the annotations of an OCI spec (containerd copies the allowed
     /// pod annotations into every container's spec).
     pub fn from_annotations(annotations: &HashMap<String, String>) -> Result<Self> {
-        let mut spec = ActorSpec::default();
+        let mut spec = ActorSpec {
+            namespace: annotations.get(K8S_POD_NAMESPACE).cloned(),
+            pod_uid: annotations.get(K8S_POD_UID).cloned(),
+            ..ActorSpec::default()
+        };
+        let ns = spec.namespace.clone();
         let mut keys: Vec<&String> = annotations.keys().filter(|k| k.starts_with(PREFIX)).collect();
         keys.sort();
         for key in keys {
             let value = annotations[key].as_str();
             match key.as_str() {
-                ACTOR => spec.actor = Some(parse_actor_id(key, value)?),
+                ACTOR => spec.actor = Some(in_namespace(key, value, ns.as_deref(), parse_actor_id(key, value)?, false)?),
                 IDLE_AFTER => spec.idle_after = Some(parse_duration(key, value)?),
                 FREEZE_FIRST => spec.freeze_first = Some(parse_duration(key, value)?),
                 KEEP_LOCAL => spec.keep_local = Some(parse_duration(key, value)?),
                 ACTIVATE_ON => spec.activate_on = Some(parse_ports(key, value)?),
-                RESTORE_FROM => spec.restore_from = Some(parse_restore_from(key, value)?),
+                RESTORE_FROM => {
+                    let mut src = parse_restore_from(key, value)?;
+                    src.actor = in_namespace(key, value, ns.as_deref(), src.actor, true)?;
+                    spec.restore_from = Some(src);
+                }
                 ON_STOP => {
                     spec.suspend_on_stop = match value {
                         "suspend" => true,
@@ -126,11 +154,16 @@ impl ActorSpec {
                              or cold-start (start the containers afresh from their image)")),
                     }
                 }
+                k if AGENT_KEYS.contains(&k) => {}
                 _ => {
                     return Err(invalid(
                         key,
                         value,
-                        &format!("unknown torpor annotation; known ones are {}", KNOWN.join(", ")),
+                        &format!(
+                            "unknown torpor annotation; known ones are {} (and {}, written by torpor's agent and kubectl plugin)",
+                            KNOWN.join(", "),
+                            AGENT_KEYS.join(", ")
+                        ),
                     ))
                 }
             }
@@ -151,6 +184,35 @@ impl ActorSpec {
             }
         }
         Ok(spec)
+    }
+
+    /// The namespace of the restore source when it is not the pod's own:
+    /// a clone across tenants, which the node's policy must allow.
+    pub fn foreign_clone_source(&self) -> Option<&str> {
+        let ns = self.namespace.as_deref()?;
+        let src = self.restore_from.as_ref()?;
+        let src_ns = src.actor.split_once('/').map(|(n, _)| n).unwrap_or("");
+        (src_ns != ns).then_some(src_ns)
+    }
+}
+
+/// Actor id `id` (as given in `key = value`) within the pod's namespace
+/// `ns`: a bare name is qualified (`web` → `<ns>/web`); an id of another
+/// namespace is refused for `torpor.dev/actor` and kept for a restore
+/// source (`foreign_ok`), whose namespace the node's policy decides on.
+/// Outside Kubernetes (`ns` unknown) ids are taken as given.
+fn in_namespace(key: &str, value: &str, ns: Option<&str>, id: String, foreign_ok: bool) -> Result<String> {
+    let Some(ns) = ns else { return Ok(id) };
+    match id.split_once('/') {
+        None => parse_actor_id(key, &format!("{ns}/{id}")).map_err(|_| {
+            invalid(key, value, &format!("{ns}/{id} (the name within the pod's namespace {ns}) is longer than an actor id may be (253 characters)"))
+        }),
+        Some((own, _)) if own == ns || foreign_ok => Ok(id),
+        Some(_) => Err(invalid(
+            key,
+            value,
+            &format!("a pod's actor belongs to the pod's namespace {ns}: name it <name> or {ns}/<name>"),
+        )),
     }
 }
 
@@ -379,7 +441,7 @@ mod tests {
         assert!(!msg.starts_with(&format!("invalid annotation {ACTOR}=")), "{msg}");
         // With torpor.dev/actor set, the pod's name does not matter.
         let s = ActorSpec::from_annotations(&ann(&[(K8S_POD_NAMESPACE, "default"), (K8S_POD_NAME, &long), (ACTOR, "short")])).unwrap();
-        assert_eq!(s.actor.as_deref(), Some("short"));
+        assert_eq!(s.actor.as_deref(), Some("default/short"), "within the pod's namespace");
     }
 
     #[test]
@@ -405,6 +467,63 @@ mod tests {
         assert_eq!(parse_ports(ACTIVATE_ON, "1,65535, 80").unwrap(), vec![1, 65535, 80]);
         let e = ActorSpec::from_annotations(&ann(&[("torpor.dev/idle-afer", "5s")])).unwrap_err();
         assert!(e.to_string().contains("unknown torpor annotation"));
+    }
+
+    /// A container that kubelet creates again after the agent acted on its
+    /// pod carries the agent's annotations: they are passed over, not
+    /// refused (issue 37, item 3).
+    #[test]
+    fn the_agents_own_annotations_are_passed_over() {
+        let s = ActorSpec::from_annotations(&ann(&[
+            (K8S_POD_NAMESPACE, "team-a"),
+            (K8S_POD_NAME, "web-0"),
+            ("torpor.dev/desired-state", "suspended"),
+            ("torpor.dev/applied-state", "suspended"),
+            ("torpor.dev/applied-result", "ok: suspend in 1032 ms"),
+            ("torpor.dev/snapshot", "team-a/web-0@3"),
+            ("torpor.dev/moved-from", "node-a (SUSPENDED)"),
+            (IDLE_AFTER, "5m"),
+        ]))
+        .unwrap();
+        assert_eq!(s.actor.as_deref(), Some("team-a/web-0"));
+        assert_eq!(s.idle_after, Some(Duration::from_secs(300)));
+        let e = ActorSpec::from_annotations(&ann(&[("torpor.dev/applied-stat", "x")])).unwrap_err().to_string();
+        assert!(e.contains("unknown torpor annotation") && e.contains("torpor.dev/applied-state"), "{e}");
+    }
+
+    /// An actor belongs to its pod's namespace (issue 38, row 1).
+    #[test]
+    fn actor_ids_are_bound_to_the_pods_namespace() {
+        let in_ns = |pairs: &[(&str, &str)]| {
+            let mut a = ann(pairs);
+            a.insert(K8S_POD_NAMESPACE.into(), "team-a".into());
+            a.insert(K8S_POD_NAME.into(), "web-0".into());
+            ActorSpec::from_annotations(&a)
+        };
+        let s = in_ns(&[(ACTOR, "web")]).unwrap();
+        assert_eq!(s.actor.as_deref(), Some("team-a/web"), "a bare name is within the pod's namespace");
+        assert_eq!(s.namespace.as_deref(), Some("team-a"));
+        assert_eq!(in_ns(&[(ACTOR, "team-a/web")]).unwrap().actor.as_deref(), Some("team-a/web"));
+        let e = in_ns(&[(ACTOR, "team-b/web")]).unwrap_err().to_string();
+        assert!(e.contains(ACTOR) && e.contains("belongs to the pod's namespace team-a"), "{e}");
+        assert!(!e.contains("web-0"), "nothing but what the pod gave and its own namespace: {e}");
+        let e = in_ns(&[(ACTOR, &"x".repeat(250))]).unwrap_err().to_string();
+        assert!(e.contains("longer than an actor id may be"), "{e}");
+
+        // Restore sources: a bare one and one of the own namespace are the
+        // pod's own; another namespace's is kept for the node's policy.
+        let s = in_ns(&[(RESTORE_FROM, "base@2")]).unwrap();
+        assert_eq!(s.restore_from, Some(RestoreSource { actor: "team-a/base".into(), generation: Some(2) }));
+        assert_eq!(s.foreign_clone_source(), None);
+        assert_eq!(in_ns(&[(RESTORE_FROM, "team-a/base")]).unwrap().foreign_clone_source(), None);
+        let s = in_ns(&[(RESTORE_FROM, "golden/base")]).unwrap();
+        assert_eq!(s.foreign_clone_source(), Some("golden"));
+        assert_eq!(s.restore_from.unwrap().actor, "golden/base");
+
+        // Outside Kubernetes (ctr): ids as given.
+        let s = ActorSpec::from_annotations(&ann(&[(ACTOR, "web"), (RESTORE_FROM, "golden/base")])).unwrap();
+        assert_eq!(s.actor.as_deref(), Some("web"));
+        assert_eq!(s.foreign_clone_source(), None);
     }
 
     /// The committed fuzz corpus (and any crasher kept there) replayed.

@@ -1,0 +1,28 @@
+//! The pod annotations torpor's own Kubernetes parts write and read: the
+//! node agent (`torpor-agent`) and the kubectl plugin (`kubectl torpor`).
+//!
+//! They are not actor configuration: containerd passes every `torpor.dev/*`
+//! pod annotation to the shim (`pod_annotations = ["torpor.dev/*"]`), so the
+//! shim must know these names to pass over them. A container that kubelet
+//! creates again after the agent acted on its pod (a crash, an OOM kill, a
+//! failed liveness probe) carries them; refusing them as unknown would keep
+//! the pod in CrashLoopBackOff for good.
+
+/// The state a pod asks for: `running`, `suspended` or `frozen` (written by
+/// `kubectl torpor` or a user, acted on by the agent).
+pub const DESIRED: &str = "torpor.dev/desired-state";
+/// The value of [`DESIRED`] the agent last acted on (it acts once per
+/// request: a request that woke the actor since is not undone). The
+/// plugin removes it with each request, so that asking again acts again.
+pub const APPLIED: &str = "torpor.dev/applied-state";
+/// What the last action did: `ok <op> <ms> ms` or `failed <op>: <reason>`.
+pub const RESULT: &str = "torpor.dev/applied-result";
+/// The actor's snapshot in the node's store (`<actor>@<generation>`), when it has one.
+pub const SNAPSHOT: &str = "torpor.dev/snapshot";
+/// The node the pod's actor moved here from, with its state (the agent
+/// writes it with the `Moved` Event, once).
+pub const MOVED_FROM: &str = "torpor.dev/moved-from";
+
+/// Every annotation of the agent and the plugin: what they report and what
+/// they are asked. The shim reads none of them.
+pub const AGENT_KEYS: [&str; 5] = [DESIRED, APPLIED, RESULT, SNAPSHOT, MOVED_FROM];
