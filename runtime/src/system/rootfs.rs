@@ -1390,7 +1390,9 @@ mod tests {
     #[test]
     fn a_hostile_sparse_entry_is_refused() {
         let four_t = (4 * TIB).to_string();
-        let cases: Vec<(&str, Vec<(&str, String)>, String, Vec<u8>, Option<u64>)> = vec![
+        // What, the PAX records, the map, the data, the entry's size if not theirs.
+        type Case<'a> = (&'a str, Vec<(&'a str, String)>, String, Vec<u8>, Option<u64>);
+        let cases: Vec<Case> = vec![
             ("an extent past the size", sparse_records("10"), "1\n8\n4\n".into(), b"abcd".to_vec(), None),
             ("overlapping extents", sparse_records(&four_t), "2\n0\n4\n2\n4\n".into(), b"abcdefgh".to_vec(), None),
             ("extents out of order", sparse_records(&four_t), "2\n100\n4\n0\n4\n".into(), b"abcdefgh".to_vec(), None),
