@@ -827,7 +827,8 @@ async fn generation_and_epoch_at_u64_max_are_clear_errors() {
     let lease = e.objects.join("actors/ns/max/lease.json");
     let doc = serde_json::json!({
         "format": 1, "actor": "ns/max", "node": "other", "owner": "x", "epoch": u64::MAX,
-        "acquired_unix_ms": 0, "expires_unix_ms": 0, "released": true, "durable_generation": 1
+        "acquired_unix_ms": 0, "expires_unix_ms": 0, "released": true, "durable_generation": 1,
+        "written_unix_ms": now_ms()
     });
     std::fs::write(&lease, serde_json::to_vec(&doc).unwrap()).unwrap();
     let err = store.acquire(&x, "s1").await.unwrap_err();
@@ -983,4 +984,88 @@ async fn an_acquire_waits_for_a_node_that_is_letting_go() {
     assert!(g.previous.as_ref().is_some_and(|p| p.released && p.node == "node-a"), "{:?}", g.previous);
     assert!(lease()["leaving"].is_null(), "{}", lease());
     assert_eq!(b.latest(&x).await.unwrap().unwrap().id, s.id, "node B restores what node A left");
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// Two nodes on one directory object tier, lease TTL `ttl`.
+async fn two_nodes(e: &Env, ttl: Duration) -> (Arc<Store>, Arc<Store>) {
+    let mut ca = config(&e.root, &e.objects);
+    ca.node_id = "node-a".into();
+    ca.lease_ttl = ttl;
+    let mut cb = config(&e.root.with_file_name("store-b"), &e.objects);
+    cb.node_id = "node-b".into();
+    cb.lease_ttl = ttl;
+    (Store::open(ca).await.unwrap(), Store::open(cb).await.unwrap())
+}
+
+/// Issue 38 row 5: a lease object whose expiry is past year 9999 (anyone
+/// who can write the bucket can plant one) panicked the daemon formatting
+/// it, on every create of the actor (release builds abort). It is refused
+/// at parse naming the object and the field: not a live holder's lease, so
+/// the actor is taken once the object stayed so for one lease TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_expiring_past_year_9999_is_refused_at_parse_not_a_panic() {
+    let e = env();
+    let (a, _b) = two_nodes(&e, Duration::from_secs(1)).await;
+    let x = actor("ns/y10k");
+    let lease = e.objects.join("actors/ns/y10k/lease.json");
+    std::fs::create_dir_all(lease.parent().unwrap()).unwrap();
+    for expires in [253_402_300_800_000u64, u64::MAX] {
+        let doc = serde_json::json!({
+            "format": 1, "actor": "ns/y10k", "node": "other", "owner": "x", "epoch": 1,
+            "acquired_unix_ms": 0, "expires_unix_ms": expires, "released": false, "durable_generation": 0,
+            "written_unix_ms": now_ms()
+        });
+        std::fs::write(&lease, serde_json::to_vec(&doc).unwrap()).unwrap();
+        let g = a.acquire(&x, "s1").await.unwrap();
+        assert!(g.previous.is_none(), "nothing of the planted object is taken as a previous holder");
+        assert!(a.lease_summary()[0].contains("ns/y10k"));
+        let st = a.status();
+        let want = format!("expires_unix_ms is {expires} ms after the Unix epoch, past the end of year 9999");
+        assert!(st.last_errors.iter().any(|(_, m)| m.contains(&want) && m.contains("actors/ns/y10k/lease.json")), "{want}: {:?}", st.last_errors);
+        a.surrender(&x, "s1").await.unwrap();
+    }
+    a.shutdown().await;
+}
+
+/// Issue 38 row 7: deleting `lease.json` let a second node take the actor
+/// at once while the first still ran it until its next renewal. A node that
+/// finds no lease object for an actor with durable snapshots watches for
+/// one lease TTL first; the holder's renewal finds the object gone and
+/// loses the lease (its shims' fence stops the actor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lease_is_not_taken_while_its_holder_may_still_run_the_actor() {
+    let e = env();
+    let ttl = Duration::from_secs(2);
+    let (a, b) = two_nodes(&e, ttl).await;
+    let x = actor("ns/del");
+    a.acquire(&x, "s1").await.unwrap();
+    let g1 = commit_tree(&a, "ns/del", 1, 100_000).await;
+    a.upload(&g1.id, None).await.unwrap();
+    std::fs::remove_file(e.objects.join("actors/ns/del/lease.json")).unwrap();
+
+    let started = std::time::Instant::now();
+    let taking = tokio::spawn({
+        let (b, x) = (b.clone(), x.clone());
+        async move { b.acquire(&x, "s2").await }
+    });
+    tokio::time::sleep(ttl / 2).await;
+    assert!(!taking.is_finished(), "node B took the actor while node A may still run it");
+    // Node A's renewal finds the object gone: lost, and no confirmation.
+    a.lease_pass().await;
+    assert!(a.actor_leases().unwrap().is_empty(), "node A let go of the lease it lost");
+    let err = a.confirm(&x, "s1").await.unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err}");
+    let g = taking.await.unwrap().unwrap();
+    assert!(started.elapsed() >= ttl, "taken after one lease TTL ({:?})", started.elapsed());
+    assert!(g.previous.is_none());
+    assert_eq!(b.actor_leases().unwrap()[0].doc.node, "node-b");
+    assert_eq!(b.latest(&x).await.unwrap().unwrap().id, g1.id, "node B restores the newest durable snapshot");
+    // Node A cannot take it back while B holds it.
+    assert!(matches!(a.acquire(&x, "s1").await, Err(Error::LeaseHeld { .. })));
+    a.shutdown().await;
+    b.shutdown().await;
 }
