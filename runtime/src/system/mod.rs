@@ -28,6 +28,7 @@
 //! - [`unix_links`]: unix connections between the containers of a pod;
 //! - [`writeback`]: a dump's files handed to the disk while CRIU writes them.
 
+pub mod activity;
 pub mod cgroup;
 pub mod criu;
 pub mod criu_launcher;
