@@ -17,7 +17,34 @@
 //!
 //! **Idle.** With `torpor.dev/idle-after: D`, the shim suspends the actor
 //! once its containers used no CPU (less than 1% of one core) and its pod
-//! network saw no packets (other than loopback) for D.
+//! network saw no activity for D. kubelet's probes are no activity, so a
+//! probe period shorter than D does not keep the actor awake; a real
+//! client does, wherever it connects from (the node itself too, the
+//! address kubelet probes from). Activity is, in the pod's network
+//! namespace, on every interface but `lo`, in both directions
+//! ([`crate::system::activity`], counted by iptables rules that log to an
+//! NFLOG group the shim listens on: no process per poll):
+//!
+//! - any packet that is not TCP (a UDP datagram, a ping), but IPv6
+//!   neighbour discovery and multicast listener messages;
+//! - a TCP packet with payload (4 bytes or more) of a connection whose
+//!   initiator sent payload first and that is not an HTTP probe: a TCP
+//!   probe (a connect and a close) carries none, nor does the greeting a
+//!   server that speaks first sends to a connection that never sends; an
+//!   HTTP probe is a connection whose request carries
+//!   `User-Agent: kube-probe/` (its answer and later packets are skipped
+//!   too). The actor's own connections (to a database...) count as ever.
+//!
+//! Not recognised as probes (counted as activity): gRPC probes (their user
+//! agent is HPACK-encoded), HTTPS probes, an HTTP probe with a custom
+//! `User-Agent` header. Exec probes cost CPU only (less than 1% of a core
+//! between probes: no activity). The rules go in in the background once
+//! the actor runs with `idle-after`, are checked after each resume (and put
+//! in again where a restore lost them), and come out when the actor goes.
+//! A pod without its own network namespace, or a kernel that lacks a match
+//! the rules need (`string`, `u32`, `connmark`, `NFLOG`...), falls back to
+//! counting every packet (other than loopback), kubelet's too, with a
+//! warning naming why.
 //!
 //! **The freeze tier's window and memory pressure.** An actor that a
 //! suspend froze in the freeze tier (`torpor.dev/freeze-first: W`, see
@@ -40,7 +67,7 @@
 
 use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info, warn};
@@ -51,6 +78,7 @@ use crate::error::Error;
 use crate::failpoint;
 use crate::lifecycle::Actor;
 use crate::oci::bundle::{request_dir, REQUEST_MOUNT};
+use crate::system::activity::Activity;
 use crate::system::cgroup::cpu_ns;
 
 const POLL: Duration = Duration::from_secs(1);
@@ -118,7 +146,26 @@ fn take_request_in(dir: &Path) -> Option<Request> {
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Sample {
     cpu_ns: u64,
-    packets: u64,
+    /// The pod network's activity so far: counted by the activity rules,
+    /// or packets (see [`Net`]).
+    net: Net,
+}
+
+/// How the pod network's activity is counted, and how much so far.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Net {
+    /// By the activity rules ([`crate::system::activity`]): probes skipped.
+    Activity(u64),
+    /// Packets through the pod's interfaces (all but loopback).
+    Packets(u64),
+}
+
+/// Whether the actor was busy between samples `prev` and `now`, `poll`
+/// apart: CPU above [`IDLE_CPU_SHARE`] of one core, or network activity
+/// (a change of how it is counted counts as activity).
+fn busy(prev: &Sample, now: &Sample, poll: Duration) -> bool {
+    let cpu = now.cpu_ns.saturating_sub(prev.cpu_ns) as f64 / poll.as_nanos() as f64;
+    cpu > IDLE_CPU_SHARE || now.net != prev.net
 }
 
 /// Packets through the pod's interfaces (all but loopback).
@@ -145,9 +192,16 @@ pub fn start(actor: &Actor, group: String) {
         tokio::spawn(async move {
             let mut last: Option<Sample> = None;
             let mut quiet_since = Instant::now();
+            let activity = Activity::new();
+            let mut was_running = false;
             loop {
                 tokio::time::sleep(POLL).await;
-                let Some(rec) = rt.status() else { continue };
+                let Some(rec) = rt.status() else {
+                    // The actor went: its activity rules go.
+                    activity.keep(None, false);
+                    was_running = false;
+                    continue;
+                };
                 if let Some(req) = take_request(&group) {
                     match req {
                         Request::Suspend => match rt.suspend().await {
@@ -158,19 +212,21 @@ pub fn start(actor: &Actor, group: String) {
                     }
                     continue;
                 }
-                let Some(idle_after) = rt.tasks.idle_after() else { continue };
-                if rec.state != Lifecycle::Running {
+                let Some(idle_after) = rt.tasks.idle_after() else {
+                    activity.keep(None, false);
+                    continue;
+                };
+                let running = rec.state == Lifecycle::Running;
+                // Kept in the pod's netns while the actor lives (through its
+                // suspends), checked again once it runs after one.
+                activity.keep(pod_netns(&rt).as_deref(), running && !was_running);
+                was_running = running;
+                if !running {
                     last = None;
                     continue;
                 }
-                let Some(now) = sample(&rt) else { continue };
-                let busy = match last {
-                    Some(prev) => {
-                        let cpu = now.cpu_ns.saturating_sub(prev.cpu_ns) as f64 / POLL.as_nanos() as f64;
-                        cpu > IDLE_CPU_SHARE || now.packets != prev.packets
-                    }
-                    None => true,
-                };
+                let Some(now) = sample(&rt, &activity) else { continue };
+                let busy = last.as_ref().is_none_or(|prev| busy(prev, &now, POLL));
                 last = Some(now);
                 if busy {
                     quiet_since = Instant::now();
@@ -349,16 +405,28 @@ fn start_freeze_window(actor: &Actor, group: String, pressure: Pressure) {
     });
 }
 
-/// CPU and packets of the actor's containers, now.
-fn sample(actor: &Actor) -> Option<Sample> {
-    let mut s = Sample { cpu_ns: 0, packets: 0 };
+/// CPU of the actor's containers and its pod network's activity, now:
+/// counted by `activity`'s rules where they are in, else packets.
+fn sample(actor: &Actor, activity: &Activity) -> Option<Sample> {
+    let mut cpu = 0;
+    let mut packets_seen = 0;
     let mut any = false;
     for pid in actor.tasks.app_pids() {
-        s.cpu_ns += cpu_ns(pid)?;
-        s.packets = s.packets.max(packets(pid)?);
+        cpu += cpu_ns(pid)?;
+        packets_seen = packets_seen.max(packets(pid)?);
         any = true;
     }
-    any.then_some(s)
+    let net = match activity.count() {
+        Some(n) => Net::Activity(n),
+        None => Net::Packets(packets_seen),
+    };
+    any.then_some(Sample { cpu_ns: cpu, net })
+}
+
+/// The pod's network namespace (of its first app container that has one
+/// of its own; a pod on the host's network has none).
+fn pod_netns(actor: &Actor) -> Option<PathBuf> {
+    actor.tasks.app_containers().iter().find_map(|id| actor.tasks.app_info(id).ok()?.netns)
 }
 
 
@@ -436,6 +504,19 @@ mod tests {
             w => panic!("{w:?}"),
         }
         assert!(matches!(window_step(tier, 99_999, || None), WindowStep::Checkpoint(_)));
+    }
+
+    #[test]
+    fn idle_is_no_cpu_and_no_network_activity() {
+        let s = |cpu_ns, net| Sample { cpu_ns, net };
+        let poll = Duration::from_secs(1);
+        assert!(!busy(&s(0, Net::Activity(3)), &s(5_000_000, Net::Activity(3)), poll), "0.5% of a core, nothing counted");
+        assert!(busy(&s(0, Net::Activity(3)), &s(20_000_000, Net::Activity(3)), poll), "2% of a core");
+        assert!(busy(&s(0, Net::Activity(3)), &s(0, Net::Activity(4)), poll), "activity counted");
+        assert!(busy(&s(0, Net::Packets(9)), &s(0, Net::Packets(10)), poll), "a packet, where the rules do not count");
+        assert!(!busy(&s(0, Net::Packets(9)), &s(0, Net::Packets(9)), poll));
+        // The rules came in (or went): not idle on that sample alone.
+        assert!(busy(&s(0, Net::Packets(3)), &s(0, Net::Activity(3)), poll));
     }
 
     #[test]
