@@ -664,3 +664,98 @@ fn bad_torpor_annotation_shows_in_events_naming_it() {
     let p = ns.pod("actor");
     assert!(!pod_is_ready(&p), "a pod with a bad annotation does not become Ready");
 }
+
+/// Issue 37, item 2: kubelet's probes do not keep an actor awake, a real
+/// client on the node does. A torpor pod with `torpor.dev/idle-after: 6s`,
+/// a TCP readiness probe and an HTTP liveness probe every 2 s (both
+/// shorter than idle-after): a client on the node (this process, in the
+/// host's netns: the address kubelet probes from) asking the pod every
+/// 2 s keeps it RUNNING, never suspended, for more than 3x idle-after;
+/// once the client stops, the actor suspends by itself while its probes
+/// keep passing (Ready throughout, no restart, no probe failure, and the
+/// probes do not wake it); a request wakes it, and it suspends by itself
+/// again (the rules held across the suspend and resume).
+#[test]
+fn idle_actor_with_probes_suspends_by_itself_but_not_while_a_node_client_asks() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    const IDLE_AFTER: Duration = Duration::from_secs(6);
+    let ns = Namespace::new("idleprobes");
+    runtime_class();
+    let mut ann = BTreeMap::new();
+    ann.insert("torpor.dev/idle-after", "6s");
+    let probes = json!({"container": {
+        "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 2, "failureThreshold": 3, "timeoutSeconds": 5},
+        "livenessProbe": {"httpGet": {"path": "/healthz", "port": 8080}, "periodSeconds": 2, "failureThreshold": 3, "timeoutSeconds": 5},
+    }});
+    ns.apply(&pod("actor", "torpor", &["counter"], &ann, probes));
+    let p = ns.wait_ready("actor");
+    let node = node_of(&p);
+    let actor = ns.actor("actor");
+    let addr = format!("{}:8080", pod_ip(&p));
+    let since = ready_since(&p);
+    let record = |what: &str| -> Value {
+        let v = node.torporctl_json(&["status", &actor]);
+        let rec = v[0]["actor"].clone();
+        assert!(rec["state"].is_string() && rec["generation"].is_u64(), "{what}: torporctl status {actor}: {v}");
+        rec
+    };
+
+    // A client on the node asks every 2 s (`get`: the line protocol).
+    let stop = Arc::new(AtomicBool::new(false));
+    let asked = Arc::new(AtomicU64::new(0));
+    let client = {
+        let (stop, asked, addr) = (stop.clone(), asked.clone(), addr.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Acquire) {
+                counter(&addr, "get");
+                asked.fetch_add(1, Ordering::AcqRel);
+                std::thread::sleep(Duration::from_secs(2));
+            }
+        })
+    };
+    // (the first answer may come from an actor woken by it, if it slept
+    // before the client started: the window starts once it runs)
+    wait_until("the node client's first answer", LIVENESS, || (asked.load(Ordering::Acquire) > 0).then_some(()));
+    let start = record("the window's start");
+    assert_eq!(start["state"], "RUNNING", "the node client's request woke the actor or kept it running: {start}");
+    let window = IDLE_AFTER * 3 + Duration::from_secs(6);
+    let t0 = Instant::now();
+    let mut checks = 0;
+    while t0.elapsed() < window {
+        let now = record("in the window");
+        assert_eq!(now["state"], "RUNNING", "a client on the node asking every 2 s keeps the actor awake ({:?} into the window): {now}", t0.elapsed());
+        assert_eq!(now["generation"], start["generation"], "no suspend in between ({:?} into the window): {now}", t0.elapsed());
+        checks += 1;
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    stop.store(true, Ordering::Release);
+    client.join().expect("the node client");
+    let answered = asked.load(Ordering::Acquire);
+    assert!(answered >= 10, "the node client asked every 2 s through the {window:?} window: {answered} answers");
+    eprintln!("RUNNING through {checks} checks over {window:?}, {answered} answers to the node client");
+
+    // Alone with its probes, it suspends by itself, and stays so.
+    for cycle in 1..=2u64 {
+        let t = Instant::now();
+        wait_until(&format!("cycle {cycle}: the idle actor suspended by itself, its probes every 2 s"), LIVENESS, || {
+            (node.actor_state(&actor) == "SUSPENDED").then_some(())
+        });
+        eprintln!("cycle {cycle}: suspended by itself {:?} after the last client request", t.elapsed());
+        let suspended = settled_probes(node, &ns.name, "actor");
+        let later = wait_probes(node, &ns.name, "actor", &suspended, 3);
+        assert_eq!(node.actor_state(&actor), "SUSPENDED", "cycle {cycle}: kubelet's probes did not wake it");
+        assert_eq!(failures(&later), failures(&suspended), "cycle {cycle}: no probe failed while it slept: {later:?}");
+        let now = ns.pod("actor");
+        assert!(pod_is_ready(&now), "cycle {cycle}: Ready while suspended: {}", now["status"]);
+        assert_eq!(restarts(&now), 0, "cycle {cycle}: no restart");
+        // A request wakes it, with its state.
+        assert_eq!(counter(&addr, "inc"), cycle.to_string(), "cycle {cycle}: a request wakes the actor with its count");
+    }
+    let p = ns.pod("actor");
+    assert!(pod_is_ready(&p), "Ready at the end: {}", p["status"]);
+    assert_eq!(ready_since(&p), since, "Ready never went away");
+    assert_eq!(restarts(&p), 0, "restartCount 0");
+}
