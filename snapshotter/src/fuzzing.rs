@@ -121,11 +121,9 @@ pub fn chunk(data: &[u8]) -> Result<(), String> {
     // after the header, the AEAD and zstd have run.
     let digest = sha256_hex(object);
     let address = key.chunk_address(&digest);
-    for out in [decode(object, &digest, claimed), decode_sealed(object, &digest, claimed, &key, &address)] {
-        if let Ok(plain) = out {
-            if plain.len() != claimed as usize || claimed > MAX_CHUNK_BYTES {
-                return Err(format!("a chunk decoded to {} bytes for a claim of {claimed}", plain.len()));
-            }
+    for plain in [decode(object, &digest, claimed), decode_sealed(object, &digest, claimed, &key, &address)].into_iter().flatten() {
+        if plain.len() != claimed as usize || claimed > MAX_CHUNK_BYTES {
+            return Err(format!("a chunk decoded to {} bytes for a claim of {claimed}", plain.len()));
         }
     }
     Ok(())

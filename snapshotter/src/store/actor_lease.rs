@@ -412,10 +412,7 @@ impl Store {
             let now = now_ms();
             let current = self.remote.get_lease(actor).await?;
             let state = lease_state(current.as_ref());
-            let read = match &current {
-                None => None,
-                Some(o) => Some(read_object(&self.cfg.keyring, actor, &path, o)),
-            };
+            let read = current.as_ref().map(|o| read_object(&self.cfg.keyring, actor, &path, o));
             // Why the object is not proven free, if it is not.
             let mut unproven: Option<String> = None;
             let mut previous: Option<LeaseDoc> = None;
