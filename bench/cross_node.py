@@ -288,7 +288,7 @@ def suspend_on(node: Node, pod: NodePod, actor: str) -> str:
 # ------------------------------------------------- resume_cross_node_256mib_ms
 
 def cross_node_run(a: Node, b: Node) -> dict:
-    actor = f"bench-xn-{uuid.uuid4().hex[:12]}"
+    actor = f"{bench.POD_NAMESPACE}/bench-xn-{uuid.uuid4().hex[:12]}"  # an actor of its pod's namespace
     ann = {"torpor.dev/actor": actor}
     pod_b = None
     try:
@@ -382,7 +382,7 @@ def measure_cross_node(a: Node, b: Node, runs: int, budget_s: float) -> dict:
 
 def clone_rep(a: Node, golden_actor: str, golden_crc: str) -> dict:
     """One repetition: CLONES clones of `golden_actor` on node `a`, at once."""
-    pods = [NodePod(a, "clone", {"torpor.dev/actor": f"{CLONE_ID_PREFIX}{uuid.uuid4().hex[:12]}",
+    pods = [NodePod(a, "clone", {"torpor.dev/actor": f"{bench.POD_NAMESPACE}/{CLONE_ID_PREFIX}{uuid.uuid4().hex[:12]}",
                                   "torpor.dev/restore-from": golden_actor}) for _ in range(CLONES)]
     done, errors, ips, phases = [None] * CLONES, [], [None] * CLONES, [None] * CLONES
 
@@ -422,7 +422,7 @@ class TorporClones:
 
     def __init__(self, a: Node):
         self.a = a
-        self.golden_actor = f"bench-golden-{uuid.uuid4().hex[:12]}"
+        self.golden_actor = f"{bench.POD_NAMESPACE}/bench-golden-{uuid.uuid4().hex[:12]}"
         try:
             pod, ip, _, _ = start_counter(a, "golden", CLONE_MIB, {"torpor.dev/actor": self.golden_actor})
             try:
