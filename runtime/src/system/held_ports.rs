@@ -1229,6 +1229,9 @@ mod tests {
         let (wake, _rx) = mpsc::unbounded_channel();
         let armed = Armed::arm(&ns.path, listen.clone(), wake).unwrap();
         let mut want = listen.clone();
+        // And the spare listeners, on loopback (see Spare).
+        let spare = armed.spare.as_ref().expect("spare listeners").ports;
+        want.extend([spare[0].map(|p| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p)), spare[1].map(|p| SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), p))].into_iter().flatten());
         want.sort_unstable();
         assert_eq!(listening_ports(ns.tid), want);
         drop(armed);
@@ -1488,28 +1491,30 @@ mod tests {
         });
     }
 
-    /// Runs `ip ARGS` in `netns` (a test's namespace), asserting success.
-    fn ip_in(netns: &Path, args: &[&str]) {
-        let out = std::process::Command::new("nsenter")
-            .arg(format!("--net={}", netns.display()))
-            .arg("ip")
-            .args(args)
-            .output()
-            .unwrap();
+    /// `ip ARGS` in `netns` (a test's namespace), through the reaper.
+    async fn ip_out(netns: &Path, args: &[&str]) -> std::process::Output {
+        let mut cmd = std::process::Command::new("nsenter");
+        cmd.arg(format!("--net={}", netns.display())).arg("ip").args(args);
+        crate::system::reaper::output(cmd, Duration::from_secs(60)).await.unwrap()
+    }
+
+    /// Runs `ip ARGS` in `netns`, asserting success.
+    async fn ip_in(netns: &Path, args: &[&str]) {
+        let out = ip_out(netns, args).await;
         assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
 
     /// A pod's namespace and a client's, joined by a veth pair: the pod is
     /// 10.99.0.1 and fd99::1, the client 10.99.0.2 and fd99::2 (the pod's
     /// SYN-drop and TPROXY rules apply to what comes in on its veth).
-    fn pod_and_client() -> (TestNetns, TestNetns) {
+    async fn pod_and_client() -> (TestNetns, TestNetns) {
         let (pod, client) = (TestNetns::new(), TestNetns::new());
         let peer = client.path.display().to_string();
-        ip_in(&pod.path, &["link", "add", "tpod", "type", "veth", "peer", "name", "tcli", "netns", &peer]);
+        ip_in(&pod.path, &["link", "add", "tpod", "type", "veth", "peer", "name", "tcli", "netns", &peer]).await;
         for (ns, dev, a4, a6) in [(&pod, "tpod", "10.99.0.1/24", "fd99::1/64"), (&client, "tcli", "10.99.0.2/24", "fd99::2/64")] {
-            ip_in(&ns.path, &["addr", "add", a4, "dev", dev]);
-            ip_in(&ns.path, &["-6", "addr", "add", a6, "dev", dev, "nodad"]);
-            ip_in(&ns.path, &["link", "set", dev, "up"]);
+            ip_in(&ns.path, &["addr", "add", a4, "dev", dev]).await;
+            ip_in(&ns.path, &["-6", "addr", "add", a6, "dev", dev, "nodad"]).await;
+            ip_in(&ns.path, &["link", "set", dev, "up"]).await;
         }
         (pod, client)
     }
@@ -1536,16 +1541,14 @@ mod tests {
     }
 
     /// Whether no `ip rule` of the held ports' table is left in `netns`.
-    fn no_route_rule(netns: &Path) -> bool {
-        ["-4", "-6"].iter().all(|f| {
-            let out = std::process::Command::new("nsenter")
-                .arg(format!("--net={}", netns.display()))
-                .args(["ip", f, "rule", "show"])
-                .output()
-                .unwrap();
-            let rules = String::from_utf8_lossy(&out.stdout).into_owned();
-            !rules.contains(&format!("lookup {ROUTE_TABLE}")) && !rules.contains("lookup 29808")
-        })
+    async fn no_route_rule(netns: &Path) -> bool {
+        for f in ["-4", "-6"] {
+            let rules = String::from_utf8_lossy(&ip_out(netns, &[f, "rule", "show"]).await.stdout).into_owned();
+            if rules.contains(&format!("lookup {ROUTE_TABLE}")) || rules.contains("lookup 29808") {
+                return false;
+            }
+        }
+        true
     }
 
     /// Once a connection that woke the actor reached it from 127.0.0.1:
@@ -1553,7 +1556,7 @@ mod tests {
     /// and nothing of the routing is left after.
     #[tokio::test]
     async fn a_held_connection_reaches_the_actor_from_the_client_s_address() {
-        let (pod, client) = pod_and_client();
+        let (pod, client) = pod_and_client().await;
         let listen = vec![addr("0.0.0.0:7080"), addr("[::]:7080")];
         let (wake, mut woken) = mpsc::unbounded_channel();
         let armed = Armed::arm(&pod.path, listen.clone(), wake).unwrap();
@@ -1579,7 +1582,7 @@ mod tests {
         }
         assert!(wait_rules_gone(&pod.path, "iptables", "7080").await);
         assert!(wait_rules_gone(&pod.path, "ip6tables", "7080").await);
-        assert!(no_route_rule(&pod.path), "the routing rule is left");
+        assert!(no_route_rule(&pod.path).await, "the routing rule is left");
     }
 
     /// Once a SYN that came while neither the shim's listener nor the
@@ -1588,7 +1591,7 @@ mod tests {
     /// it is handed over, with its client's address, when the actor listens.
     #[tokio::test]
     async fn a_connection_during_the_restore_is_taken_at_once() {
-        let (pod, client) = pod_and_client();
+        let (pod, client) = pod_and_client().await;
         let listen = vec![addr("[::]:7081")];
         let (wake, mut woken) = mpsc::unbounded_channel();
         let armed = Armed::arm(&pod.path, listen.clone(), wake).unwrap();
@@ -1626,7 +1629,7 @@ mod tests {
         assert!(wait_rules_gone(&pod.path, "ip6tables", "7081").await);
         let mangle = iptables_in(&pod.path, "iptables", &["-t", "mangle", "-S"]).await.unwrap();
         assert!(!String::from_utf8_lossy(&mangle.stdout).contains("TPROXY"), "{:?}", String::from_utf8_lossy(&mangle.stdout));
-        assert!(no_route_rule(&pod.path), "the routing rule is left");
+        assert!(no_route_rule(&pod.path).await, "the routing rule is left");
     }
 
     /// An IPv6-only listener of the actor is held IPv6-only: an IPv4
