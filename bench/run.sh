@@ -57,6 +57,7 @@ SCRIPTS="${TORPOR_BENCH_ONLY:-pod_start shim_rss}"
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS suspend_resume" # resume_256mib_ms, resume_1gib_ms, suspend_1gib_ms
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS resume_cold" # resume_256mib_cold_ms
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS wakeups" # wakeups_per_s
+[ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS wake_burst" # wake_burst_100_p99_ms
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS suspended_memory" # suspended_actor_mib
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS freeze_tier" # resume_frozen_ms
 [ -n "${TORPOR_BENCH_ONLY:-}" ] || SCRIPTS="$SCRIPTS store" # upload_mib_per_s, resuspend_upload_fraction, resume_remote_256mib_ms

@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""wake_burst_100_p99_ms: 100 clients connecting at once to one suspended
+actor (`/actor counter --alloc-mib 64`), each sending `inc`; the time from
+the common t0 to each client's first byte of the answer. torpor: the shim
+holds the actor's port while it sleeps, the first real connection wakes it,
+every connection (held, or taken by the spare listener while it restores)
+is handed over. Baseline: runc-v2's cold start of the same actor (`crictl
+start` of the created container at t0, the 100 clients connecting from t0
+on, retrying while refused), as a service scaled from zero that a burst of
+traffic finds not running.
+
+One round, per runtime:
+
+1. untimed: torpor: the actor is suspended (`torporctl suspend`, its
+   background commit done); then a single client wakes it (timed alone:
+   the single-client wake the goal compares with) and it is suspended
+   again. runc-v2: the container is created (`crictl create`), not started.
+2. TIMED from one common t0: 100 threads, released together, each connect
+   to the pod IP, send `inc` and wait for the first byte of the answer
+   (runc-v2: one more thread runs `crictl start` at t0). Every answer must
+   be one of the counter's next 100 values, each once, or the round fails.
+3. untimed: runc-v2: the container is stopped and removed.
+
+The entry's `torpor` / `baseline` is the p50 of all clients' latencies over
+all rounds, `torpor_p99` / `baseline_p99` their p99; `torpor_single_p50_ms`
+the single-client wake's p50. Goal: torpor's p99 within 2x the single
+client's wake (before the spare listener, 35 of 50 clients waited for a
+SYN retransmit: about 1030 ms, against 40-55 ms for one client).
+
+    bench/wake_burst.py [--clients N] [--rounds R] [--mib M]
+
+Environment: TORPOR_BENCH_BURST_CLIENTS (100), TORPOR_BENCH_BURST_ROUNDS
+(5), TORPOR_BENCH_BURST_MIB (64).
+"""
+
+import argparse
+import os
+import sys
+import threading
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench  # noqa: E402
+from bench import (BASELINE, TORPOR, BenchPod, RunError, RunFailed, TorporActor, inc_first_byte,  # noqa: E402
+                   log, ms, now_ns, pct, wait_gone)
+
+GOAL = "p99 of 100 clients at once <= 2x a single client's wake (p50)"
+GOAL_RATIO = 2.0
+
+
+def burst(ip: str, clients: int, retry_refused: bool, start=None) -> tuple:
+    """`clients` threads released together, each `inc` to ip; `start()` (if
+    any) run at t0 in one more thread. Returns (latencies in ms, replies)."""
+    barrier = threading.Barrier(clients + 2 if start else clients + 1)
+    box = {}
+    done = [None] * clients
+    started = {}
+
+    def client(i):
+        barrier.wait()
+        try:
+            _, t1, reply = inc_first_byte(ip, box["t0"], retry_refused=retry_refused)
+            done[i] = (ms(box["t0"], t1), reply)
+        except Exception as e:  # noqa: BLE001 - the round fails below
+            done[i] = e
+
+    def starter():
+        barrier.wait()
+        try:
+            start()
+        except Exception as e:  # noqa: BLE001
+            started["error"] = e
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    if start:
+        threads.append(threading.Thread(target=starter, daemon=True))
+    for t in threads:
+        t.start()
+    box["t0"] = now_ns()
+    barrier.wait()
+    for t in threads:
+        t.join(timeout=bench.LONG_CALL_TIMEOUT_S)
+    if "error" in started:
+        raise RunError(f"start: {started['error']}")
+    errors = [d for d in done if not isinstance(d, tuple)]
+    if errors:
+        raise RunFailed(f"{len(errors)} of {clients} clients not answered; first: {errors[0]}")
+    return [d[0] for d in done], [d[1] for d in done]
+
+
+def check_replies(replies, first: int) -> None:
+    want = [str(first + i) for i in range(len(replies))]
+    if sorted(replies, key=lambda r: (len(r), r)) != want:
+        raise RunFailed(f"the answers are not the counter's next {len(replies)} values from {first}: {sorted(replies)[:5]}...")
+
+
+class TorporSubject:
+    def __init__(self, mib: int, clients: int):
+        self.a = TorporActor(mib, prefix="burst")
+        self.clients = clients
+        self.single = []
+
+    def suspend(self) -> None:
+        a = self.a
+        a.wait_settled()
+        rec = a.ctl("suspend", a.pod.id)[0]["actor"]
+        if str(rec.get("state")).lower() != "suspended":
+            raise RunError(f"after torporctl suspend the actor is {rec.get('state')!r}")
+        wait_gone(a.netns_ino, a.mib)
+        a.wait_committed()
+
+    def run(self, _i) -> list:
+        a = self.a
+        # Untimed: one client's wake, the goal's yardstick.
+        self.suspend()
+        t0 = now_ns()
+        _, t1, reply = inc_first_byte(a.ip, t0, retry_refused=False)
+        if reply != str(a.counter + 1):
+            raise RunFailed(f"inc answered {reply!r}, expected {a.counter + 1}")
+        a.counter += 1
+        self.single.append(ms(t0, t1))
+        self.suspend()
+        lat, replies = burst(a.ip, self.clients, retry_refused=False)
+        check_replies(replies, a.counter + 1)
+        a.counter += self.clients
+        return lat
+
+    def remove(self) -> None:
+        self.a.remove()
+
+
+class BaselineSubject:
+    """runc-v2's cold start: the counter created in a runc pod, started at t0."""
+
+    def __init__(self, mib: int, clients: int):
+        self.mib = mib
+        self.clients = clients
+        self.pod = BenchPod(BASELINE, prefix="burst")
+        self.pod.run()
+        info = bench.crictl_json("inspectp", "-o", "json", self.pod.id)
+        self.ip = info["status"]["network"]["ip"]
+
+    def run(self, i) -> list:
+        cfg = bench.container_config(f"actor{i}", ["counter", "--port", str(bench.ACTOR_PORT), "--alloc-mib", str(self.mib)])
+        cid = self.pod.create(cfg)
+        try:
+            lat, replies = burst(self.ip, self.clients, retry_refused=True, start=lambda: bench.crictl("start", cid))
+            check_replies(replies, 1)
+            return lat
+        finally:
+            bench.crictl("stop", "-t", "0", cid, check=False)
+            bench.crictl("rm", "-f", cid, check=False)
+
+    def remove(self) -> None:
+        self.pod.remove()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--clients", type=int, default=int(os.environ.get("TORPOR_BENCH_BURST_CLIENTS", "100")))
+    ap.add_argument("--rounds", type=int, default=int(os.environ.get("TORPOR_BENCH_BURST_ROUNDS", "5")))
+    ap.add_argument("--mib", type=int, default=int(os.environ.get("TORPOR_BENCH_BURST_MIB", "64")))
+    args = ap.parse_args()
+    subjects, errors = {}, {}
+    with bench.bench_session():
+        bench.ensure_torporctl()
+        for key, make in ((TORPOR, TorporSubject), (BASELINE, BaselineSubject)):
+            try:
+                subjects[key] = make(args.mib, args.clients)
+            except Exception as e:  # noqa: BLE001 - reported in results.json
+                errors[key] = f"{type(e).__name__}: {e}"
+                log(f"wake_burst {key}: {errors[key]}")
+        try:
+            tallies = bench.run_rounds("wake_burst", {k: s.run for k, s in subjects.items()}, args.rounds,
+                                       tolerate=True, unit="rounds")
+        finally:
+            for s in subjects.values():
+                try:
+                    s.remove()
+                except Exception as e:  # noqa: BLE001
+                    log(f"wake_burst: removing: {e}")
+    extra, value = {}, {}
+    for key in (TORPOR, BASELINE):
+        t = tallies.get(key) if key in subjects else None
+        if t is not None and t.error:
+            errors[key] = t.error
+        lat = [x for r in (t.samples if t else []) for x in r]
+        value[key] = pct(lat, 50) if lat and key not in errors else None
+        extra[f"{key}_p99"] = pct(lat, 99) if lat and key not in errors else None
+        extra[f"{key}_max_ms"] = bench.rnd(max(lat), 1) if lat else None
+        extra[f"{key}_n"] = len(lat)
+        if t and t.failures:
+            extra[f"{key}_failed_rounds"] = t.failures
+    single = subjects[TORPOR].single if TORPOR in subjects else []
+    extra["torpor_single_p50_ms"] = pct(single, 50) if single else None
+    met = None
+    if extra["torpor_p99"] is not None and extra["torpor_single_p50_ms"]:
+        met = extra["torpor_p99"] <= GOAL_RATIO * extra["torpor_single_p50_ms"]
+        extra["torpor_note"] = (f"goal {GOAL}: {'met' if met else 'NOT met'} (p99 {extra['torpor_p99']} ms, "
+                                f"single client {extra['torpor_single_p50_ms']} ms)")
+    extra["goal_met"] = met
+    e = bench.entry("wake_burst_100_p99_ms", "ms", torpor=value[TORPOR], baseline=value[BASELINE], goal=GOAL,
+                    error=errors.get(TORPOR), baseline_error=errors.get(BASELINE),
+                    statistic=(f"{args.clients} clients released together against one actor of {args.mib} MiB, "
+                               f"connect + `inc` to the first byte of the answer from the common t0 (every answer "
+                               f"checked); p50 over all clients of {args.rounds} rounds (p99 in *_p99). torpor: the "
+                               f"actor suspended (commit done), woken by the burst; torpor_single_p50_ms: one "
+                               f"client's wake, measured in each round before the burst. runc-v2: cold start "
+                               f"(`crictl start` of the created container at t0, clients retrying while refused)"),
+                    **extra)
+    bench.merge_results([e])
+    log(f"wake_burst_100_p99_ms: torpor p50 {e['torpor']} p99 {extra.get('torpor_p99')} "
+        f"(single {extra.get('torpor_single_p50_ms')}) baseline p50 {e['baseline']} p99 {extra.get('baseline_p99')} ms")
+
+
+if __name__ == "__main__":
+    main()
