@@ -1645,7 +1645,7 @@ mod tests {
         let ns = TestNetns::new();
         let (wake, mut woken) = mpsc::unbounded_channel();
         let armed = Armed::arm(&ns.path, vec![v6_only(addr("[::]:7082"))], wake).unwrap();
-        let e = connect_in(&ns.path, addr("127.0.0.1:7082"), CONNECT_DEADLINE).await.err().expect("an IPv4 connect is refused");
+        let e = connect_in(&ns.path, addr("127.0.0.1:7082"), CONNECT_DEADLINE).await.expect_err("an IPv4 connect is refused");
         assert!(e.to_string().contains("refused"), "{e}");
         let mut c = connect_in(&ns.path, addr("[::1]:7082"), CONNECT_DEADLINE).await.unwrap();
         c.write_all(b"x").await.unwrap();

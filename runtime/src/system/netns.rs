@@ -218,11 +218,9 @@ fn v6_only_listeners_here() -> std::io::Result<Vec<SocketAddr>> {
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("sock_diag answer: {e}")))?;
             let len = msg.header.length as usize;
             match msg.payload {
-                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
-                    if r.nlas.iter().any(|a| matches!(a, Nla::SkV6Only(true))) {
-                        let id = &r.header.socket_id;
-                        out.push(SocketAddr::new(id.source_address, id.source_port));
-                    }
+                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) if r.nlas.iter().any(|a| matches!(a, Nla::SkV6Only(true))) => {
+                    let id = &r.header.socket_id;
+                    out.push(SocketAddr::new(id.source_address, id.source_port));
                 }
                 NetlinkPayload::Done(_) => {
                     out.sort_unstable();
