@@ -1044,6 +1044,58 @@ mod tests {
         assert_eq!(recorded[0].e_tag, after.e_tag, "the renewal's record");
     }
 
+    /// Issue 38 rows 5 and 7: what `read_lease` refuses, and how: times
+    /// past year 9999 (a panic formatting them before), no MAC, a wrong
+    /// MAC, another key's MAC; and a sealed lease reads back the same.
+    #[test]
+    fn lease_objects_are_range_checked_and_authenticated() {
+        use super::{read_lease, seal_lease, LeaseDoc, Unproven, LEASE_FORMAT};
+        use crate::store::crypto::{Key, Keyring};
+        let actor = ActorName::new("ns/a").unwrap();
+        let path = "p/actors/ns/a/lease.json";
+        let ring = |id: &str, b: u8| Keyring::new(vec![Key::new(id, &[b; 32]).unwrap()], None, false).unwrap();
+        let mut doc = LeaseDoc {
+            format: LEASE_FORMAT,
+            actor: actor.clone(),
+            node: "n".into(),
+            owner: "o".into(),
+            epoch: 1,
+            acquired_unix_ms: 1,
+            expires_unix_ms: 2,
+            released: false,
+            leaving: false,
+            durable_generation: 0,
+            written_unix_ms: 1,
+            mac: None,
+        };
+        let k1 = ring("k1", 1);
+        let sealed = seal_lease(&k1, path, &mut doc).unwrap();
+        assert_eq!(read_lease(&k1, &actor, path, &sealed).unwrap(), doc);
+        assert_eq!(read_lease(&Keyring::default(), &actor, path, &sealed).unwrap(), doc, "without keys the MAC is not checked");
+        let untrusted = |r: Result<LeaseDoc, Unproven>, want: &str| match r {
+            Err(Unproven::Untrusted(m)) => assert!(m.contains(want) && m.contains("lease.json"), "{want}: {m}"),
+            other => panic!("{want}: {other:?}"),
+        };
+        // Bound to its path: the same object at another actor's path.
+        untrusted(read_lease(&k1, &actor, "p/actors/ns/b/lease.json", &sealed), "fails authentication");
+        let text = String::from_utf8(sealed.clone()).unwrap();
+        untrusted(read_lease(&k1, &actor, path, text.replace("\"epoch\": 1", "\"epoch\": 2").as_bytes()), "fails authentication");
+        untrusted(read_lease(&k1, &actor, path, &seal_lease(&Keyring::default(), path, &mut doc.clone()).unwrap()), "not authenticated");
+        untrusted(read_lease(&ring("k1", 2), &actor, path, &sealed), "does not authenticate");
+        match read_lease(&ring("k2", 2), &actor, path, &sealed) {
+            Err(Unproven::ForeignKey(m)) => assert!(m.contains("\"k1\"") && m.contains("does not have"), "{m}"),
+            other => panic!("{other:?}"),
+        }
+        for far in [crate::store::MAX_UNIX_MS + 1, u64::MAX] {
+            let mut d = doc.clone();
+            d.expires_unix_ms = far;
+            let bytes = seal_lease(&k1, path, &mut d).unwrap();
+            untrusted(read_lease(&k1, &actor, path, &bytes), "past the end of year 9999");
+            assert!(crate::store::unix_ms_text(far).contains("past year 9999"), "formatted without a panic");
+        }
+        untrusted(read_lease(&k1, &actor, path, b"{"), "unreadable");
+    }
+
     /// A CI run's fence freeze: a lease renewed at 25.1 s (TTL 6 s) promised
     /// validity until 29.1 s; confirmations were answered from memory up to
     /// the end, and the renewal asked at 29.15 s came too late.
