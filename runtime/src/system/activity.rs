@@ -771,6 +771,17 @@ mod tests {
         assert!(!installed(&pod.path).await.unwrap());
     }
 
+    /// Waits until `f` holds (liveness bound only).
+    async fn until(what: &str, f: impl Fn() -> bool) {
+        for _ in 0..600 {
+            if f() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("{what}: not within a minute");
+    }
+
     /// [`Activity`] puts the rules in in the background and counts through
     /// them, puts them in again when a resume finds them lost, and takes
     /// them out when the actor goes.
@@ -779,18 +790,8 @@ mod tests {
         let (pod, client) = pod_and_client().await;
         let a = Activity::new();
         assert_eq!(a.count(), None, "nothing counted by rules before they are in");
-        let wait = |what: &'static str, f: &dyn Fn() -> bool| {
-            let ok = (0..600).any(|_| {
-                if f() {
-                    return true;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-                false
-            });
-            assert!(ok, "{what}");
-        };
         a.keep(Some(&pod.path), false);
-        wait("the rules counting", &|| a.count().is_some());
+        until("the rules counting", || a.count().is_some()).await;
         assert!(installed(&pod.path).await.unwrap());
 
         // Lost (as in a namespace that lost them): a recheck puts them in.
@@ -798,29 +799,19 @@ mod tests {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert!(!installed(&pod.path).await.unwrap());
         a.keep(Some(&pod.path), true);
-        for _ in 0..600 {
-            if installed(&pod.path).await.unwrap() && !lock(&a.state).busy {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        until("the recheck done", || !lock(&a.state).busy).await;
         assert!(installed(&pod.path).await.unwrap(), "put in again");
         let to: SocketAddr = "10.98.0.1:8080".parse().unwrap();
         serve(&pod.path, to, false);
         let before = a.count().unwrap();
         let ns = client.path.clone();
         tokio::task::spawn_blocking(move || act(&ns, to, Client::Get)).await.unwrap();
-        wait("a request counted", &|| a.count().unwrap() != before);
+        until("a request counted", || a.count().unwrap() != before).await;
 
         // The actor goes: the rules go.
         a.keep(None, false);
         assert_eq!(a.count(), None);
-        for _ in 0..600 {
-            if !lock(&a.state).busy {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        until("the removal done", || !lock(&a.state).busy).await;
         let rules = listing(&pod.path).await;
         assert!(!rules.contains("TORPOR-ACTIVITY"), "nothing left: {rules}");
     }
