@@ -29,9 +29,12 @@ pub const MAX_MANIFEST_OBJECT_BYTES: u64 = 64 << 20;
 /// The largest actor lease object read (they are a few hundred bytes).
 pub const MAX_LEASE_OBJECT_BYTES: u64 = 64 << 10;
 
-/// Reads the body of `r` (the object at `path`), refusing it once it is
-/// larger than `cap`: by the size the object tier gives, then while it is
-/// read (a body longer than announced).
+/// Reads the body of `r` (the object at `path`), refusing it unread when
+/// the object tier gives it a size larger than `cap` (and, read, a body
+/// longer than `cap`). The body is read as one (`GetResult::bytes`: no
+/// copy more than before the cap, on the resume path's chunk GETs); its
+/// length is bounded by the size given (HTTP's Content-Length, a file's
+/// length when opened).
 async fn read_capped(op: &'static str, path: &Path, r: object_store::GetResult, cap: u64) -> Result<Bytes> {
     let too_large = |size: u64| Error::Inconsistent {
         path: path.to_string(),
@@ -40,15 +43,11 @@ async fn read_capped(op: &'static str, path: &Path, r: object_store::GetResult, 
     if r.meta.size > cap {
         return Err(too_large(r.meta.size));
     }
-    let mut out = bytes::BytesMut::with_capacity(r.meta.size as usize);
-    let mut body = r.into_stream();
-    while let Some(part) = body.try_next().await.map_err(|e| Error::remote(op, path, e))? {
-        if (out.len() + part.len()) as u64 > cap {
-            return Err(too_large((out.len() + part.len()) as u64));
-        }
-        out.extend_from_slice(&part);
+    let bytes = r.bytes().await.map_err(|e| Error::remote(op, path, e))?;
+    if bytes.len() as u64 > cap {
+        return Err(too_large(bytes.len() as u64));
     }
-    Ok(out.freeze())
+    Ok(bytes)
 }
 
 /// An actor's lease object as read: its bytes, version, and the object
