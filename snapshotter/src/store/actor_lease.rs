@@ -544,6 +544,33 @@ impl Store {
         Err(Error::LeaseLost { actor: actor.clone(), detail: format!("the lease object {path} kept changing under {ROUNDS} conditional writes") })
     }
 
+    /// A lease object found in place of the version this node holds
+    /// (`held`; it tried to write `tried`) that is this node's own write:
+    /// `tried` itself (the answer lost), or a later renewal of this node's
+    /// whose record did not reach the database (a crash; possibly by this
+    /// node's daemon with other keys, whose MAC this ring cannot check):
+    /// it names this node at the epoch held, unreleased, unexpired, written
+    /// no earlier than the version held. A copy of an older version
+    /// (replayed) or another node's object is not. Taking such an object
+    /// for this node's can only keep this node running the actor: no
+    /// other node takes a lease object naming a live holder.
+    fn own_write(&self, held: &Held, tried: &LeaseDoc, o: &LeaseObject, read: &std::result::Result<LeaseDoc, Unproven>) -> Option<LeaseDoc> {
+        let d = match read {
+            Ok(d) if d == tried => return Some(d.clone()),
+            Ok(d) => d.clone(),
+            Err(Unproven::ForeignKey(_)) => serde_json::from_slice::<LeaseDoc>(&o.bytes).ok()?,
+            Err(Unproven::Untrusted(_)) => return None,
+        };
+        let ours = d.node == self.node()
+            && d.actor == held.doc.actor
+            && d.epoch == held.doc.epoch
+            && !d.released
+            && d.expires_unix_ms > now_ms()
+            && d.expires_unix_ms <= super::MAX_UNIX_MS
+            && d.written_unix_ms >= held.doc.written_unix_ms;
+        ours.then_some(d)
+    }
+
     /// How far the object tier's last-modified time of a lease object may
     /// be past the time written in it for the object to be fresh.
     fn fresh_slack_ms(&self) -> u64 {
@@ -687,13 +714,13 @@ impl Store {
                 match self.remote.get_lease(actor).await? {
                     Some(o) => {
                         let now_doc = read_object(&self.cfg.keyring, actor, &path, &o);
-                        if now_doc.as_ref().is_ok_and(|d| *d == doc) {
+                        if let Some(own) = self.own_write(&held, &doc, &o, &now_doc) {
                             let v = o.version;
-                            if release {
+                            if release && own == doc {
                                 self.drop_held(actor)?;
                                 return Ok(());
                             }
-                            self.save_renewed(Held { doc, e_tag: v.e_tag, version: v.version, ..held }, one);
+                            self.save_renewed(Held { doc: own, e_tag: v.e_tag, version: v.version, ..held }, one);
                             return Ok(());
                         }
                         self.drop_held(actor)?;
@@ -861,10 +888,8 @@ impl Store {
             Err(_) => match self.remote.get_lease(actor).await? {
                 Some(o) => {
                     let now_doc = read_object(&self.cfg.keyring, actor, &path, &o);
-                    if now_doc.as_ref().is_ok_and(|d| *d == doc) && doc.expires_unix_ms > now_ms() {
-                        // Our own write whose answer was lost (the object
-                        // is exactly what was written: not a replay).
-                        let renewed = Held { doc, e_tag: o.version.e_tag, version: o.version.version, ..held };
+                    if let Some(own) = self.own_write(&held, &doc, &o, &now_doc) {
+                        let renewed = Held { doc: own, e_tag: o.version.e_tag.clone(), version: o.version.version.clone(), ..held };
                         let valid = self.valid_until(&renewed);
                         self.save_renewed(renewed, one);
                         return Ok(deadline(valid));
@@ -1094,6 +1119,36 @@ mod tests {
             assert!(crate::store::unix_ms_text(far).contains("past year 9999"), "formatted without a panic");
         }
         untrusted(read_lease(&k1, &actor, path, b"{"), "unreadable");
+    }
+
+    /// A renewal whose record did not reach the database (the daemon was
+    /// killed right after it; the rig's store suite restarts daemons so)
+    /// holds an older version: the next renewal's conditional write fails,
+    /// and the object found, this node's later write, is taken as held (not
+    /// the lease lost). A copy of an older version of it is not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_whose_record_was_lost_is_still_this_nodes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let actor = ActorName::new("ns/crashed").unwrap();
+        let s = store_holding(&actor, tmp.path()).await;
+        let before = s.leases.get(&actor).unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        s.lease_pass().await;
+        // The record of that renewal lost: memory (and the database) name
+        // the version before it.
+        lock(&s.leases.held).insert(actor.clone(), before.clone());
+        s.lease_pass().await;
+        let h = s.leases.get(&actor).expect("still held: the object was this node's own later write");
+        assert_eq!(h.doc.epoch, before.doc.epoch);
+        assert!(s.confirm(&actor, "shim-1").await.is_ok());
+        // The version held is newer than a replayed copy of an older one.
+        let older = before.clone();
+        let replay = super::seal_lease(&s.cfg.keyring, &s.remote.lease_path(&actor).to_string(), &mut older.doc.clone()).unwrap();
+        object_store::ObjectStoreExt::put(&s.remote.store, &s.remote.lease_path(&actor), replay.into()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        s.lease_pass().await;
+        assert!(s.leases.get(&actor).is_none(), "a copy of an older version is not this node's write: lost");
+        s.shutdown().await;
     }
 
     /// A CI run's fence freeze: a lease renewed at 25.1 s (TTL 6 s) promised
