@@ -1143,7 +1143,7 @@ mod tests {
         assert!(s.confirm(&actor, "shim-1").await.is_ok());
         // The version held is newer than a replayed copy of an older one.
         let older = before.clone();
-        let replay = super::seal_lease(&s.cfg.keyring, &s.remote.lease_path(&actor).to_string(), &mut older.doc.clone()).unwrap();
+        let replay = super::seal_lease(&s.cfg.keyring, s.remote.lease_path(&actor).as_ref(), &mut older.doc.clone()).unwrap();
         object_store::ObjectStoreExt::put(&s.remote.store, &s.remote.lease_path(&actor), replay.into()).await.unwrap();
         tokio::time::sleep(Duration::from_millis(5)).await;
         s.lease_pass().await;
