@@ -94,7 +94,7 @@ impl Runtime {
             key: annotations::RESTORE_FROM.into(),
             value: src,
             reason: format!(
-                "a pod of namespace {ns} may clone actors of its own namespace, and of the namespaces this node allows                  ([tenancy] clone_source_namespaces of torpor-snapshotter: {listed})"
+                "a pod of namespace {ns} may clone actors of its own namespace, and of the namespaces this node allows ([tenancy] clone_source_namespaces of torpor-snapshotter: {listed})"
             ),
         })
     }

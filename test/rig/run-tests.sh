@@ -92,6 +92,7 @@ fi
 # tests/k8s_native.rs a cluster on plain containerds.
 CLUSTER_TEST=k8s
 WORKLOAD_TEST=workloads
+TENANCY_TEST=k8s_tenancy
 NATIVE_TEST=k8s_native
 case " ${cargo_args[*]} " in
 *" --test $NATIVE_TEST "* | *" --test=$NATIVE_TEST "*)
@@ -123,12 +124,12 @@ if [ "${#cargo_args[@]}" = 0 ]; then
 	targets=(--lib)
 	for f in "$TORPOR_REPO_ROOT"/test/tests/*.rs; do
 		t="$(basename "$f" .rs)"
-		[ "$t" = "$CLUSTER_TEST" ] || [ "$t" = "$WORKLOAD_TEST" ] || [ "$t" = "$NATIVE_TEST" ] || targets+=(--test "$t")
+		[ "$t" = "$CLUSTER_TEST" ] || [ "$t" = "$WORKLOAD_TEST" ] || [ "$t" = "$TENANCY_TEST" ] || [ "$t" = "$NATIVE_TEST" ] || targets+=(--test "$t")
 	done
 	cargo test -p torpor-tests --release "${targets[@]}" -- --test-threads="$THREADS" "${test_args[@]}"
 	rc=$?
 	if [ "${TORPOR_TEST_CLUSTER:-1}" != 0 ]; then
-		run_cluster_tests --test "$CLUSTER_TEST" --test "$WORKLOAD_TEST"
+		run_cluster_tests --test "$CLUSTER_TEST" --test "$WORKLOAD_TEST" --test "$TENANCY_TEST"
 		rc2=$?
 		[ "$rc" != 0 ] || rc=$rc2
 		# a plain rig and cluster of its own for tests/k8s_native.rs
@@ -148,7 +149,7 @@ if [ "${#cargo_args[@]}" = 0 ]; then
 	exit "$rc"
 fi
 case " ${cargo_args[*]} " in
-*" --test $CLUSTER_TEST "* | *" --test=$CLUSTER_TEST "* | *" --test $WORKLOAD_TEST "* | *" --test=$WORKLOAD_TEST "* | *" --test $NATIVE_TEST "* | *" --test=$NATIVE_TEST "*)
+*" --test $CLUSTER_TEST "* | *" --test=$CLUSTER_TEST "* | *" --test $WORKLOAD_TEST "* | *" --test=$WORKLOAD_TEST "* | *" --test $TENANCY_TEST "* | *" --test=$TENANCY_TEST "* | *" --test $NATIVE_TEST "* | *" --test=$NATIVE_TEST "*)
 	run_cluster_tests "${cargo_args[@]}"
 	exit $?
 	;;
