@@ -30,10 +30,15 @@ SYN retransmit: about 1030 ms, against 40-55 ms for one client).
     bench/wake_burst.py [--clients N] [--rounds R] [--mib M]
 
 Environment: TORPOR_BENCH_BURST_CLIENTS (100), TORPOR_BENCH_BURST_ROUNDS
-(5), TORPOR_BENCH_BURST_MIB (64).
+(5), TORPOR_BENCH_BURST_MIB (64). TORPOR_BENCH_BURST_NO_SPARE=1 (a
+diagnostic: the entry is logged, not merged into results.json): before each burst the shim's TPROXY pair is taken
+out of the pod's namespace, so the SYNs of the restore window are dropped as
+they were before the spare listener (the shim then fails to take out the
+rest of the pair at the handover; the pod goes with the run).
 """
 
 import argparse
+import json
 import os
 import sys
 import threading
@@ -45,6 +50,7 @@ from bench import (BASELINE, TORPOR, BenchPod, RunError, RunFailed, TorporActor,
 
 GOAL = "p99 of 100 clients at once <= 2x a single client's wake (p50)"
 GOAL_RATIO = 2.0
+NO_SPARE = os.environ.get("TORPOR_BENCH_BURST_NO_SPARE", "0") == "1"
 
 
 def burst(ip: str, clients: int, retry_refused: bool, start=None) -> tuple:
@@ -87,6 +93,29 @@ def burst(ip: str, clients: int, retry_refused: bool, start=None) -> tuple:
     return [d[0] for d in done], [d[1] for d in done]
 
 
+def syn_counters(netns: str) -> dict:
+    """What became of the SYNs to the pod's held ports, from its network
+    namespace: `window`: SYNs that came while no socket listened on the port
+    and went to the shim's spare listener (the TPROXY rule's packets);
+    `dropped`: SYNs dropped by the SYN-drop rule (before the spare listener,
+    every SYN of the window); `overflows` / `listen_drops`: the kernel's
+    ListenOverflows / ListenDrops (a full accept queue, or a SYN a listener
+    could not take). IPv4 only (the clients are)."""
+    def rule_packets(table, chain, target):
+        out = bench.run(["nsenter", f"--net={netns}", "iptables", "-w", "-t", table, "-L", chain, "-v", "-n", "-x"], check=False)
+        text = out if isinstance(out, str) else ""
+        return sum(int(line.split()[0]) for line in text.splitlines()
+                   if len(line.split()) > 2 and line.split()[2] == target and line.split()[0].isdigit())
+    stats = {}
+    text = bench.run(["nsenter", f"--net={netns}", "cat", "/proc/net/netstat"], check=False)
+    lines = text.splitlines() if isinstance(text, str) else []
+    for names, values in zip(lines[::2], lines[1::2]):
+        if names.startswith("TcpExt:"):
+            stats = dict(zip(names.split()[1:], (int(v) for v in values.split()[1:])))
+    return {"window": rule_packets("mangle", "PREROUTING", "TPROXY"), "dropped": rule_packets("filter", "INPUT", "DROP"),
+            "overflows": stats.get("ListenOverflows", 0), "listen_drops": stats.get("ListenDrops", 0)}
+
+
 def check_replies(replies, first: int) -> None:
     want = [str(first + i) for i in range(len(replies))]
     if sorted(replies, key=lambda r: (len(r), r)) != want:
@@ -98,6 +127,8 @@ class TorporSubject:
         self.a = TorporActor(mib, prefix="burst")
         self.clients = clients
         self.single = []
+        #: per round: what became of the burst's SYNs (syn_counters deltas)
+        self.syns = []
 
     def suspend(self) -> None:
         a = self.a
@@ -107,6 +138,14 @@ class TorporSubject:
             raise RunError(f"after torporctl suspend the actor is {rec.get('state')!r}")
         wait_gone(a.netns_ino, a.mib)
         a.wait_committed()
+
+    def take_out_spare(self) -> None:
+        """TORPOR_BENCH_BURST_NO_SPARE: the TPROXY pair of the pod's mangle
+        table deleted (the SYN-drop pair alone stays, as before the spare)."""
+        ns = ["nsenter", f"--net={self.a.netns}", "iptables", "-w", "-t", "mangle"]
+        for rule in bench.run(ns + ["-S", "PREROUTING"], check=False).splitlines():
+            if rule.startswith("-A PREROUTING") and "--syn" in rule:
+                bench.run(ns + ["-D"] + rule.split()[1:], check=False)
 
     def run(self, _i) -> list:
         a = self.a
@@ -119,7 +158,13 @@ class TorporSubject:
         a.counter += 1
         self.single.append(ms(t0, t1))
         self.suspend()
+        if NO_SPARE:
+            self.take_out_spare()
+        before = syn_counters(a.netns)
         lat, replies = burst(a.ip, self.clients, retry_refused=False)
+        after = syn_counters(a.netns)  # within KEEP_RULES (5 s): the rules are still in
+        self.syns.append({k: after[k] - before[k] for k in after})
+        log(f"wake_burst torpor: SYNs of the burst: {self.syns[-1]}")
         check_replies(replies, a.counter + 1)
         a.counter += self.clients
         return lat
@@ -192,6 +237,9 @@ def main():
             extra[f"{key}_failed_rounds"] = t.failures
     single = subjects[TORPOR].single if TORPOR in subjects else []
     extra["torpor_single_p50_ms"] = pct(single, 50) if single else None
+    if TORPOR in subjects and subjects[TORPOR].syns:
+        syns = subjects[TORPOR].syns
+        extra["torpor_burst_syns"] = {k: sum(r[k] for r in syns) for k in syns[0]}
     met = None
     if extra["torpor_p99"] is not None and extra["torpor_single_p50_ms"]:
         met = extra["torpor_p99"] <= GOAL_RATIO * extra["torpor_single_p50_ms"]
@@ -207,7 +255,10 @@ def main():
                                f"client's wake, measured in each round before the burst. runc-v2: cold start "
                                f"(`crictl start` of the created container at t0, clients retrying while refused)"),
                     **extra)
-    bench.merge_results([e])
+    if NO_SPARE:
+        log(f"wake_burst (TORPOR_BENCH_BURST_NO_SPARE, not merged): {json.dumps(e)}")
+    else:
+        bench.merge_results([e])
     log(f"wake_burst_100_p99_ms: torpor p50 {e['torpor']} p99 {extra.get('torpor_p99')} "
         f"(single {extra.get('torpor_single_p50_ms')}) baseline p50 {e['baseline']} p99 {extra.get('baseline_p99')} ms")
 
