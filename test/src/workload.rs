@@ -215,7 +215,13 @@ fn applied_result(ns: &Namespace, pod: &str, op: &str) -> String {
 #[track_caller]
 pub fn suspend_by_annotation(ns: &Namespace, pod: &str) {
     annotate(ns, pod, "suspended");
-    let p = wait_label(ns, pod, "suspended");
+    // the label, or the agent's failure at once (not a wait for the limit)
+    let p = wait_until(&format!("{}/{pod} labelled {STATE_LABEL}=suspended", ns.name), LIVENESS, || {
+        let p = ns.pod(pod);
+        let result = p["metadata"]["annotations"][APPLIED_RESULT].as_str().unwrap_or_default();
+        assert!(!result.starts_with("failed"), "{}/{pod}: the agent's suspend failed: {result}", ns.name);
+        (p["metadata"]["labels"][STATE_LABEL] == "suspended").then_some(p)
+    });
     let node = node_of(&p);
     assert_eq!(node.actor_state(&ns.actor(pod)), "SUSPENDED", "{}/{pod}: the label follows the actor", ns.name);
     let r = applied_result(ns, pod, "suspend");
