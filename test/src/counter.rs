@@ -31,6 +31,8 @@ pub struct CounterSpec {
     mounts: Vec<(String, String)>,
     /// CRI `linux.resources` (limits), if any.
     resources: Option<Value>,
+    /// CRI `linux.security_context.run_as_user`, if any.
+    run_as_user: Option<u32>,
 }
 
 impl Default for CounterSpec {
@@ -45,7 +47,7 @@ impl CounterSpec {
     /// in a pod-shared one the restored pids must be free in the new pod's
     /// namespace: see docs/ARCHITECTURE.md).
     pub fn new() -> CounterSpec {
-        CounterSpec { alloc_mib: None, seed: None, extra: Vec::new(), attempt: 0, own_pid_namespace: true, mounts: Vec::new(), resources: None }
+        CounterSpec { alloc_mib: None, seed: None, extra: Vec::new(), attempt: 0, own_pid_namespace: true, mounts: Vec::new(), resources: None, run_as_user: None }
     }
 
     /// `--alloc-mib N`: N MiB of patterned memory, checked by `sum`.
@@ -85,6 +87,13 @@ impl CounterSpec {
         self
     }
 
+    /// CRI `linux.security_context.run_as_user`: the counter runs as `uid`
+    /// (its primary gid is the image's for that uid, else 0).
+    pub fn run_as_user(mut self, uid: u32) -> CounterSpec {
+        self.run_as_user = Some(uid);
+        self
+    }
+
     /// No security context: CRI's default pid namespace (the pod's).
     pub fn in_the_pods_pid_namespace(mut self) -> CounterSpec {
         self.own_pid_namespace = false;
@@ -112,6 +121,9 @@ impl CounterSpec {
         config["metadata"]["attempt"] = self.attempt.into();
         if self.own_pid_namespace {
             config["linux"]["security_context"] = json!({"namespace_options": {"pid": 1}});
+        }
+        if let Some(uid) = self.run_as_user {
+            config["linux"]["security_context"]["run_as_user"] = json!({"value": uid});
         }
         if let Some(r) = &self.resources {
             config["linux"]["resources"] = r.clone();
