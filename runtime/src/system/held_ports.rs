@@ -2,41 +2,60 @@
 //! sockets in the pod's network namespace, on the address each was bound to
 //! (a socket the actor bound to `127.0.0.1` or `::1` is held on loopback
 //! only, never exposed on the pod's IP; `0.0.0.0` and `::` stay wildcards;
-//! IPv6 as IPv4). The first real connection resumes the actor and is
-//! handed over to it; so is every connection that arrives during the
-//! resume. Kubelet-style probes do not wake the actor and do not fail: a
-//! bare TCP connect is accepted and closed, an HTTP GET with `User-Agent:
-//! kube-probe/…` is answered `200 ok`.
+//! an IPv6-only `::` stays IPv6-only; IPv6 as IPv4). The first real
+//! connection resumes the actor and is handed over to it; so is every
+//! connection that arrives during the resume. Kubelet-style probes do not
+//! wake the actor and do not fail: a bare TCP connect is accepted and
+//! closed, an HTTP GET with `User-Agent: kube-probe/…` is answered `200 ok`.
 //!
 //! Handover: the held connections are proxied to the restored process,
 //! connected from inside the pod's network namespace to the address the
-//! actor listens on (its loopback for a wildcard listener). So the actor
-//! sees the shim as the peer: a handed-over connection comes from the
-//! pod's own address (`127.0.0.1`/`::1` for a wildcard or loopback
-//! listener), not from the remote client; an app that trusts local peers
-//! must not trust it for connections that arrive while it sleeps (handing
-//! the original socket over instead is future work). While the listeners
-//! are closed and the process is being restored, new SYNs to those ports
-//! are dropped (not refused), so a client racing the resume retransmits and
-//! is served: a pair of iptables (and, for IPv6 listeners, ip6tables) rules
-//! in the pod's network namespace drops a SYN to a held port only when no
-//! socket listens on it (`-m socket --nowildcard` accepts it first). The
-//! pair goes in when the ports are held and comes out [`KEEP_RULES`] after
-//! the handover, both in the background: no iptables run on the resume's
-//! path (they cost it two process spawns, 15-40 ms), nor beside it while
-//! other actors of the node wake at the same time (each removal is one
-//! `iptables-restore` and one `ip6tables-restore`). A suspend within that
-//! time holds the same ports with the pair still in, and takes it over
-//! instead of inserting another. Meanwhile the restored listeners take
-//! their SYNs (the pair drops a SYN only when nothing listens): only an
-//! actor that closes a held port in the seconds after its resume sees a
-//! new connection to it dropped (retransmitted) instead of refused. Rule
-//! changes are serialized, and the handover waits for the pair to be in.
+//! actor listens on (its loopback for a wildcard listener), from the
+//! client's own address and port: the upstream socket is transparent
+//! (`IP_TRANSPARENT`, bound to the client's address), so the actor's
+//! getpeername(2) gives the client, as while it runs (its getsockname(2)
+//! gives its loopback, not the address the client dialed). The actor's
+//! answers, from its loopback to the client's address, are delivered
+//! locally to that socket by a routing rule in the pod's namespace (`from
+//! 127.0.0.0/8` and `from ::1` → a table whose one route is `local` for
+//! every address, see [`ROUTE_TABLE`]): nothing else can leave a pod from
+//! loopback. Where that cannot work the actor sees the shim's address
+//! instead: a client in the pod itself, an actor that listens on a pod
+//! address only (the upstream would be the held connection's own address
+//! pair), no routing rule (its insert failed), the freeze tier (no rule).
+//!
+//! The restore window: from the moment the shim's listeners close at a
+//! handover until the restored process listens, a SYN to a held port finds
+//! no socket. Once it was dropped and its client waited for a retransmit
+//! (about 1 s; 35 of 50 clients connecting at once). Now a spare listener
+//! of the shim takes it ([`Spare`]): a `mangle` rule sends a SYN to a held
+//! port that no socket takes to the spare listener of its family
+//! (`TPROXY`, on loopback, a port the kernel picked), whose connections
+//! keep the address the client dialed, wait for the restore, and are
+//! proxied as the held ones. Under it a pair of filter rules still drops
+//! (not refuses) such a SYN where the TPROXY rule could not go in, so a
+//! client racing the resume retransmits and is served. Each pair is
+//! `-m socket --nowildcard` first (a SYN with a listening socket goes to
+//! it), then TPROXY / DROP; iptables and, for IPv6 listeners, ip6tables.
+//! The rules and the routing rule go in when the ports are held and come
+//! out [`KEEP_RULES`] after the handover, both in the background: no
+//! iptables or ip run on the resume's path (they cost it process spawns,
+//! 15-40 ms), nor beside it while other actors of the node wake at the same
+//! time. A suspend within that time holds the same ports with the rules
+//! still in, and takes them over (with the spare listeners) instead of
+//! inserting more. Meanwhile the restored listeners take their SYNs: only
+//! an actor that closes a held port in the seconds after its resume sees a
+//! new connection to it taken by the spare (and reset) instead of refused.
+//! Rule changes are serialized, and the handover waits for them to be in.
+//! The connections a listener's accept queue holds when it closes are
+//! taken first (closing it would reset them).
 //!
 //! Bounds: at most [`MAX_HELD`] connections are held (or being classified)
-//! at a time; one over the bound is reset at once (RST) with a warning. An
-//! accept error (EMFILE, ENFILE, ENOBUFS...) does not end a listener: it
-//! backs off and accepts again.
+//! at a time, at most [`MAX_HELD_PER_CLIENT`] of them from one client
+//! address; one over a bound is reset at once (RST) with a warning. A held
+//! connection that sends nothing for [`HELD_IDLE_TIMEOUT`] and is not
+//! handed over meanwhile is closed. An accept error (EMFILE, ENFILE,
+//! ENOBUFS...) does not end a listener: it backs off and accepts again.
 
 use std::collections::HashMap;
 use std::future::Future;
