@@ -144,7 +144,8 @@ class TorporSubject:
         table deleted (the SYN-drop pair alone stays, as before the spare)."""
         ns = ["nsenter", f"--net={self.a.netns}", "iptables", "-w", "-t", "mangle"]
         for rule in bench.run(ns + ["-S", "PREROUTING"], check=False).splitlines():
-            if rule.startswith("-A PREROUTING") and "--syn" in rule:
+            # (-S prints --syn as --tcp-flags FIN,SYN,RST,ACK SYN)
+            if rule.startswith("-A PREROUTING") and ("TPROXY" in rule or "-m socket" in rule):
                 bench.run(ns + ["-D"] + rule.split()[1:], check=False)
 
     def run(self, _i) -> list:

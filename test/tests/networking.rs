@@ -107,7 +107,9 @@ fn held_ports_leftovers(netns: &str) -> String {
     for (tool, table) in [("iptables", "filter"), ("iptables", "mangle"), ("ip6tables", "filter"), ("ip6tables", "mangle")] {
         let out = run("nsenter", [format!("--net={netns}"), tool.into(), "-w".into(), "-t".into(), table.into(), "-S".into()]);
         assert!(out.success(), "{tool} -t {table} -S in the pod's netns: {out}");
-        left.extend(out.stdout.lines().filter(|l| l.contains("--syn") || l.contains("TPROXY")).map(|l| format!("{tool} {l}\n")));
+        // (`-S` prints `--syn` as `--tcp-flags FIN,SYN,RST,ACK SYN`)
+        let held = |l: &&str| l.contains("-m socket") || l.contains("TPROXY") || (l.contains("--dports") && l.contains("-j DROP"));
+        left.extend(out.stdout.lines().filter(held).map(|l| format!("{tool} {l}\n")));
     }
     for family in ["-4", "-6"] {
         let out = run("nsenter", [format!("--net={netns}"), "ip".into(), family.into(), "rule".into(), "show".into()]);
