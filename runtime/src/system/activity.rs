@@ -234,29 +234,17 @@ pub async fn installed(netns: &Path) -> Result<bool> {
 
 /// Takes the rules out of `netns`, in both families; nothing there is fine.
 pub async fn remove(netns: &Path) -> Result<()> {
-    let mut errors = Vec::new();
+    let mut results = Vec::new();
     for &tool in restore_tools() {
-        let r = match present(netns, tool).await {
+        results.push(match present(netns, tool).await {
             Ok(p) => match removal_input(p) {
                 Some(input) => xtables_restore(netns, tool, &input, "take out the idle policy's activity rules").await,
                 None => Ok(()),
             },
             Err(e) => Err(e),
-        };
-        if let Err(e) = r {
-            let text = e.to_string();
-            if netns::nothing_to_remove(&text) {
-                debug!("{text}");
-            } else {
-                errors.push(text);
-            }
-        }
+        });
     }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(errors.join("; ")))
-    }
+    netns::removal_outcome(results)
 }
 
 /// The shim's listener of [`NFLOG_GROUP`] in a pod's network namespace:

@@ -410,6 +410,28 @@ pub(crate) fn nothing_to_remove(stderr: &str) -> bool {
     ["No chain", "does not exist", "does a matching rule exist", "Bad rule"].iter().any(|m| stderr.contains(m))
 }
 
+/// The outcome of taking rules out with several tools (one per family):
+/// an error naming each failure; rules that were gone already
+/// ([`nothing_to_remove`]) are fine, logged at debug.
+pub(crate) fn removal_outcome(results: impl IntoIterator<Item = Result<()>>) -> Result<()> {
+    let mut errors = Vec::new();
+    for r in results {
+        if let Err(e) = r {
+            let text = e.to_string();
+            if nothing_to_remove(&text) {
+                tracing::debug!("{text}");
+            } else {
+                errors.push(text);
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(errors.join("; ")))
+    }
+}
+
 /// Removes a dump's network lock from the pod's network namespace
 /// ([`lock_network`]'s, or the one CRIU leaves after a dump it locked): the
 /// pod must stay reachable while suspended, for probes and activation.

@@ -107,22 +107,7 @@ pub async fn release(netns: &Path, tools: &[&str]) -> Result<()> {
         }
     };
     let (v4, v6) = tokio::join!(remove("iptables-restore"), remove("ip6tables-restore"));
-    let mut errors = Vec::new();
-    for r in [v4, v6] {
-        if let Err(e) = r {
-            let text = e.to_string();
-            if netns::nothing_to_remove(&text) {
-                debug!("{text}");
-            } else {
-                errors.push(text);
-            }
-        }
-    }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(Error::InvalidArgument(errors.join("; ")))
-    }
+    netns::removal_outcome([v4, v6])
 }
 
 /// The shim's watch of the NFLOG group in the pod's network namespace: a
