@@ -130,7 +130,7 @@ fn postgres_as_non_root_recovers_its_rows_after_a_crash() {
 }
 
 #[test]
-#[ignore = "CRIU cannot dump a non-root process on a host whose root lacks CAP_SYS_RESOURCE (this rig's machine: CapBnd 000001fffeffffff): criu dump fails with 'Can't get rlimit 0: Operation not permitted' (cr-dump.c:389, prlimit of another uid's task); issue 37"]
+#[ignore = "the suspend of PostgreSQL through the agent succeeds with torpor's CRIU (scripts/criu-patches/0002), but its resume did not reach RUNNING within 180 s in the one run made (cause not investigated); issue 37"]
 fn postgres_as_non_root_keeps_its_rows_across_a_crash_and_a_suspend() {
     postgres(true);
 }
@@ -207,7 +207,6 @@ fn redis_as_non_root_serves_its_keys_and_kept_connections() {
 }
 
 #[test]
-#[ignore = "CRIU cannot dump a non-root process on a host whose root lacks CAP_SYS_RESOURCE (this rig's machine: CapBnd 000001fffeffffff): criu dump fails with 'Can't get rlimit 0: Operation not permitted' (cr-dump.c:389, prlimit of another uid's task); issue 37"]
 fn redis_keeps_its_keys_and_client_connections_across_a_suspend() {
     redis(true);
 }
@@ -280,7 +279,6 @@ fn nginx_as_non_root_serves_files_from_its_volume() {
 }
 
 #[test]
-#[ignore = "CRIU cannot dump a non-root process on a host whose root lacks CAP_SYS_RESOURCE (this rig's machine: CapBnd 000001fffeffffff): criu dump fails with 'Can't get rlimit 0: Operation not permitted' (cr-dump.c:389, prlimit of another uid's task); issue 37"]
 fn nginx_as_non_root_serves_a_file_written_before_a_suspend() {
     nginx(true);
 }
