@@ -47,9 +47,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use netlink_packet_core::{NetlinkMessage, NetlinkPayload};
-use netlink_packet_netfilter::nflog::{config_request, ConfigCmd, ConfigMode, ConfigNla, ULogMessage};
-use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily};
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket as NetlinkSocket};
+use netlink_packet_netfilter::nflog::ULogMessage;
+use netlink_packet_netfilter::{NetfilterMessage, NetfilterMessageInner};
 use tokio::io::unix::AsyncFd;
 use tracing::{debug, info, warn};
 
@@ -266,7 +265,7 @@ impl Watch {
     /// Binds [`NFLOG_GROUP`] in `netns` (a netlink socket keeps the
     /// namespace it was made in) and starts counting.
     pub fn start(netns: &Path) -> Result<Watch> {
-        let socket = in_netns(netns, bind_group)?;
+        let socket = in_netns(netns, || crate::system::sleeping_connections::bind_nflog_group(NFLOG_GROUP))?;
         // SAFETY: the netlink socket owns its fd, which stays open and the
         // same until the socket is dropped with the AsyncFd.
         let fd = unsafe { AsyncFd::register_with_interest(socket, tokio::io::Interest::READABLE) }
@@ -314,28 +313,6 @@ impl Watch {
     pub fn count(&self) -> Option<u64> {
         self.alive.load(Ordering::Acquire).then(|| self.count.load(Ordering::Acquire))
     }
-}
-
-/// A non-blocking NFLOG socket bound to [`NFLOG_GROUP`], metadata only,
-/// each packet sent at once; the kernel's acknowledgement checked.
-fn bind_group() -> std::io::Result<NetlinkSocket> {
-    let mut socket = NetlinkSocket::new(NETLINK_NETFILTER)?;
-    socket.bind_auto()?;
-    let request = config_request(NetfilterProtoFamily::Unspec, NFLOG_GROUP, vec![ConfigCmd::Bind.into(), ConfigMode::META.into(), ConfigNla::QThresh(1)]);
-    let mut buf = vec![0; request.buffer_len()];
-    request.serialize(&mut buf);
-    socket.send(&buf, 0)?;
-    let mut answer = Vec::with_capacity(4096);
-    socket.recv(&mut answer, 0)?;
-    let msg = <NetlinkMessage<NetfilterMessage>>::deserialize(&answer)
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("NFLOG bind answer: {e}")))?;
-    if let NetlinkPayload::Error(e) = msg.payload {
-        if let Some(code) = e.code {
-            return Err(std::io::Error::from_raw_os_error(-code.get()));
-        }
-    }
-    socket.set_non_blocking(true)?;
-    Ok(socket)
 }
 
 /// How many logged packets a batch of netlink messages holds (what does

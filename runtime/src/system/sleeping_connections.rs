@@ -127,7 +127,7 @@ impl Watch {
     /// Binds [`NFLOG_GROUP`] in `netns` (a netlink socket keeps the
     /// namespace it was made in) and starts watching it.
     pub fn start(netns: &Path, wake: mpsc::UnboundedSender<()>) -> Result<Watch> {
-        let socket = in_netns(netns, bind_group)?;
+        let socket = in_netns(netns, || bind_nflog_group(NFLOG_GROUP))?;
         // SAFETY: the netlink socket owns its fd, which stays open and the
         // same until the socket is dropped with the AsyncFd.
         let fd = unsafe { AsyncFd::register_with_interest(socket, tokio::io::Interest::READABLE) }
@@ -170,14 +170,16 @@ impl Watch {
     }
 }
 
-/// A non-blocking NFLOG socket bound to [`NFLOG_GROUP`], metadata only,
-/// each packet sent at once; the kernel's acknowledgement checked.
-fn bind_group() -> std::io::Result<NetlinkSocket> {
+/// A non-blocking NFLOG socket bound to `group`, metadata only, each
+/// packet sent at once; the kernel's acknowledgement checked. Run it in the
+/// pod's netns (NFLOG groups are per namespace). Also the idle policy's
+/// (`system::activity`).
+pub(crate) fn bind_nflog_group(group: u16) -> std::io::Result<NetlinkSocket> {
     let mut socket = NetlinkSocket::new(NETLINK_NETFILTER)?;
     socket.bind_auto()?;
     let request = config_request(
         NetfilterProtoFamily::Unspec,
-        NFLOG_GROUP,
+        group,
         vec![ConfigCmd::Bind.into(), ConfigMode::META.into(), netlink_packet_netfilter::nflog::ConfigNla::QThresh(1)],
     );
     let mut buf = vec![0; request.buffer_len()];
