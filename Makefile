@@ -42,7 +42,7 @@ demo: deps build
 test: unit-test vm-test integration-test
 
 unit-test:
-	$(CARGO) test --release -p torpor-api -p torpor-runtime -p torpor-shim -p torporctl -p torpor-snapshotter -p torpor-agent
+	$(CARGO) test --release -p torpor-api -p torpor-store -p torpor-runtime -p torpor-shim -p torporctl -p torpor-snapshotter -p torpor-agent
 
 ## vm-test: the cgroup unit tests and a live cgroup v2 test on a real cgroup v2
 ## kernel, in a qemu guest (test/vm/run.sh; this host's tree is v1)

@@ -98,7 +98,7 @@ pub const ENV_KEY_ID: &str = "TORPOR_STORE_KEY_ID";
 /// (docs/SECURITY.md, "Pod authors"). Served to the shims by the store
 /// API's `Policy`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TenancyConfig {
+pub struct TenancySection {
     /// Namespaces whose actors a pod of any namespace may clone
     /// (`torpor.dev/restore-from: <namespace>/<actor>`): the cluster
     /// operator's golden snapshots. A pod may always clone an actor of its
@@ -141,13 +141,13 @@ pub struct Config {
     pub resident_programs: Vec<String>,
     /// The node's RCU grace periods expedited while the daemon runs (`crate::rcu`).
     pub rcu_expedited: bool,
-    pub snapshotter: SnapshotterConfig,
-    pub store: StoreConfig,
-    pub tenancy: TenancyConfig,
+    pub snapshotter: SnapshotterSection,
+    pub store: StoreSection,
+    pub tenancy: TenancySection,
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub struct SnapshotterConfig {
+pub struct SnapshotterSection {
     /// Unix socket containerd's `[proxy_plugins.torpor]` connects to.
     pub address: PathBuf,
     /// Extra overlay mount options.
@@ -158,7 +158,7 @@ pub struct SnapshotterConfig {
 
 /// The snapshot store: its API socket and the tiered store's settings.
 #[derive(Debug, Clone, PartialEq)]
-pub struct StoreConfig {
+pub struct StoreSection {
     /// Unix socket of the store's API (ttrpc).
     pub address: PathBuf,
     /// The local tier (`None`: `<root>/store`).
@@ -195,15 +195,15 @@ pub struct StoreConfig {
     /// durable before letting the lease go anyway (`None`: 10m).
     pub surrender_timeout: Option<Duration>,
     /// `[store.encryption]` as written (key files by id).
-    pub encryption: EncryptionConfig,
+    pub encryption: EncryptionSection,
     /// The keys, loaded by [`Config::load`] from `encryption` and the
     /// environment (empty after [`Config::parse`] alone).
-    pub keyring: crate::store::Keyring,
+    pub keyring: torpor_store::Keyring,
 }
 
 /// `[store.encryption]`: keys sealing the object tier.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct EncryptionConfig {
+pub struct EncryptionSection {
     /// The key id new uploads are sealed with (default: the only key).
     pub active: Option<String>,
     /// Key id → key file (32 raw bytes or 64 hex characters, mode 0600).
@@ -212,11 +212,11 @@ pub struct EncryptionConfig {
     pub accept_unencrypted: bool,
 }
 
-impl EncryptionConfig {
+impl EncryptionSection {
     /// Load the key files and the environment's key (`lookup` reads an
     /// environment variable) into a keyring. Errors name the key and file.
-    pub fn load(&self, lookup: impl Fn(&str) -> Option<String>) -> std::result::Result<crate::store::Keyring, String> {
-        use crate::store::crypto;
+    pub fn load(&self, lookup: impl Fn(&str) -> Option<String>) -> std::result::Result<torpor_store::Keyring, String> {
+        use torpor_store::crypto;
         let mut keys = Vec::new();
         for (id, path) in &self.keys {
             let material = crypto::load_key_file(path).map_err(|e| format!("store.encryption.keys.{id}: {e}"))?;
@@ -243,7 +243,7 @@ impl EncryptionConfig {
             (None, Some(id)) => return Err(format!("${ENV_KEY_ID} = {id:?} is set but ${ENV_KEY_FD} (the descriptor holding the key) is not")),
             (None, None) => {}
         }
-        crate::store::Keyring::new(keys, self.active.as_deref(), self.accept_unencrypted).map_err(|e| format!("store.encryption: {e}"))
+        torpor_store::Keyring::new(keys, self.active.as_deref(), self.accept_unencrypted).map_err(|e| format!("store.encryption: {e}"))
     }
 }
 
@@ -253,9 +253,9 @@ pub const DEFAULT_GC_KEEP: usize = 2;
 impl Config {
     /// The tiered store's configuration: the store's defaults, overridden by
     /// what the `[store]` section sets.
-    pub fn store_config(&self) -> crate::store::StoreConfig {
+    pub fn store_config(&self) -> torpor_store::StoreConfig {
         let s = &self.store;
-        let mut c = crate::store::StoreConfig::new(s.root.clone().unwrap_or_else(|| self.root.join("store")));
+        let mut c = torpor_store::StoreConfig::new(s.root.clone().unwrap_or_else(|| self.root.join("store")));
         if let Some(b) = s.local_budget {
             c.local_budget_bytes = b;
         }
@@ -319,12 +319,12 @@ impl Default for Config {
             metrics_address: None,
             resident_programs: crate::resident::DEFAULT_PROGRAMS.iter().map(|p| p.to_string()).collect(),
             rcu_expedited: true,
-            snapshotter: SnapshotterConfig {
+            snapshotter: SnapshotterSection {
                 address: PathBuf::from(DEFAULT_SNAPSHOTTER_ADDRESS),
                 mount_options: Vec::new(),
                 upperdir_label: false,
             },
-            store: StoreConfig {
+            store: StoreSection {
                 address: PathBuf::from(DEFAULT_STORE_ADDRESS),
                 root: None,
                 local_budget: None,
@@ -345,10 +345,10 @@ impl Default for Config {
                 node_id: None,
                 lease_ttl: None,
                 surrender_timeout: None,
-                encryption: EncryptionConfig::default(),
-                keyring: crate::store::Keyring::default(),
+                encryption: EncryptionSection::default(),
+                keyring: torpor_store::Keyring::default(),
             },
-            tenancy: TenancyConfig::default(),
+            tenancy: TenancySection::default(),
         }
     }
 }
@@ -518,12 +518,12 @@ impl Config {
                 None => d.resident_programs,
             },
             rcu_expedited: f.rcu_expedited.unwrap_or(d.rcu_expedited),
-            snapshotter: SnapshotterConfig {
+            snapshotter: SnapshotterSection {
                 address: f.snapshotter.address.unwrap_or(d.snapshotter.address),
                 mount_options: f.snapshotter.mount_options.unwrap_or_default(),
                 upperdir_label: f.snapshotter.upperdir_label.unwrap_or(false),
             },
-            store: StoreConfig {
+            store: StoreSection {
                 address: f.store.address.unwrap_or(d.store.address),
                 local_budget: match f.store.local_budget {
                     Some(s) => {
@@ -554,16 +554,16 @@ impl Config {
                 lease_ttl: dur(f.store.lease_ttl, "store.lease_ttl")?,
                 surrender_timeout: dur(f.store.surrender_timeout, "store.surrender_timeout")?,
                 encryption: match f.store.encryption {
-                    None => EncryptionConfig::default(),
-                    Some(e) => EncryptionConfig {
+                    None => EncryptionSection::default(),
+                    Some(e) => EncryptionSection {
                         active: e.active,
                         keys: e.keys.unwrap_or_default().into_iter().collect(),
                         accept_unencrypted: e.accept_unencrypted.unwrap_or(false),
                     },
                 },
-                keyring: crate::store::Keyring::default(),
+                keyring: torpor_store::Keyring::default(),
             },
-            tenancy: TenancyConfig {
+            tenancy: TenancySection {
                 clone_source_namespaces: {
                     let mut v = f.tenancy.clone_source_namespaces.unwrap_or_default();
                     for n in &v {
@@ -623,13 +623,13 @@ impl Config {
         }
         let enc = &self.store.encryption;
         for (id, path) in &enc.keys {
-            crate::store::crypto::check_key_id(id).map_err(|e| Error::Config(format!("store.encryption.keys: {e}")))?;
+            torpor_store::crypto::check_key_id(id).map_err(|e| Error::Config(format!("store.encryption.keys: {e}")))?;
             if !path.is_absolute() {
                 return Err(Error::Config(format!("store.encryption.keys.{id} = {path:?} must be an absolute path")));
             }
         }
         if let Some(a) = &enc.active {
-            crate::store::crypto::check_key_id(a).map_err(|e| Error::Config(format!("store.encryption.active: {e}")))?;
+            torpor_store::crypto::check_key_id(a).map_err(|e| Error::Config(format!("store.encryption.active: {e}")))?;
         }
         if let Some(r) = &self.store.root {
             if !r.is_absolute() {
@@ -652,7 +652,7 @@ impl Config {
         // The scheme and the client options, checked before anything is
         // created or bound (nothing is contacted or created here).
         let sc = self.store_config();
-        crate::store::Remote::check(&sc.remote_url, &sc.remote_options)
+        torpor_store::Remote::check(&sc.remote_url, &sc.remote_options)
             .map_err(|e| Error::Config(format!("store.remote_url: {e}")))?;
         Ok(())
     }
@@ -739,38 +739,38 @@ mod tests {
             ENV_KEY_ID => Some("k3".to_string()),
             _ => None,
         };
-        let e = EncryptionConfig { active: Some("k3".into()), ..c.store.encryption.clone() };
+        let e = EncryptionSection { active: Some("k3".into()), ..c.store.encryption.clone() };
         let ring = e.load(env).unwrap();
         assert_eq!(ring.active().unwrap().id(), "k3");
         assert!(ring.get("k1").is_some());
         // Only the environment: its key is the active one.
-        let ring = EncryptionConfig::default().load(env).unwrap();
+        let ring = EncryptionSection::default().load(env).unwrap();
         assert_eq!(ring.active().unwrap().id(), "k3");
-        assert!(EncryptionConfig::default().load(no_env).unwrap().is_empty());
+        assert!(EncryptionSection::default().load(no_env).unwrap().is_empty());
 
         // Errors name the key, the file, the variable.
         let loose = write_key("loose", &[2u8; 32], 0o644);
-        let bad = EncryptionConfig { keys: vec![("kx".into(), loose.clone())], ..Default::default() };
+        let bad = EncryptionSection { keys: vec![("kx".into(), loose.clone())], ..Default::default() };
         let err = bad.load(no_env).unwrap_err();
         assert!(err.contains("store.encryption.keys.kx") && err.contains(loose.to_str().unwrap()) && err.contains("0644"), "{err}");
-        let missing = EncryptionConfig { keys: vec![("km".into(), d.path().join("nope"))], ..Default::default() };
+        let missing = EncryptionSection { keys: vec![("km".into(), d.path().join("nope"))], ..Default::default() };
         assert!(missing.load(no_env).unwrap_err().contains("nope"));
-        let two = EncryptionConfig { keys: vec![("k1".into(), k1.clone()), ("k2".into(), k2.clone())], ..Default::default() };
+        let two = EncryptionSection { keys: vec![("k1".into(), k1.clone()), ("k2".into(), k2.clone())], ..Default::default() };
         assert!(two.load(no_env).unwrap_err().contains("no active"));
-        let unknown = EncryptionConfig { active: Some("k9".into()), keys: vec![("k1".into(), k1.clone())], ..Default::default() };
+        let unknown = EncryptionSection { active: Some("k9".into()), keys: vec![("k1".into(), k1.clone())], ..Default::default() };
         assert!(unknown.load(no_env).unwrap_err().contains("\"k9\""));
-        let dup = EncryptionConfig { keys: vec![("k3".into(), k1.clone())], ..Default::default() };
+        let dup = EncryptionSection { keys: vec![("k3".into(), k1.clone())], ..Default::default() };
         assert!(dup.load(env).unwrap_err().contains("both"));
         let only_fd = |k: &str| (k == ENV_KEY_FD).then(|| "7".to_string());
-        assert!(EncryptionConfig::default().load(only_fd).unwrap_err().contains(ENV_KEY_ID));
+        assert!(EncryptionSection::default().load(only_fd).unwrap_err().contains(ENV_KEY_ID));
         let only_id = |k: &str| (k == ENV_KEY_ID).then(|| "k3".to_string());
-        assert!(EncryptionConfig::default().load(only_id).unwrap_err().contains(ENV_KEY_FD));
+        assert!(EncryptionSection::default().load(only_id).unwrap_err().contains(ENV_KEY_FD));
         let bad_hex = |k: &str| match k {
             ENV_KEY_FD => Some(key_fd(b"xyz")),
             ENV_KEY_ID => Some("k3".to_string()),
             _ => None,
         };
-        let err = EncryptionConfig::default().load(bad_hex).unwrap_err();
+        let err = EncryptionSection::default().load(bad_hex).unwrap_err();
         assert!(err.contains(ENV_KEY_FD) && err.contains("k3"), "{err}");
         // Raw bytes on the descriptor are a key too.
         let raw = |k: &str| match k {
@@ -778,10 +778,10 @@ mod tests {
             ENV_KEY_ID => Some("k4".to_string()),
             _ => None,
         };
-        assert_eq!(EncryptionConfig::default().load(raw).unwrap().active().unwrap().id(), "k4");
+        assert_eq!(EncryptionSection::default().load(raw).unwrap().active().unwrap().id(), "k4");
         // Not a descriptor number, stdin, or a closed descriptor: refused.
         for (fd, want) in [("x", "not a descriptor number"), ("0", "stdin"), ("1000000", "key descriptor 1000000")] {
-            let e = EncryptionConfig::default()
+            let e = EncryptionSection::default()
                 .load(|k: &str| match k {
                     ENV_KEY_FD => Some(fd.to_string()),
                     ENV_KEY_ID => Some("k3".to_string()),
@@ -797,7 +797,7 @@ mod tests {
             ENV_KEY_ID => Some("k3".to_string()),
             _ => None,
         };
-        let err = EncryptionConfig::default().load(plain_env).unwrap_err();
+        let err = EncryptionSection::default().load(plain_env).unwrap_err();
         assert!(err.contains("no longer read") && err.contains("/proc") && err.contains(ENV_KEY_FD) && err.contains("store.encryption.keys"), "{err}");
         assert!(!err.contains(&hex), "{err}");
 

@@ -74,7 +74,7 @@ async fn warm_at(run: &Path) -> Result<&'static str, String> {
         ));
     }
     // Root only, through a temp file, fsynced, renamed.
-    crate::store::write_atomic(&run.join("criu.kdat"), &kdat).map_err(|e| e.to_string())?;
+    torpor_store::write_atomic(&run.join("criu.kdat"), &kdat).map_err(|e| e.to_string())?;
     Ok("made in a private /run: this /run is not a tmpfs")
 }
 
@@ -98,7 +98,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("criu.kdat");
         std::fs::write(&path, b"old").unwrap();
-        crate::store::write_atomic(&path, b"new kdat").unwrap();
+        torpor_store::write_atomic(&path, b"new kdat").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"new kdat");
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1, "no temp file left");

@@ -5,7 +5,7 @@
 //! Services:
 //! - containerd's snapshots API (proxy plugin) on `snapshotter.address`;
 //! - the snapshot store's API (ttrpc, [`crate::store_api`]) on `store.address`,
-//!   over the tiered store ([`crate::store`]) whose background uploads and
+//!   over the tiered store ([`torpor_store`]) whose background uploads and
 //!   evictions run on the same runtime;
 //! - Prometheus metrics ([`crate::metrics`]) on `metrics_address` (TCP, when set).
 
@@ -205,7 +205,7 @@ pub async fn run(cfg: Config) -> Result<()> {
     // The tiered snapshot store and its API (ttrpc: the shim's transport).
     let store_cfg = cfg.store_config();
     info!(root = %store_cfg.root.display(), remote = %store_cfg.remote_url, budget = store_cfg.local_budget_bytes, "opening the snapshot store");
-    let store = crate::store::Store::open(store_cfg)
+    let store = torpor_store::Store::open(store_cfg)
         .await
         .map_err(|e| Error::Daemon(format!("opening the snapshot store: {e}")))?;
     // The store API is served on a runtime of its own, with the lease
@@ -270,7 +270,7 @@ pub async fn run(cfg: Config) -> Result<()> {
             let mut tick = tokio::time::interval_at(start, every);
             loop {
                 tick.tick().await;
-                let policy = crate::store::GcPolicy { keep_newest: keep, ..Default::default() };
+                let policy = torpor_store::GcPolicy { keep_newest: keep, ..Default::default() };
                 match store.gc(policy).await {
                     Ok(r) => info!(removed = r.removed.len(), chunks = r.chunks_deleted, errors = r.errors.len(), "periodic gc"),
                     Err(e) => warn!(error = %e, "periodic gc failed"),

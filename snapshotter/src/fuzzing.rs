@@ -4,7 +4,7 @@
 //! only for a broken invariant. Malformed input must be refused with an
 //! error, never panic.
 
-use crate::store::{crypto, ActorName, Key, Keyring, Manifest, SnapshotId};
+use torpor_store::{crypto, ActorName, Key, Keyring, Manifest, SnapshotId};
 
 /// A fuzz target: arbitrary bytes in, `Err` for a broken invariant.
 pub type Target = fn(&[u8]) -> Result<(), String>;
@@ -79,8 +79,8 @@ pub fn envelope(data: &[u8]) -> Result<(), String> {
 /// in it written for a message (issue 38: an expiry past year 9999
 /// panicked the daemon there).
 pub fn lease(data: &[u8]) -> Result<(), String> {
-    use crate::store::actor_lease::{read_lease, seal_lease};
-    use crate::store::{unix_ms_text, MAX_UNIX_MS};
+    use torpor_store::lease_object::{read_lease, seal_lease};
+    use torpor_store::{unix_ms_text, MAX_UNIX_MS};
     let actor = ActorName::new("fuzz/actor").map_err(|e| e.to_string())?;
     let path = "objects/actors/fuzz/actor/lease.json";
     let ring = Keyring::new(vec![Key::new("k1", &[7u8; 32])?], Some("k1"), false)?;
@@ -112,7 +112,7 @@ pub fn lease(data: &[u8]) -> Result<(), String> {
 /// length the manifest claims), decoded plain and sealed: never more than
 /// the claimed length (at most the largest chunk) comes out.
 pub fn chunk(data: &[u8]) -> Result<(), String> {
-    use crate::store::chunk::{decode, decode_sealed, sha256_hex, MAX_CHUNK_BYTES};
+    use torpor_store::chunk::{decode, decode_sealed, sha256_hex, MAX_CHUNK_BYTES};
     let Some((len, object)) = data.split_first_chunk::<4>() else { return Ok(()) };
     let claimed = u32::from_le_bytes(*len);
     let key = Key::new("k1", &[7u8; 32])?;

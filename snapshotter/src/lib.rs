@@ -12,6 +12,5 @@ pub mod overlay;
 pub mod page_server;
 pub mod rcu;
 pub mod resident;
-pub mod store;
 pub mod store_api;
 pub mod fuzzing;

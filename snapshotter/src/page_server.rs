@@ -1,5 +1,5 @@
 //! The page server: CRIU's lazy-pages daemon asks it for the memory of a
-//! process restored from a streamed checkout ([`crate::store::stream`]).
+//! process restored from a streamed checkout ([`torpor_store::stream`]).
 //!
 //! It listens on a unix socket beside the store API's (`pages.sock`, 0600
 //! in a 0700 directory: root only; page contents are secrets). The shim
@@ -32,8 +32,8 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{debug, warn};
 
-use crate::store::stream::Stream;
-use crate::store::Store;
+use torpor_store::stream::Stream;
+use torpor_store::Store;
 
 /// The handshake's protocol name and version.
 pub const HELLO: &str = "torpor-pages/1";

@@ -87,7 +87,7 @@ fn expedite_at(knob: &Path, marker: &Path) -> Result<Option<Expedited>, String> 
         (None, 1) => return Ok(None),
         (None, now) => {
             // Whole (temp file, rename) before the knob changes.
-            crate::store::write_atomic(marker, format!("{now}\n").as_bytes()).map_err(|e| e.to_string())?;
+            torpor_store::write_atomic(marker, format!("{now}\n").as_bytes()).map_err(|e| e.to_string())?;
             now
         }
     };

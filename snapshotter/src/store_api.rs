@@ -1,4 +1,4 @@
-//! The store API (`torpor.store.v1.Store`, ttrpc) over [`crate::store::Store`]:
+//! The store API (`torpor.store.v1.Store`, ttrpc) over [`torpor_store::Store`]:
 //! what the shim and torporctl call on `/run/torpor/store.sock`.
 //!
 //! Every store error keeps its message (it names the snapshot and the
@@ -16,7 +16,7 @@ use torpor_api::store as api;
 use torpor_api::ttrpc::{self, r#async::TtrpcContext, Code};
 use tracing::{info, warn};
 
-use crate::store::{self, ActorName, CommitOptions, GcPolicy, SnapshotId, Store};
+use torpor_store::{self as store, ActorName, CommitOptions, GcPolicy, SnapshotId, Store};
 
 /// A transfer in flight: its kind, its snapshot, its progress.
 type Transfer = (String, SnapshotId, tokio::sync::watch::Receiver<(u64, u64)>);
@@ -39,7 +39,7 @@ pub struct StoreService {
     /// The page server's socket (none: no streamed checkouts).
     page_server: Option<std::path::PathBuf>,
     /// The node's `[tenancy]` policy, served by `Policy`.
-    tenancy: crate::config::TenancyConfig,
+    tenancy: crate::config::TenancySection,
 }
 
 impl StoreService {
@@ -55,7 +55,7 @@ impl StoreService {
 
     /// The node's `[tenancy]` policy, answered by `Policy` (default: a pod
     /// clones only actors of its own namespace).
-    pub fn with_tenancy(mut self, tenancy: crate::config::TenancyConfig) -> Self {
+    pub fn with_tenancy(mut self, tenancy: crate::config::TenancySection) -> Self {
         self.tenancy = tenancy;
         self
     }

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use torpor_snapshotter::fuzzing::TARGETS;
-use torpor_snapshotter::store::{ActorName, ChunkingConfig, Entry, EntryKind, Key, Manifest, SnapshotId};
+use torpor_store::{ActorName, ChunkingConfig, Entry, EntryKind, Key, Manifest, SnapshotId};
 
 fn fuzz_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz")
@@ -51,10 +51,10 @@ fn write_seeds() {
     let (bytes, _) = m.to_bytes().unwrap();
     let id = SnapshotId::new(m.actor.clone(), 1);
     let key = Key::new("k1", &[7u8; 32]).unwrap();
-    let sealed = torpor_snapshotter::store::crypto::seal_manifest(&key, &id, &bytes).unwrap();
+    let sealed = torpor_store::crypto::seal_manifest(&key, &id, &bytes).unwrap();
     let mut escaping = m.clone();
     escaping.entries[1].path = "../../etc/shadow".into();
-    let lease = torpor_snapshotter::store::actor_lease::LeaseDoc {
+    let lease = torpor_store::lease_object::LeaseDoc {
         format: 1,
         actor: m.actor.clone(),
         node: "node-a".into(),
@@ -69,26 +69,26 @@ fn write_seeds() {
         mac: None,
     };
     let lease_path = "objects/actors/fuzz/actor/lease.json";
-    let ring = torpor_snapshotter::store::Keyring::new(vec![Key::new("k1", &[7u8; 32]).unwrap()], Some("k1"), false).unwrap();
+    let ring = torpor_store::Keyring::new(vec![Key::new("k1", &[7u8; 32]).unwrap()], Some("k1"), false).unwrap();
     let mut plain_lease = lease.clone();
-    let plain_lease = torpor_snapshotter::store::actor_lease::seal_lease(&Default::default(), lease_path, &mut plain_lease).unwrap();
+    let plain_lease = torpor_store::lease_object::seal_lease(&Default::default(), lease_path, &mut plain_lease).unwrap();
     let mut mac_lease = lease.clone();
-    let mac_lease = torpor_snapshotter::store::actor_lease::seal_lease(&ring, lease_path, &mut mac_lease).unwrap();
+    let mac_lease = torpor_store::lease_object::seal_lease(&ring, lease_path, &mut mac_lease).unwrap();
     let far = String::from_utf8(plain_lease.clone()).unwrap().replace("1700000030000", "18446744073709551615");
     let edited = String::from_utf8(mac_lease.clone()).unwrap().replace("\"released\": false", "\"released\": true");
     let chunk_data: Vec<u8> = (0..4096u32).map(|i| (i % 13) as u8).collect();
     let with_len = |obj: Vec<u8>| [&(chunk_data.len() as u32).to_le_bytes()[..], &obj].concat();
     let key = Key::new("k1", &[7u8; 32]).unwrap();
-    let digest = torpor_snapshotter::store::chunk::sha256_hex(&chunk_data);
-    let sealed_chunk = torpor_snapshotter::store::chunk::encode_sealed(&chunk_data, 3, &key, &key.chunk_address(&digest)).unwrap();
+    let digest = torpor_store::chunk::sha256_hex(&chunk_data);
+    let sealed_chunk = torpor_store::chunk::encode_sealed(&chunk_data, 3, &key, &key.chunk_address(&digest)).unwrap();
     let mut seeds: Vec<(&str, &str, Vec<u8>)> = vec![
         ("lease", "seed-plain.json", plain_lease),
         ("lease", "seed-mac.json", mac_lease),
         ("lease", "seed-expiry-past-9999.json", far.into_bytes()),
         ("lease", "seed-edited.json", edited.into_bytes()),
-        ("chunk", "seed-zstd", with_len(torpor_snapshotter::store::chunk::encode(&chunk_data, 3).unwrap())),
+        ("chunk", "seed-zstd", with_len(torpor_store::chunk::encode(&chunk_data, 3).unwrap())),
         ("chunk", "seed-sealed", with_len(sealed_chunk)),
-        ("chunk", "seed-claims-4gib", [&u32::MAX.to_le_bytes()[..], &torpor_snapshotter::store::chunk::encode(&chunk_data, 3).unwrap()].concat()),
+        ("chunk", "seed-claims-4gib", [&u32::MAX.to_le_bytes()[..], &torpor_store::chunk::encode(&chunk_data, 3).unwrap()].concat()),
     ];
     seeds.extend(vec![
         ("manifest", "seed-valid.json", bytes.clone()),

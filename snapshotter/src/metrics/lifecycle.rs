@@ -295,7 +295,7 @@ impl Lifecycle {
     }
 }
 
-impl crate::store::Observer for Lifecycle {
+impl torpor_store::Observer for Lifecycle {
     fn uploaded(&self, took: Duration) {
         self.suspend.get_or_create(&PhaseLabels { phase: "upload" }).observe(took.as_secs_f64());
     }

@@ -8,7 +8,7 @@
 //!   by state;
 //! - [`store`]: the tiered store, read at each scrape (its counters, the
 //!   local tier against its budget, the leases this node holds), plus the
-//!   durations of its uploads and fetches ([`crate::store::Observer`]);
+//!   durations of its uploads and fetches ([`torpor_store::Observer`]);
 //! - the store API's failed requests, by operation and store error kind
 //!   ([`Metrics::api_error`]).
 //!
@@ -28,7 +28,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
-use crate::store::Store;
+use torpor_store::Store;
 
 pub use lifecycle::Lifecycle;
 
@@ -118,7 +118,7 @@ impl Metrics {
     }
 
     /// A store API request `op` failed with `e`.
-    pub fn api_error(&self, op: &str, e: &crate::store::Error) {
+    pub fn api_error(&self, op: &str, e: &torpor_store::Error) {
         // "view staging" -> view_staging, "list (refresh ...)" -> list
         let op = op.split(" (").next().unwrap_or(op).replace(' ', "_");
         let op = API_OPS.iter().copied().find(|o| *o == op).unwrap_or("other");

@@ -1,5 +1,5 @@
 //! The tiered store's metrics, read at each scrape: its counters since the
-//! daemon started ([`crate::store::StoreStatus`]: bytes uploaded and
+//! daemon started ([`torpor_store::StoreStatus`]: bytes uploaded and
 //! fetched, dedup savings, background errors), the local tier against its
 //! budget, and the actor leases this node holds.
 
@@ -12,7 +12,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
 
-use crate::store::{Error, Store};
+use torpor_store::{Error, Store};
 
 /// Reads the store at each scrape.
 pub struct StoreCollector {

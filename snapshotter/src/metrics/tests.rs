@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::lifecycle::Report;
 use super::*;
-use crate::store::{self as st, ActorName, Observer};
+use torpor_store::{self as st, ActorName, Observer};
 
 fn report<'a>(actor: &'a str, owner: &'a str, seq: u64, op: &'a str, state: &'a str) -> Report<'a> {
     Report { actor, owner, seq, op, outcome: "ok", state, ..Default::default() }
