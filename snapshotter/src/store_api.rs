@@ -4,8 +4,12 @@
 //! Every store error keeps its message (it names the snapshot and the
 //! problem) and is mapped onto the ttrpc code a caller can act on:
 //! invalid input → INVALID_ARGUMENT, unknown snapshot/staging/lease →
-//! NOT_FOUND, a refused eviction (not durable, pinned) → FAILED_PRECONDITION,
-//! corrupt data → DATA_LOSS, an unreachable object tier → UNAVAILABLE.
+//! NOT_FOUND, a refused eviction (not durable, pinned) or a lease held
+//! elsewhere or lost → FAILED_PRECONDITION, corrupt data → DATA_LOSS, an
+//! unreachable object tier → UNAVAILABLE; and the status's details carry
+//! its kind (`torpor.store.v1.ErrorKind`: which lease error, which
+//! precondition), so that no caller tells errors apart by their text or by
+//! the call it made.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -140,40 +144,42 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A store error as a ttrpc status (the message is the error's text).
+/// A store error as a ttrpc status: the message is the error's text, the
+/// code and the kind (in the status's details, [`api::error_status`]) are
+/// what a caller acts on.
 fn status(op: &str, e: store::Error) -> ttrpc::Error {
-    use store::Error as E;
-    let code = match &e {
-        E::InvalidId(_) | E::InvalidArgument(_) | E::UnsupportedFile { .. } => {
-            Code::INVALID_ARGUMENT
-        }
-        e if e.is_not_found() => Code::NOT_FOUND,
-        E::NotDurable { .. }
-        | E::Pinned { .. }
-        | E::PinnedElsewhere { .. }
-        | E::NoLocalCopy { .. }
-        | E::LeaseHeld { .. }
-        | E::LeaseLost { .. }
-        | E::LeaseUnproven { .. }
-        | E::UnknownKey { .. } => {
-            Code::FAILED_PRECONDITION
-        }
-        E::Conflict { .. } => Code::ABORTED,
-        E::Corrupt { .. } => Code::DATA_LOSS,
-        E::FetchFailed { source, .. } if matches!(**source, E::Corrupt { .. }) => Code::DATA_LOSS,
-        E::StreamFailed { corrupt: true, .. } => Code::DATA_LOSS,
-        e if e.is_remote_unavailable() => Code::UNAVAILABLE,
-        E::ShuttingDown | E::CommitInProgress { .. } => Code::UNAVAILABLE,
-        _ => Code::INTERNAL,
-    };
+    let (code, kind) = code_and_kind(&e);
     if code == Code::INTERNAL || code == Code::DATA_LOSS {
         warn!(op, error = %e, "store request failed");
     }
-    ttrpc::Error::RpcStatus(ttrpc::get_status(code, e.to_string()))
+    ttrpc::Error::RpcStatus(api::error_status(code, e.to_string(), kind))
+}
+
+/// The ttrpc code and the store API's error kind of a store error.
+fn code_and_kind(e: &store::Error) -> (Code, api::ErrorKind) {
+    use api::ErrorKind as K;
+    use store::Error as E;
+    match e {
+        E::InvalidId(_) | E::InvalidArgument(_) | E::UnsupportedFile { .. } => (Code::INVALID_ARGUMENT, K::INVALID_ARGUMENT),
+        e if e.is_not_found() => (Code::NOT_FOUND, K::NOT_FOUND),
+        E::LeaseHeld { .. } => (Code::FAILED_PRECONDITION, K::LEASE_HELD),
+        E::LeaseUnproven { .. } => (Code::FAILED_PRECONDITION, K::LEASE_UNPROVEN),
+        E::LeaseLost { .. } => (Code::FAILED_PRECONDITION, K::LEASE_LOST),
+        E::NotDurable { .. } | E::Pinned { .. } | E::PinnedElsewhere { .. } | E::NoLocalCopy { .. } | E::UnknownKey { .. } => {
+            (Code::FAILED_PRECONDITION, K::FAILED_PRECONDITION)
+        }
+        E::Conflict { .. } => (Code::ABORTED, K::CONFLICT),
+        E::Corrupt { .. } => (Code::DATA_LOSS, K::CORRUPT),
+        E::FetchFailed { source, .. } if matches!(**source, E::Corrupt { .. }) => (Code::DATA_LOSS, K::CORRUPT),
+        E::StreamFailed { corrupt: true, .. } => (Code::DATA_LOSS, K::CORRUPT),
+        e if e.is_remote_unavailable() => (Code::UNAVAILABLE, K::UNAVAILABLE),
+        E::ShuttingDown | E::CommitInProgress { .. } => (Code::UNAVAILABLE, K::UNAVAILABLE),
+        _ => (Code::INTERNAL, K::INTERNAL),
+    }
 }
 
 fn invalid(msg: String) -> ttrpc::Error {
-    ttrpc::Error::RpcStatus(ttrpc::get_status(Code::INVALID_ARGUMENT, msg))
+    ttrpc::Error::RpcStatus(api::error_status(Code::INVALID_ARGUMENT, msg, api::ErrorKind::INVALID_ARGUMENT))
 }
 
 fn actor(s: &str) -> ttrpc::Result<ActorName> {
@@ -392,7 +398,7 @@ impl api::Store for StoreService {
         r.info = protobuf::MessageField::some(to_api_info(&info));
         r.chunk_objects = self.store.chunk_objects(&info, &manifest).into_iter().collect();
         r.manifest_json = serde_json::to_string(&manifest)
-            .map_err(|e| ttrpc::Error::RpcStatus(ttrpc::get_status(Code::INTERNAL, format!("serialize manifest: {e}"))))?;
+            .map_err(|e| ttrpc::Error::RpcStatus(api::error_status(Code::INTERNAL, format!("serialize manifest: {e}"), api::ErrorKind::INTERNAL)))?;
         Ok(r)
     }
 
@@ -513,6 +519,41 @@ impl api::Store for StoreService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 39: the kind of a store error crosses the wire in the status's
+    /// details (a lease held elsewhere, unproven and lost are three kinds of
+    /// one FAILED_PRECONDITION code), each with its code.
+    #[test]
+    fn every_error_status_carries_its_kind() {
+        use api::ErrorKind as K;
+        let actor = ActorName::new("ns/a").unwrap();
+        let id = SnapshotId::new(actor.clone(), 3);
+        let cases = [
+            (store::Error::InvalidArgument("x".into()), Code::INVALID_ARGUMENT, K::INVALID_ARGUMENT),
+            (store::Error::NotFound(id.clone()), Code::NOT_FOUND, K::NOT_FOUND),
+            (store::Error::StagingNotFound("s".into()), Code::NOT_FOUND, K::NOT_FOUND),
+            (
+                store::Error::LeaseHeld { actor: actor.clone(), node: "b".into(), owner: "shim".into(), until: "later".into() },
+                Code::FAILED_PRECONDITION,
+                K::LEASE_HELD,
+            ),
+            (store::Error::LeaseUnproven { actor: actor.clone(), why: "w".into(), retry: "r".into() }, Code::FAILED_PRECONDITION, K::LEASE_UNPROVEN),
+            (store::Error::LeaseLost { actor: actor.clone(), detail: "d".into() }, Code::FAILED_PRECONDITION, K::LEASE_LOST),
+            (store::Error::NotDurable { id: id.clone(), state: "local".into() }, Code::FAILED_PRECONDITION, K::FAILED_PRECONDITION),
+            (store::Error::Pinned { id: id.clone(), leases: 1 }, Code::FAILED_PRECONDITION, K::FAILED_PRECONDITION),
+            (store::Error::Conflict { id: id.clone(), detail: "d".into() }, Code::ABORTED, K::CONFLICT),
+            (store::Error::Corrupt { id: id.clone(), what: "w".into() }, Code::DATA_LOSS, K::CORRUPT),
+            (store::Error::StreamFailed { id: id.clone(), why: "w".into(), corrupt: false }, Code::UNAVAILABLE, K::UNAVAILABLE),
+            (store::Error::ShuttingDown, Code::UNAVAILABLE, K::UNAVAILABLE),
+            (store::Error::Internal("x".into()), Code::INTERNAL, K::INTERNAL),
+        ];
+        for (e, code, kind) in cases {
+            let what = e.to_string();
+            let ttrpc::Error::RpcStatus(s) = status("test", e) else { panic!("{what}: not a status") };
+            assert_eq!((s.code(), api::error_kind(&s)), (code, Some(kind)), "{what}");
+            assert_eq!(s.message, what);
+        }
+    }
 
     /// Issue 14, finding 6: Confirm is answered off the data path. The data
     /// runtime here is wedged (its only worker blocked, as by a commit's

@@ -149,8 +149,7 @@ impl SnapshotStore {
 
     /// One RPC: on the cached connection, or a new one; a transport
     /// failure on a cached connection is retried once on a new one.
-    /// `precondition` is what FAILED_PRECONDITION means for this call.
-    async fn call<T, F, Fut>(&self, op: &str, precondition: StoreErrorKind, f: F) -> Result<T>
+    async fn call<T, F, Fut>(&self, op: &str, f: F) -> Result<T>
     where
         F: Fn(api::StoreClient) -> Fut,
         Fut: std::future::Future<Output = ttrpc::Result<T>>,
@@ -164,7 +163,7 @@ impl SnapshotStore {
             };
             match f(c).await {
                 Ok(v) => return Ok(v),
-                Err(ttrpc::Error::RpcStatus(s)) => return Err(self.status_error(op, precondition, s)),
+                Err(ttrpc::Error::RpcStatus(s)) => return Err(self.status_error(op, s)),
                 Err(e) => {
                     self.forget();
                     if fresh {
@@ -180,24 +179,14 @@ impl SnapshotStore {
 
     /// Maps the daemon's answer onto a typed store error, keeping its
     /// message (which names the snapshot and the problem).
-    fn status_error(&self, op: &str, precondition: StoreErrorKind, s: ttrpc::proto::Status) -> Error {
-        use ttrpc::Code;
-        let kind = match s.code() {
-            Code::NOT_FOUND => StoreErrorKind::NotFound,
-            Code::INVALID_ARGUMENT => StoreErrorKind::InvalidArgument,
-            Code::FAILED_PRECONDITION => precondition,
-            Code::DATA_LOSS => StoreErrorKind::Corrupt,
-            Code::UNIMPLEMENTED => StoreErrorKind::Unimplemented,
-            Code::UNAVAILABLE | Code::DEADLINE_EXCEEDED => StoreErrorKind::Unavailable,
-            _ => StoreErrorKind::Other,
-        };
-        Error::store(kind, format!("snapshot store ({}) {op}: {}", self.socket.display(), s.message))
+    fn status_error(&self, op: &str, s: ttrpc::proto::Status) -> Error {
+        Error::store(error_kind(&s), format!("snapshot store ({}) {op}: {}", self.socket.display(), s.message))
     }
 
     /// The node's policy for actors (`[tenancy]` of the daemon's config):
     /// the namespaces whose actors any pod may clone.
     pub async fn clone_source_namespaces(&self) -> Result<Vec<String>> {
-        let r = self.call("policy", StoreErrorKind::FailedPrecondition, |c| async move { c.policy(ctx(QUICK), &api::Empty::new()).await }).await?;
+        let r = self.call("policy", |c| async move { c.policy(ctx(QUICK), &api::Empty::new()).await }).await?;
         Ok(r.clone_source_namespaces)
     }
 
@@ -205,7 +194,7 @@ impl SnapshotStore {
         let mut req = api::BeginRequest::new();
         req.actor = actor.to_string();
         let req = &req;
-        let r = self.call("begin", StoreErrorKind::FailedPrecondition, |c| async move { c.begin(ctx(QUICK), req).await }).await?;
+        let r = self.call("begin", |c| async move { c.begin(ctx(QUICK), req).await }).await?;
         Ok(Staging { id: r.staging_id, path: PathBuf::from(r.path) })
     }
 
@@ -220,7 +209,7 @@ impl SnapshotStore {
         req.labels = labels;
         req.keep_local_seconds = keep_local.map(|d| d.as_secs());
         let req = &req;
-        let info = self.call("commit", StoreErrorKind::FailedPrecondition, |c| async move { c.commit(ctx(LONG), req).await }).await?;
+        let info = self.call("commit", |c| async move { c.commit(ctx(LONG), req).await }).await?;
         snapshot_ref(&info).ok_or_else(|| Error::store(StoreErrorKind::Other, "commit answered without a snapshot id"))
     }
 
@@ -228,7 +217,7 @@ impl SnapshotStore {
         let mut req = api::AbortRequest::new();
         req.staging_id = staging.id.clone();
         let req = &req;
-        self.call("abort", StoreErrorKind::FailedPrecondition, |c| async move { c.abort(ctx(QUICK), req).await }).await?;
+        self.call("abort", |c| async move { c.abort(ctx(QUICK), req).await }).await?;
         Ok(())
     }
 
@@ -237,7 +226,7 @@ impl SnapshotStore {
         let mut req = api::LatestRequest::new();
         req.actor = actor.to_string();
         let req = &req;
-        let r = self.call("latest", StoreErrorKind::FailedPrecondition, |c| async move { c.latest(ctx(LONG), req).await }).await?;
+        let r = self.call("latest", |c| async move { c.latest(ctx(LONG), req).await }).await?;
         Ok(r.info.into_option().as_ref().and_then(snapshot_ref))
     }
 
@@ -258,7 +247,7 @@ impl SnapshotStore {
         req.stream = stream;
         let op = format!("checkout {snap}");
         let req = &req;
-        let r = self.call(&op, StoreErrorKind::FailedPrecondition, |c| async move { c.checkout(ctx(LONG), req).await }).await?;
+        let r = self.call(&op, |c| async move { c.checkout(ctx(LONG), req).await }).await?;
         let page_server = (r.streamed && !r.page_server.is_empty()).then(|| PathBuf::from(&r.page_server));
         Ok(Checkout { snapshot: snap.clone(), path: PathBuf::from(r.path), lease: r.lease, page_server })
     }
@@ -269,7 +258,7 @@ impl SnapshotStore {
         let mut req = api::WaitStreamRequest::new();
         req.lease = lease.to_string();
         let req = &req;
-        let r = self.call("wait for the streamed checkout", StoreErrorKind::FailedPrecondition, |c| async move { c.wait_stream(ctx(LONG), req).await }).await?;
+        let r = self.call("wait for the streamed checkout", |c| async move { c.wait_stream(ctx(LONG), req).await }).await?;
         Ok(StreamDone {
             fetched_bytes: r.fetched_bytes,
             chunks: r.chunks,
@@ -288,7 +277,7 @@ impl SnapshotStore {
         let mut req = api::ViewStagingRequest::new();
         req.staging_id = staging.id.clone();
         let req = &req;
-        let r = self.call("view staging", StoreErrorKind::FailedPrecondition, |c| async move { c.view_staging(ctx(QUICK), req).await }).await?;
+        let r = self.call("view staging", |c| async move { c.view_staging(ctx(QUICK), req).await }).await?;
         Ok((PathBuf::from(r.path), r.lease))
     }
 
@@ -296,7 +285,7 @@ impl SnapshotStore {
         let mut req = api::ReleaseRequest::new();
         req.lease = checkout.lease.clone();
         let req = &req;
-        self.call("release", StoreErrorKind::FailedPrecondition, |c| async move { c.release(ctx(QUICK), req).await }).await?;
+        self.call("release", |c| async move { c.release(ctx(QUICK), req).await }).await?;
         Ok(())
     }
 
@@ -309,7 +298,7 @@ impl SnapshotStore {
         req.actor = actor.to_string();
         req.owner = owner.to_string();
         let req = &req;
-        let r = self.call("acquire of the actor lease", StoreErrorKind::LeaseHeld, |c| async move { c.acquire(ctx(ACQUIRE), req).await }).await?;
+        let r = self.call("acquire of the actor lease", |c| async move { c.acquire(ctx(ACQUIRE), req).await }).await?;
         Ok(Grant { epoch: r.epoch, previous_node: (!r.previous_node.is_empty()).then(|| r.previous_node.clone()) })
     }
 
@@ -322,7 +311,7 @@ impl SnapshotStore {
         req.actor = actor.to_string();
         req.owner = owner.to_string();
         let req = &req;
-        let r = self.call("confirm of the actor lease", StoreErrorKind::LeaseLost, |c| async move { c.confirm(ctx(CONFIRM), req).await }).await?;
+        let r = self.call("confirm of the actor lease", |c| async move { c.confirm(ctx(CONFIRM), req).await }).await?;
         Ok(r.valid_until_unix_ms)
     }
 
@@ -332,7 +321,7 @@ impl SnapshotStore {
         req.actor = actor.to_string();
         req.owner = owner.to_string();
         let req = &req;
-        self.call("surrender of the actor lease", StoreErrorKind::FailedPrecondition, |c| async move { c.surrender(ctx(QUICK), req).await }).await?;
+        self.call("surrender of the actor lease", |c| async move { c.surrender(ctx(QUICK), req).await }).await?;
         Ok(())
     }
 
@@ -341,13 +330,13 @@ impl SnapshotStore {
         let mut req = api::ListRequest::new();
         req.actor = actor.to_string();
         let req = &req;
-        let r = self.call("list", StoreErrorKind::FailedPrecondition, |c| async move { c.list(ctx(QUICK), req).await }).await?;
+        let r = self.call("list", |c| async move { c.list(ctx(QUICK), req).await }).await?;
         Ok(r.snapshots.iter().filter_map(|i| Some((snapshot_ref(i)?, i.labels.clone()))).collect())
     }
 
     /// A lifecycle report for the daemon's metrics ([`crate::actor::report`]).
     pub async fn report_lifecycle(&self, req: &api::LifecycleReport) -> Result<()> {
-        self.call("lifecycle report", StoreErrorKind::FailedPrecondition, |c| async move { c.report_lifecycle(ctx(REPORT), req).await }).await?;
+        self.call("lifecycle report", |c| async move { c.report_lifecycle(ctx(REPORT), req).await }).await?;
         Ok(())
     }
 
@@ -355,7 +344,7 @@ impl SnapshotStore {
     pub async fn remove(&self, snap: &SnapshotRef) -> Result<()> {
         let (op, req) = (format!("remove {snap}"), id(snap));
         let req = &req;
-        self.call(&op, StoreErrorKind::FailedPrecondition, |c| async move { c.remove(ctx(LONG), req).await }).await?;
+        self.call(&op, |c| async move { c.remove(ctx(LONG), req).await }).await?;
         Ok(())
     }
 }
@@ -472,6 +461,34 @@ impl SnapshotStore {
     }
 }
 
+/// The kind of the daemon's error: the one its status carries
+/// ([`api::error_kind`]); without one (a daemon from before it, an error of
+/// ttrpc itself), the status code's.
+fn error_kind(s: &ttrpc::proto::Status) -> StoreErrorKind {
+    use api::ErrorKind as K;
+    use ttrpc::Code;
+    match api::error_kind(s) {
+        Some(K::INVALID_ARGUMENT) => StoreErrorKind::InvalidArgument,
+        Some(K::NOT_FOUND) => StoreErrorKind::NotFound,
+        // Not proven free: another node may hold it.
+        Some(K::LEASE_HELD | K::LEASE_UNPROVEN) => StoreErrorKind::LeaseHeld,
+        Some(K::LEASE_LOST) => StoreErrorKind::LeaseLost,
+        Some(K::FAILED_PRECONDITION) => StoreErrorKind::FailedPrecondition,
+        Some(K::CORRUPT) => StoreErrorKind::Corrupt,
+        Some(K::UNAVAILABLE) => StoreErrorKind::Unavailable,
+        Some(K::CONFLICT | K::INTERNAL | K::ERROR_KIND_UNSPECIFIED) => StoreErrorKind::Other,
+        None => match s.code() {
+            Code::NOT_FOUND => StoreErrorKind::NotFound,
+            Code::INVALID_ARGUMENT => StoreErrorKind::InvalidArgument,
+            Code::FAILED_PRECONDITION => StoreErrorKind::FailedPrecondition,
+            Code::DATA_LOSS => StoreErrorKind::Corrupt,
+            Code::UNIMPLEMENTED => StoreErrorKind::Unimplemented,
+            Code::UNAVAILABLE | Code::DEADLINE_EXCEEDED => StoreErrorKind::Unavailable,
+            _ => StoreErrorKind::Other,
+        },
+    }
+}
+
 fn ctx(timeout: Duration) -> ttrpc::context::Context {
     ttrpc::context::with_timeout(timeout.as_nanos() as i64)
 }
@@ -485,4 +502,80 @@ fn id(s: &SnapshotRef) -> api::SnapshotId {
 
 fn snapshot_ref(info: &api::SnapshotInfo) -> Option<SnapshotRef> {
     info.id.as_ref().map(|i| SnapshotRef { actor: i.actor.clone(), generation: i.generation })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api::ErrorKind as K;
+
+    /// The kind of an error status the daemon sent with `kind`.
+    fn kind_of(code: ttrpc::Code, kind: K) -> StoreErrorKind {
+        error_kind(&api::error_status(code, "refused", kind))
+    }
+
+    // One kind per test: the kind on the wire decides, whatever the call
+    // (the client no longer guesses it from the call it made).
+    #[test]
+    fn lease_held_is_lease_held() {
+        assert_eq!(kind_of(ttrpc::Code::FAILED_PRECONDITION, K::LEASE_HELD), StoreErrorKind::LeaseHeld);
+    }
+
+    #[test]
+    fn a_lease_not_proven_free_is_held() {
+        assert_eq!(kind_of(ttrpc::Code::FAILED_PRECONDITION, K::LEASE_UNPROVEN), StoreErrorKind::LeaseHeld);
+    }
+
+    #[test]
+    fn lease_lost_is_lease_lost() {
+        assert_eq!(kind_of(ttrpc::Code::FAILED_PRECONDITION, K::LEASE_LOST), StoreErrorKind::LeaseLost);
+    }
+
+    #[test]
+    fn another_precondition_is_a_failed_precondition() {
+        assert_eq!(kind_of(ttrpc::Code::FAILED_PRECONDITION, K::FAILED_PRECONDITION), StoreErrorKind::FailedPrecondition);
+    }
+
+    #[test]
+    fn not_found_is_not_found() {
+        assert_eq!(kind_of(ttrpc::Code::NOT_FOUND, K::NOT_FOUND), StoreErrorKind::NotFound);
+    }
+
+    #[test]
+    fn invalid_argument_is_invalid_argument() {
+        assert_eq!(kind_of(ttrpc::Code::INVALID_ARGUMENT, K::INVALID_ARGUMENT), StoreErrorKind::InvalidArgument);
+    }
+
+    #[test]
+    fn corrupt_is_corrupt() {
+        assert_eq!(kind_of(ttrpc::Code::DATA_LOSS, K::CORRUPT), StoreErrorKind::Corrupt);
+    }
+
+    #[test]
+    fn unavailable_is_unavailable() {
+        assert_eq!(kind_of(ttrpc::Code::UNAVAILABLE, K::UNAVAILABLE), StoreErrorKind::Unavailable);
+    }
+
+    #[test]
+    fn a_conflict_and_an_internal_error_are_other() {
+        assert_eq!(kind_of(ttrpc::Code::ABORTED, K::CONFLICT), StoreErrorKind::Other);
+        assert_eq!(kind_of(ttrpc::Code::INTERNAL, K::INTERNAL), StoreErrorKind::Other);
+    }
+
+    #[test]
+    fn the_kind_wins_over_the_code() {
+        // A lease lost at any call is lost, not the call's guess.
+        assert_eq!(kind_of(ttrpc::Code::FAILED_PRECONDITION, K::LEASE_LOST), StoreErrorKind::LeaseLost);
+        assert_eq!(kind_of(ttrpc::Code::UNKNOWN, K::NOT_FOUND), StoreErrorKind::NotFound);
+    }
+
+    #[test]
+    fn without_a_kind_the_code_tells() {
+        let code = |c| error_kind(&ttrpc::get_status(c, "an older daemon"));
+        assert_eq!(code(ttrpc::Code::FAILED_PRECONDITION), StoreErrorKind::FailedPrecondition);
+        assert_eq!(code(ttrpc::Code::NOT_FOUND), StoreErrorKind::NotFound);
+        assert_eq!(code(ttrpc::Code::UNIMPLEMENTED), StoreErrorKind::Unimplemented);
+        assert_eq!(code(ttrpc::Code::DEADLINE_EXCEEDED), StoreErrorKind::Unavailable);
+        assert_eq!(code(ttrpc::Code::INTERNAL), StoreErrorKind::Other);
+    }
 }
