@@ -36,7 +36,7 @@ async fn background_held() {
     let Some(dir) = std::env::var_os("TORPOR_FAILPOINTS_DIR") else { return };
     let armed = Path::new(&dir).join("snapshotter");
     while std::fs::read_to_string(&armed).is_ok_and(|s| s.trim() == "stream-hold") {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
 }
 
