@@ -44,10 +44,11 @@ test: unit-test vm-test integration-test
 unit-test:
 	$(CARGO) test --release -p torpor-api -p torpor-runtime -p torpor-shim -p torporctl -p torpor-snapshotter -p torpor-agent
 
-## vm-test: the cgroup unit tests and a live cgroup v2 test on a real cgroup v2
-## kernel, in a qemu guest (test/vm/run.sh; this host's tree is v1)
+## vm-test: a cgroup v2 node in a qemu guest (test/vm/node.sh; this host's tree is v1):
+## systemd as init, containerd + torpor with the systemd and the cgroupfs driver, the
+## integration tests that prove that configuration; results in target/vm-node
 vm-test:
-	test/vm/run.sh
+	test/vm/node.sh
 
 integration-test:
 	test/rig/run-tests.sh
