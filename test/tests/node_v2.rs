@@ -76,8 +76,14 @@ fn limits_land_in_memory_max_and_cpu_max_and_hold_after_a_resume() {
     let limits = json!({"memory_limit_in_bytes": 256 * MIB, "cpu_period": 100000, "cpu_quota": 50000});
     let a = CounterSpec::new().in_the_pods_pid_namespace().resources(limits).start(Pod::run("v2-limits"));
     assert_eq!(a.inc(), 1);
+    // By the counter's processes: after a restore `crictl inspect` may
+    // still name the pid the container had before the suspend.
     let check = |when: &str| {
-        let dir = cgroup_dir(init_pid(&a.container));
+        let procs = wait_for("the counter's processes", LIVENESS, || {
+            let p = a.processes();
+            (!p.is_empty()).then_some(p)
+        });
+        let dir = Path::new("/sys/fs/cgroup").join(procs[0].1.trim_start_matches('/'));
         assert_placed(&dir, &a.container);
         assert_eq!(read(&dir.join("memory.max")), (256 * MIB).to_string(), "memory.max {when}");
         assert_eq!(read(&dir.join("cpu.max")), "50000 100000", "cpu.max {when}");

@@ -31,6 +31,13 @@ check() { # name status [why]
 	echo "$line" | tee -a "$SUMMARY"
 	[ "$2" != fail ] || rc=1
 }
+# Failures of a bug found in the guest and written down in test/vm/README.md
+# ("Known"): reported `skipped (Known: ...)` instead of `fail` while they
+# fail, `pass` once they pass.
+declare -A KNOWN=(
+	["systemd/exit_codes::oom_kill_is_reported_as_oomkilled"]="OOM under the systemd driver reported as Error, not OOMKilled"
+	["systemd/node_v2::an_oom_kill_is_counted_in_memory_events_and_reported_as_oomkilled"]="OOM under the systemd driver reported as Error, not OOMKilled"
+)
 want() { [ "$SUITES" = all ] || [[ " $SUITES " == *" $1 "* ]]; }
 test_exe() { awk -F'\t' -v n="$1" '$1 == n {print $2; exit}' /etc/torpor-vm-tests; }
 
@@ -55,7 +62,13 @@ run_tests() {
 			if grep -q "^skipped: " "$out"; then check "$pass/$target::$name" skipped "$(grep -m1 '^skipped: ' "$out")"; else check "$pass/$target::$name" pass; fi
 			;;
 		ignored) check "$pass/$target::$name" skipped "ignored" ;;
-		FAILED) check "$pass/$target::$name" fail "see $pass-$target.log" ;;
+		FAILED)
+			if [ -n "${KNOWN[$pass/$target::$name]:-}" ]; then
+				check "$pass/$target::$name" skipped "Known (test/vm/README.md): ${KNOWN[$pass/$target::$name]}; see $pass-$target.log"
+			else
+				check "$pass/$target::$name" fail "see $pass-$target.log"
+			fi
+			;;
 		*) check "$pass/$target::$name" fail "did not run or hung (see $pass-$target.log)" ;;
 		esac
 	done
