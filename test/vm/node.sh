@@ -13,7 +13,7 @@
 #        test/vm/node.sh --prepare   only the cached parts: kernel and root fs
 # Env:   TORPOR_VM_WORK     cache and scratch (default /var/cache/torpor/vm)
 #        TORPOR_VM_OUT      where the results go (default <repo>/target/vm-node)
-#        TORPOR_VM_TIMEOUT  seconds the guest may run (default 1500)
+#        TORPOR_VM_TIMEOUT  seconds the guest may run (default 2400)
 #        TORPOR_VM_SUITES   which suites the guest runs (default all; see guest/suite.sh)
 #        TORPOR_VM_MEM / TORPOR_VM_SMP   guest memory (MiB, 4096) and CPUs (2)
 #        TORPOR_SKIP_SHIM_BUILD=1        use what target/release holds
@@ -27,7 +27,7 @@ cd "$(dirname "$0")/../.."
 REPO=$(pwd)
 WORK=${TORPOR_VM_WORK:-/var/cache/torpor/vm}
 OUT=${TORPOR_VM_OUT:-$REPO/target/vm-node}
-TIMEOUT=${TORPOR_VM_TIMEOUT:-1500}
+TIMEOUT=${TORPOR_VM_TIMEOUT:-2400}
 KPKG=${TORPOR_VM_KERNEL_PKG:-linux-image-6.1.0-57-amd64}
 MIRROR=${TORPOR_VM_MIRROR:-http://deb.debian.org/debian}
 RELEASE=$(. /etc/os-release && echo "$VERSION_CODENAME")
