@@ -267,6 +267,97 @@ fn redis(suspend: bool) {
     assert_eq!(restarts(&p), 0);
 }
 
+/// Redis' `run_id` (INFO server): random at each start of the server,
+/// kept by a restore.
+#[track_caller]
+fn run_id(client: &mut Redis) -> String {
+    let info = match client.cmd(&["INFO", "server"]) {
+        Resp::Bulk(Some(text)) => text,
+        other => panic!("INFO server: {other:?}"),
+    };
+    info.lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .unwrap_or_else(|| panic!("no run_id in INFO server: {info}"))
+        .trim()
+        .to_string()
+}
+
+/// The torpor annotations on the pod (the agent's among them).
+fn torpor_annotations(p: &Value) -> BTreeSet<String> {
+    p["metadata"]["annotations"].as_object().into_iter().flatten().map(|(k, _)| k.clone()).filter(|k| k.starts_with("torpor.dev/")).collect()
+}
+
+/// Issue 37, item 3, through kubelet: a non-root container (Redis, uid
+/// 999) of a pod that the agent has acted on (its `applied-state` and
+/// `applied-result` annotations on the pod, passed to the shim by
+/// containerd at every create) is re-created by kubelet after its server
+/// is SIGKILLed: a new server (a new run_id) with the keys of its
+/// append-only file, the actor RUNNING. Then, suspended by the agent, its
+/// container is stopped (`crictl stop`, as kubelet stops a container whose
+/// liveness probe fails) and kubelet re-creates it: the new container
+/// starts from the actor's snapshot (the run_id of the suspended server,
+/// a key it held only in memory), and the agent's label follows the actor.
+#[test]
+fn redis_restarts_after_the_agent_acted_and_comes_back_from_its_snapshot() {
+    let (ns, _agents) = setup("wl-restart");
+    let pod = "redis";
+    let probe = json!({"tcpSocket": {"port": 6379}});
+    let extra = json!({"ports": [{"containerPort": 6379}]});
+    ns.apply(&server_pod(pod, REDIS_IMAGE, REDIS_UID, probe, "/data", extra));
+    let p = ns.wait_ready(pod);
+    let addr = format!("{}:6379", pod_ip(&p));
+    let mut client = Redis::connect(&addr);
+    assert_eq!(client.cmd(&["SET", "kept", "in the append-only file"]), Resp::Simple("OK".into()));
+    let first = run_id(&mut client);
+
+    // the agent acts on the pod: a suspend and a resume
+    suspend_by_annotation(&ns, pod);
+    resume_by_annotation(&ns, pod);
+    assert_eq!(run_id(&mut client), first, "the same server after the resume");
+    drop(client);
+    let p = ns.pod(pod);
+    let written = torpor_annotations(&p);
+    for k in [DESIRED, APPLIED_STATE, APPLIED_RESULT] {
+        assert!(written.contains(k), "the agent's {k} on the pod: {written:?}");
+    }
+
+    // a crash: kubelet re-creates the container with those annotations
+    kill_main_process(&p);
+    let p = wait_restarted(&ns, pod, 1);
+    let addr = format!("{}:6379", pod_ip(&p));
+    let mut client = Redis::connect(&addr);
+    let second = run_id(&mut client);
+    assert_ne!(second, first, "a new server after the crash");
+    assert_eq!(client.cmd(&["GET", "kept"]), bulk("in the append-only file"), "the new server read its append-only file");
+    assert_eq!(node_of(&p).actor_state(&ns.actor(pod)), "RUNNING");
+    all_run_as(&processes(&ns, pod), "redis", 1);
+
+    // suspended by the agent, its container stopped and re-created by
+    // kubelet: it comes back from the snapshot
+    assert_eq!(client.cmd(&["CONFIG", "SET", "appendonly", "no"]), Resp::Simple("OK".into()));
+    assert_eq!(client.cmd(&["SET", "only-in-memory", "since the crash"]), Resp::Simple("OK".into()));
+    drop(client);
+    suspend_by_annotation(&ns, pod);
+    let p = ns.pod(pod);
+    let node = node_of(&p);
+    let cid = container_id(&p);
+    let out = node.crictl(&["stop", &cid]);
+    assert!(out.success(), "crictl stop {cid} (suspended): {out}");
+    let p = wait_restarted(&ns, pod, 2);
+    assert_ne!(container_id(&p), cid, "a new container");
+    let mut client = Redis::connect(&format!("{}:6379", pod_ip(&p)));
+    assert_eq!(run_id(&mut client), second, "the suspended server, restored from its snapshot");
+    assert_eq!(client.cmd(&["GET", "only-in-memory"]), bulk("since the crash"));
+    assert_eq!(client.cmd(&["GET", "kept"]), bulk("in the append-only file"));
+    let state = node.actor_state(&ns.actor(pod));
+    assert_eq!(state, "RUNNING", "the actor runs its restored container");
+    wait_label(&ns, pod, "running");
+    all_run_as(&processes(&ns, pod), "redis", 1);
+    let p = ns.pod(pod);
+    assert!(pod_is_ready(&p));
+    assert_eq!(restarts(&p), 2);
+}
+
 // ------------------------------------------------------------------ nginx
 
 /// nginx as user nginx (uid 101, restricted namespace): its master and two
