@@ -6,7 +6,9 @@
 //! the `torpor.dev/desired-state` annotation (torpor-agent), its data
 //! checked with its own client before and after; PostgreSQL's main
 //! process is also killed and kubelet's new container comes back with the
-//! committed rows.
+//! committed rows. A Redis container of a pod the agent acted on is
+//! re-created by kubelet after a crash (cold, with the agent's annotations)
+//! and after a stop while suspended (from its snapshot).
 //!
 //! Run by test/rig/run-tests.sh with the cluster up, one test at a time
 //! (`test/rig/run-tests.sh --test workloads`). Each test works in its own
