@@ -25,6 +25,7 @@ use crate::system::reaper;
 use crate::system::runc::{self, CheckpointOpts, RestoreFrom, Runc};
 use crate::system::runc_options::RuncOptions;
 use crate::system::stdio::{self, ProcessIo, StdioConfig};
+use crate::system::sysv_ipc;
 use crate::system::tmpfs;
 use crate::task::container::{Container, ContainerState, Exec};
 use crate::task::process::{ExecState, ExitInfo, Process, Status};
@@ -656,6 +657,9 @@ impl Tasks {
             Ok(()) => runc.checkpoint(id, opts).await,
             Err(e) => Err(e.context(&format!("checkpoint of {id}"))),
         };
+        if r.is_ok() && opts.exit {
+            remove_dumped_ipc_objects(id, &bundle).await;
+        }
         let mut t = self.lock();
         if let Some(c) = t.containers.get_mut(id) {
             let back = match std::mem::replace(&mut c.state, ContainerState::Stopped) {
@@ -1034,6 +1038,36 @@ fn container_mut<'a>(t: &'a mut Table, id: &str) -> Result<&'a mut Container> {
 /// The bundle's CRIU work directory for a restore at Start.
 pub fn criu_work(bundle: &Path) -> PathBuf {
     bundle.join("criu-work")
+}
+
+/// After the dump of container `id`: the SysV IPC objects CRIU took into
+/// its images are removed from the pod's IPC namespace, which the
+/// container joined and which outlives it ([`sysv_ipc`]); else its restore
+/// fails on them. A failure is logged: the dump stands, and a restore
+/// would name the object in its error.
+async fn remove_dumped_ipc_objects(id: &str, bundle: &Path) {
+    let ns = match crate::oci::spec::read_spec(bundle) {
+        Ok(spec) => crate::oci::spec::ContainerSpec::of(&spec).ipcns,
+        Err(e) => {
+            warn!(container = id, "the SysV IPC objects of the pod stay after the dump: {e}");
+            return;
+        }
+    };
+    let Some(ns) = ns else { return };
+    match tokio::task::spawn_blocking(move || sysv_ipc::remove_dumped(&ns)).await {
+        Ok(Ok(r)) if r.attached.is_empty() => {
+            if r.shm + r.sem + r.msg > 0 {
+                info!(container = id, shm = r.shm, sem = r.sem, msg = r.msg, "SysV IPC objects of the dump removed from the pod's namespace");
+            }
+        }
+        Ok(Ok(r)) => warn!(
+            container = id,
+            attached = ?r.attached,
+            "shared memory segments of the pod's IPC namespace are still attached after the dump: a restore of the container fails on them"
+        ),
+        Ok(Err(e)) => warn!(container = id, "the SysV IPC objects of the pod stay after the dump: {e}"),
+        Err(e) => warn!(container = id, "the SysV IPC objects of the pod stay after the dump: {e}"),
+    }
 }
 
 #[cfg(test)]
