@@ -798,5 +798,5 @@ install_promtool
 install_kubernetes
 log "test images"
 "$repo/test/images/build.sh"
-install_vm_guest
+# (install_vm_guest: by `make vm-node-test`, not yet part of `make test`)
 check_all
