@@ -1587,15 +1587,22 @@ mod tests {
         TcpListener::from_std(app).unwrap()
     }
 
-    /// Whether no `ip rule` of the held ports' table is left in `netns`.
+    /// Whether no `ip rule` of the held ports' table is left in `netns`,
+    /// waiting for it as
+    /// [`wait_rules_gone`] does: it goes after the iptables rules
+    /// (`syn_drop_remove`), so a check right after theirs raced it.
     async fn no_route_rule(netns: &Path) -> bool {
-        for f in ["-4", "-6"] {
-            let rules = String::from_utf8_lossy(&ip_out(netns, &[f, "rule", "show"]).await.stdout).into_owned();
-            if rules.contains(&format!("lookup {ROUTE_TABLE}")) || rules.contains("lookup 29808") {
-                return false;
+        'poll: for _ in 0..600 {
+            for f in ["-4", "-6"] {
+                let rules = String::from_utf8_lossy(&ip_out(netns, &[f, "rule", "show"]).await.stdout).into_owned();
+                if rules.contains(&format!("lookup {ROUTE_TABLE}")) || rules.contains("lookup 29808") {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue 'poll;
+                }
             }
+            return true;
         }
-        true
+        false
     }
 
     /// Once a connection that woke the actor reached it from 127.0.0.1:
