@@ -10,13 +10,13 @@
 //! removes what the dump holds from the namespace: the restore brings them
 //! back, and the suspended pod does not keep their memory meanwhile.
 
-use std::fs::File;
 use std::path::Path;
 
 use nix::errno::Errno;
-use nix::sched::{setns, CloneFlags};
+use nix::sched::CloneFlags;
 
 use crate::error::{Error, IoContext, Result};
+use crate::system::netns::in_namespace;
 
 /// What [`remove_dumped`] removed, and the segments it left (still attached).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -33,18 +33,7 @@ pub struct Removed {
 /// no process has attached: after a dump, the dumped processes are gone,
 /// and what they used is in the images.
 pub fn remove_dumped(ns: &Path) -> Result<Removed> {
-    let file = File::open(ns).io_context(|| format!("open the IPC namespace {ns:?}"))?;
-    // setns(CLONE_NEWIPC) moves the calling thread only: a thread of its
-    // own, which ends with it (never one of a pool).
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            setns(&file, CloneFlags::CLONE_NEWIPC).io_context(|| format!("enter the IPC namespace {ns:?}"))?;
-            remove_in_own_namespace()
-        })
-        .join()
-        .map_err(|_| std::io::Error::other("the thread panicked"))
-        .io_context(|| format!("remove the SysV IPC objects of {ns:?}"))?
-    })
+    in_namespace(ns, CloneFlags::CLONE_NEWIPC, "IPC namespace", || Ok(remove_in_own_namespace()))?
 }
 
 /// [`remove_dumped`] in the calling thread's IPC namespace (`/proc/sysvipc`

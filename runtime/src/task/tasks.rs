@@ -53,6 +53,8 @@ pub struct NewContainer {
     pub own_pid_ns: bool,
     pub sandbox: bool,
     pub netns: Option<PathBuf>,
+    /// The pod's IPC namespace (a path), if joined.
+    pub ipcns: Option<PathBuf>,
     pub rootfs_upper: Option<PathBuf>,
     /// Restore this checkpoint image at Start, instead of `runc create`.
     pub restore_from: Option<PathBuf>,
@@ -318,6 +320,7 @@ impl Tasks {
             cgroup: None,
             sandbox: new.sandbox,
             netns: new.netns,
+            ipcns: new.ipcns,
             rootfs_upper: new.rootfs_upper,
             exit_hold: None,
         };
@@ -635,7 +638,7 @@ impl Tasks {
     /// ends as the dump completes, which is not an exit; it is SUSPENDED
     /// after (RUNNING to containerd, its stdio held).
     pub async fn dump(&self, id: &str, opts: &CheckpointOpts) -> Result<()> {
-        let (runc, bundle) = self.with(id, |c| {
+        let (runc, bundle, ipcns) = self.with(id, |c| {
             if c.has_live_execs() {
                 return Err(Error::FailedPrecondition(format!("container {id} has exec sessions running")));
             }
@@ -648,7 +651,7 @@ impl Tasks {
                 }
             };
             c.state = ContainerState::Dumping { back: Box::new(back) };
-            Ok((c.runc.clone(), c.bundle.clone()))
+            Ok((c.runc.clone(), c.bundle.clone(), c.ipcns.clone()))
         })?;
         if runc.plain() {
             criu_restore::save_template(&runc.state_dir(id), &bundle);
@@ -657,8 +660,8 @@ impl Tasks {
             Ok(()) => runc.checkpoint(id, opts).await,
             Err(e) => Err(e.context(&format!("checkpoint of {id}"))),
         };
-        if r.is_ok() && opts.exit {
-            remove_dumped_ipc_objects(id, &bundle).await;
+        if let (Ok(()), true, Some(ns)) = (&r, opts.exit, ipcns) {
+            remove_dumped_ipc_objects(id, ns).await;
         }
         let mut t = self.lock();
         if let Some(c) = t.containers.get_mut(id) {
@@ -1045,15 +1048,7 @@ pub fn criu_work(bundle: &Path) -> PathBuf {
 /// container joined and which outlives it ([`sysv_ipc`]); else its restore
 /// fails on them. A failure is logged: the dump stands, and a restore
 /// would name the object in its error.
-async fn remove_dumped_ipc_objects(id: &str, bundle: &Path) {
-    let ns = match crate::oci::spec::read_spec(bundle) {
-        Ok(spec) => crate::oci::spec::ContainerSpec::of(&spec).ipcns,
-        Err(e) => {
-            warn!(container = id, "the SysV IPC objects of the pod stay after the dump: {e}");
-            return;
-        }
-    };
-    let Some(ns) = ns else { return };
+async fn remove_dumped_ipc_objects(id: &str, ns: PathBuf) {
     match tokio::task::spawn_blocking(move || sysv_ipc::remove_dumped(&ns)).await {
         Ok(Ok(r)) if r.attached.is_empty() => {
             if r.shm + r.sem + r.msg > 0 {
@@ -1094,6 +1089,7 @@ mod tests {
             cgroup: None,
             sandbox: false,
             netns: None,
+            ipcns: None,
             rootfs_upper: None,
             exit_hold: None,
         };
