@@ -237,15 +237,21 @@ fn redis_keeps_its_keys_and_client_connections_across_a_suspend() {
     redis(true);
 }
 
-/// Without `suspend`: the same checks with no suspend between them.
-fn redis(suspend: bool) {
-    let (ns, _agents) = setup("wl-redis");
+/// The Redis pod (its TCP readiness probe, as uid REDIS_UID, `/data` on
+/// a volume), once ready: its name and `ip:6379`.
+fn redis_pod(ns: &Namespace) -> (&'static str, String) {
     let pod = "redis";
     let probe = json!({"tcpSocket": {"port": 6379}});
     let extra = json!({"ports": [{"containerPort": 6379}]});
     ns.apply(&server_pod(pod, REDIS_IMAGE, REDIS_UID, probe, "/data", extra));
     let p = ns.wait_ready(pod);
-    let addr = format!("{}:6379", pod_ip(&p));
+    (pod, format!("{}:6379", pod_ip(&p)))
+}
+
+/// Without `suspend`: the same checks with no suspend between them.
+fn redis(suspend: bool) {
+    let (ns, _agents) = setup("wl-redis");
+    let (pod, addr) = redis_pod(&ns);
     assert_eq!(exec(&ns, pod, &["id", "-u"]).trim(), REDIS_UID.to_string());
     all_run_as(&processes(&ns, pod), "redis", 1);
 
@@ -327,12 +333,7 @@ fn torpor_annotations(p: &Value) -> BTreeSet<String> {
 #[ignore = "written without a cluster rig to run it on; not yet run through kubectl; issue 37"]
 fn redis_restarts_after_the_agent_acted_and_comes_back_from_its_snapshot() {
     let (ns, _agents) = setup("wl-restart");
-    let pod = "redis";
-    let probe = json!({"tcpSocket": {"port": 6379}});
-    let extra = json!({"ports": [{"containerPort": 6379}]});
-    ns.apply(&server_pod(pod, REDIS_IMAGE, REDIS_UID, probe, "/data", extra));
-    let p = ns.wait_ready(pod);
-    let addr = format!("{}:6379", pod_ip(&p));
+    let (pod, addr) = redis_pod(&ns);
     let mut client = Redis::connect(&addr);
     assert_eq!(client.cmd(&["SET", "kept", "in the append-only file"]), Resp::Simple("OK".into()));
     let first = run_id(&mut client);
