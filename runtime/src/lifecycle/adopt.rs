@@ -19,7 +19,7 @@ use crate::actor::record::Lifecycle;
 use crate::actor::report::{self, Op};
 use crate::actor::store_client::{Checkout, SnapshotRef};
 use crate::error::{Error, Result, StoreErrorKind};
-use crate::lifecycle::resume::PageSource;
+use crate::lifecycle::restore::{image_name, lazy_pages_enabled, PageSource};
 use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{lock, Actor};
 use crate::oci::annotations::{RestoreSource, RESTORE_FROM};
@@ -94,7 +94,7 @@ impl Actor {
             return Ok(None);
         }
         let cloning = rec.cloned_from.is_some();
-        let co = if super::resume::lazy_pages_enabled() { self.store.checkout_streamed(&snap).await } else { self.store.checkout(&snap).await };
+        let co = if lazy_pages_enabled() { self.store.checkout_streamed(&snap).await } else { self.store.checkout(&snap).await };
         let co = match co {
             Ok(co) => co,
             Err(e) => {
@@ -205,7 +205,7 @@ impl Actor {
         };
         let served_lazily = matches!(restored, Ok((_, true)));
         let restored = restored.map(|(pid, _)| pid);
-        if let (Ok(_), Ok(name)) = (&restored, super::resume::image_name(image)) {
+        if let (Ok(_), Ok(name)) = (&restored, image_name(image)) {
             self.links_restored(name);
         }
         report::phase("criu_restore");
