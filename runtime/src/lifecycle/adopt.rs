@@ -19,7 +19,7 @@ use crate::actor::record::Lifecycle;
 use crate::actor::report::{self, Op};
 use crate::actor::store_client::{Checkout, SnapshotRef};
 use crate::error::{Error, Result, StoreErrorKind};
-use crate::lifecycle::restore::{image_name, lazy_pages_enabled, PageSource};
+use crate::lifecycle::restore::{image_name, PageSource};
 use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{lock, Actor};
 use crate::oci::annotations::{RestoreSource, RESTORE_FROM};
@@ -77,7 +77,7 @@ impl Actor {
             if rec.state != Lifecycle::Running || rec.generation > 0 {
                 return Ok(None);
             }
-            let found = identity::find_restorable(&self.store, identity, clone_of).await.map_err(|e| match e {
+            let found = identity::find_restorable(&*self.store, identity, clone_of).await.map_err(|e| match e {
                 e @ Error::InvalidAnnotation { .. } => e, // a restore-from naming nothing
                 e => e.context(&format!("create of {identity}: looking up its snapshot in the store")),
             })?;
@@ -94,7 +94,7 @@ impl Actor {
             return Ok(None);
         }
         let cloning = rec.cloned_from.is_some();
-        let co = if lazy_pages_enabled() { self.store.checkout_streamed(&snap).await } else { self.store.checkout(&snap).await };
+        let co = if self.config.lazy_pages { self.store.checkout_streamed(&snap).await } else { self.store.checkout(&snap).await };
         let co = match co {
             Ok(co) => co,
             Err(e) => {
@@ -272,7 +272,7 @@ impl Actor {
             // Released once its memory is all here (or its stream failed).
             self.release_when_served(adopted.checkout.lease.clone(), hold);
         }
-        let gone = identity::supersede(&self.state_root, &actor);
+        let gone = identity::supersede(&self.config.state_root, &actor);
         info!(actor = actor.as_str(), container = id, from = %adopted.snapshot, ms, superseded = ?gone, "{} restored from its snapshot", adopted.identity);
         Ok(())
     }

@@ -222,7 +222,10 @@ impl Actor {
                 continue;
             }
             let direct = match rec.cgroups.get(id) {
-                Some(cg) => self.tasks.resume_by(id, || thaw_cgroup(cg)).await,
+                Some(cg) => {
+                    let cg = cg.clone();
+                    self.tasks.resume_by(id, Box::new(move || thaw_cgroup(&cg))).await
+                }
                 None => Err(Error::FailedPrecondition(format!("container {id} has no cgroup path"))),
             };
             if let Err(e) = direct {

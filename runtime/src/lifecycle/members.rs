@@ -20,12 +20,12 @@ impl Actor {
         if lock(&self.slot).is_some() {
             return Ok(());
         }
-        let store = record::Store::new(&self.state_root, group)?;
+        let store = record::Store::new(&self.config.state_root, group)?;
         let mut rec = Record::new(spec.actor.clone().unwrap_or_else(|| group.to_string()));
         rec.explicit_actor = explicit;
         rec.pod_uid = spec.pod_uid.clone();
         rec.keep_local_s = spec.keep_local.map(|d| d.as_secs().max(1));
-        let claim = Claim::take(&rec.actor, group)?;
+        let claim = Claim::take_in(&self.config.claim_dir, &rec.actor, group)?;
         // One node runs the actor: its lease in the object tier (refused,
         // naming the holder, while another node has it).
         let grant = self.store.acquire(&rec.actor, group).await.map_err(|e| e.context(&format!("actor {}", rec.actor)))?;

@@ -62,6 +62,9 @@ pub mod resume;
 pub mod suspend;
 mod timing;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -73,21 +76,46 @@ use tracing::{debug, warn};
 use crate::actor::claim::Claim;
 use crate::actor::record::{self, Record};
 use crate::actor::seal;
-use crate::actor::store_client::{self, SnapshotStore};
+use crate::actor::snapshots::Snapshots;
+use crate::actor::store_client;
 use crate::error::{Error, Result};
 use crate::system::cgroup;
 use crate::system::held_ports;
-use crate::task::Tasks;
+use crate::task::Containers;
 
 pub use adopt::Adopted;
 pub use dump::CommitState;
 
+/// Where an actor keeps its state, and how it restores.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The records of the node's actors ([`crate::actor::record::state_root`]).
+    pub state_root: PathBuf,
+    /// The node's claims on actors ([`crate::actor::claim`]).
+    pub claim_dir: PathBuf,
+    /// Restores with lazy pages (memory served on demand; a checkout
+    /// streamed when only the object tier has the snapshot).
+    pub lazy_pages: bool,
+}
+
+impl Config {
+    /// The node's: its state root and claim directory, lazy pages unless
+    /// `TORPOR_LAZY_PAGES=0`.
+    pub fn from_env() -> Config {
+        Config {
+            state_root: crate::actor::record::state_root(),
+            claim_dir: crate::actor::claim::claim_dir(),
+            lazy_pages: std::env::var("TORPOR_LAZY_PAGES").map(|v| v != "0").unwrap_or(true),
+        }
+    }
+}
+
 /// The actor of one shim, and what its operations share.
 #[derive(Clone)]
 pub struct Actor {
-    pub(crate) tasks: Tasks,
-    pub(crate) store: SnapshotStore,
-    state_root: PathBuf,
+    pub(crate) tasks: Arc<dyn Containers>,
+    pub(crate) store: Arc<dyn Snapshots>,
+    config: Config,
     /// The record and its directory, once the first app container exists.
     slot: Arc<Mutex<Option<(record::Store, Record)>>>,
     /// Lifecycle operations one at a time (see the module doc).
@@ -136,11 +164,11 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Actor {
     /// `wake` receives one message per real inbound connection to a held
     /// port (see [`crate::trigger::activation`]).
-    pub fn new(tasks: Tasks, store: SnapshotStore, state_root: PathBuf, wake: mpsc::UnboundedSender<()>) -> Actor {
+    pub fn new(tasks: Arc<dyn Containers>, store: Arc<dyn Snapshots>, config: Config, wake: mpsc::UnboundedSender<()>) -> Actor {
         Actor {
             tasks,
             store,
-            state_root,
+            config,
             slot: Arc::default(),
             gate: Arc::default(),
             held: Arc::default(),

@@ -69,7 +69,7 @@ impl Actor {
     /// still reads `image`: it is done once the [`Actor::lazy`] handles
     /// are ([`Actor::release_when_served`]).
     pub(crate) async fn restore_from_disk(&self, id: &str, image: &Path, lazy_work: &Path, full_work: &Path, inherit: Vec<InheritFd>, t: &mut Timing) -> Result<(i32, bool)> {
-        if lazy_pages_enabled() {
+        if self.config.lazy_pages {
             // With the CRIU launcher in front, CRIU waits for the daemon to
             // listen, while runc prepares the restore; else it is waited
             // for here.
@@ -271,10 +271,6 @@ impl Actor {
     }
 }
 
-/// Lazy-pages restore is on unless `TORPOR_LAZY_PAGES=0`.
-pub(crate) fn lazy_pages_enabled() -> bool {
-    std::env::var("TORPOR_LAZY_PAGES").map(|v| v != "0").unwrap_or(true)
-}
 
 /// How long after a restore its lazy-pages daemon waits before it
 /// prefetches the pages no fault asked for (from the local tier, or from

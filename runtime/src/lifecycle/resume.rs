@@ -15,7 +15,7 @@ use crate::actor::store_client::{Checkout, SnapshotRef};
 use crate::error::{Error, Result, StoreErrorKind};
 use crate::failpoint;
 use crate::oci::annotations::OnRestoreFailure;
-use crate::lifecycle::restore::{lazy_pages_enabled, PageSource};
+use crate::lifecycle::restore::PageSource;
 use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{lock, name_of, Actor};
 use crate::task::{ExitHold, Status};
@@ -129,7 +129,7 @@ impl Actor {
             },
             // Streamed when only the object tier has it (lazy pages only:
             // its memory is served while it arrives).
-            _ if lazy_pages_enabled() => self.store.checkout_streamed(snap).await,
+            _ if self.config.lazy_pages => self.store.checkout_streamed(snap).await,
             _ => self.store.checkout(snap).await,
         };
         t.mark(if rec.snapshot.is_none() { "view_staging" } else { "checkout" });
