@@ -10,16 +10,16 @@
 //! actor are removed ([`Actor::recovered`]); a restore that fails leaves
 //! the snapshot in the store ([`Actor::give_back`]).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tracing::{info, warn};
 
 use crate::actor::identity::{self, Identity};
 use crate::actor::record::Lifecycle;
 use crate::actor::report::{self, Op};
-use crate::actor::store_client::{Checkout, SnapshotRef};
 use crate::error::{Error, Result, StoreErrorKind};
 use crate::lifecycle::restore::{image_name, PageSource};
+use crate::lifecycle::state::Adopted;
 use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{lock, Actor};
 use crate::oci::annotations::{RestoreSource, RESTORE_FROM};
@@ -28,18 +28,6 @@ use crate::system::rootfs;
 use crate::system::runc::RestoreFrom;
 use crate::task::tasks::criu_work;
 use crate::task::ExitHold;
-
-/// A container being restored by identity from a snapshot of the store
-/// (between its create and its start).
-#[derive(Debug, Clone)]
-pub struct Adopted {
-    pub identity: Identity,
-    pub snapshot: SnapshotRef,
-    /// The snapshot's verified files, pinned until the restore is done.
-    pub checkout: Checkout,
-    /// `<checkout>/<container name>`: the CRIU image.
-    pub image: PathBuf,
-}
 
 impl Actor {
     /// A restore by identity that cannot use its snapshot (`e`): the next

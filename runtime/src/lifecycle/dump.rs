@@ -27,6 +27,7 @@ use crate::actor::seal;
 use crate::actor::store_client::{SnapshotRef, Staging};
 use crate::error::{Error, IoContext, Result, StoreErrorKind};
 use crate::failpoint;
+use crate::lifecycle::state::CommitState;
 use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{commit_labels, lock, name_of, Actor};
 use crate::system::netns::{self, TcpConnection};
@@ -34,14 +35,6 @@ use crate::system::runc::CheckpointOpts;
 use crate::system::tmpfs;
 use crate::system::writeback::{self, EarlyWriteback};
 use crate::task::Status;
-
-/// The state of a background commit (see [`Actor::wait_commit`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CommitState {
-    Running,
-    Failed(String),
-    Done,
-}
 
 /// How `last_error` starts while a suspend's commit fails.
 const COMMIT_FAILED: &str = "commit of the suspend's snapshot failed";

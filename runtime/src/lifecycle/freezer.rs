@@ -34,38 +34,12 @@ use tracing::{debug, info, warn};
 
 use crate::actor::record::{FreezeTier, Lifecycle, Record};
 use crate::error::{Error, IoContext, Result};
+use crate::lifecycle::state::FrozenWatch;
 use crate::lifecycle::{lock, Actor};
 use crate::system::cgroup;
-use crate::system::held_ports::{self, Handover};
+use crate::system::held_ports;
 use crate::system::pidfd;
 use crate::task::Status;
-
-/// The frozen actor's own listeners, watched by the shim (see the module doc).
-pub struct FrozenWatch {
-    armed: Option<held_ports::Armed>,
-    /// One descriptor of each watched socket, with the file status flags
-    /// the actor had on it, given back at [`FrozenWatch::release`].
-    flags: Vec<(OwnedFd, libc::c_int)>,
-}
-
-impl FrozenWatch {
-    /// Stops watching: every connection accepted so far is kept for the
-    /// handover, the shim's listeners are closed, and the sockets get their
-    /// own flags back.
-    async fn release(mut self) -> Option<Handover> {
-        let handover = match self.armed.take() {
-            Some(a) => Some(a.begin_handover().await),
-            None => None,
-        };
-        for (fd, flags) in self.flags.drain(..) {
-            // SAFETY: F_SETFL on a descriptor we own.
-            if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, flags) } < 0 {
-                warn!("freeze tier: give a listener back its flags: {}", std::io::Error::last_os_error());
-            }
-        }
-        handover
-    }
-}
 
 impl Actor {
     /// Pauses every running container of `ids`; on a failure thaws the

@@ -9,23 +9,12 @@ use std::path::{Path, PathBuf};
 
 use tracing::warn;
 
+use crate::lifecycle::state::KeptConnections;
 use crate::lifecycle::{lock, Actor};
 use crate::system::held_ports;
 use crate::system::netns::TcpConnection;
 use crate::system::sleeping_connections;
 
-
-/// The pod's network namespace and the addresses held there.
-pub(crate) type HeldTarget = (PathBuf, Vec<SocketAddr>);
-
-/// The pod netns whose rules keep a suspended actor's connections, and the
-/// watch of their packets (stopped when dropped).
-pub(crate) struct KeptConnections {
-    netns: PathBuf,
-    /// The xtables tools of the families that have rules.
-    tools: Vec<&'static str>,
-    _watch: sleeping_connections::Watch,
-}
 
 impl Actor {
     /// Holds `ports` in `netns` for the suspended actor: a real connection

@@ -58,6 +58,7 @@ mod held;
 mod links;
 mod members;
 mod restore;
+mod state;
 pub mod resume;
 pub mod suspend;
 mod timing;
@@ -83,8 +84,7 @@ use crate::system::cgroup;
 use crate::system::held_ports;
 use crate::task::Containers;
 
-pub use adopt::Adopted;
-pub use dump::CommitState;
+pub use state::{Adopted, CommitState};
 
 /// Where an actor keeps its state, and how it restores.
 #[derive(Debug, Clone)]
@@ -124,12 +124,12 @@ pub struct Actor {
     held: Arc<Mutex<Option<held_ports::Armed>>>,
     /// What they hold (the pod's netns and the ports), to hold it again
     /// after a failed resume.
-    held_target: Arc<Mutex<Option<held::HeldTarget>>>,
+    held_target: Arc<Mutex<Option<state::HeldTarget>>>,
     /// Where the held listeners report a real connection.
     wake: mpsc::UnboundedSender<()>,
     /// The suspended actor's TCP connections, kept in its pod's netns
     /// (their rules in, their packets watched: [`sleeping_connections`]).
-    kept: Arc<Mutex<Option<held::KeptConnections>>>,
+    kept: Arc<Mutex<Option<state::KeptConnections>>>,
     /// Lazy-pages daemons still serving a restored actor's memory.
     lazy: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
     /// Changed when the restored processes were stopped under their
@@ -143,12 +143,12 @@ pub struct Actor {
     adoptions: Arc<Mutex<HashMap<String, Adopted>>>,
     /// The frozen actor's own listeners, watched while it is in the freeze
     /// tier ([`freeze`]).
-    frozen_watch: Arc<Mutex<Option<freezer::FrozenWatch>>>,
+    frozen_watch: Arc<Mutex<Option<state::FrozenWatch>>>,
     /// Told when the freeze tier begins or ends (the window timer waits on it).
     freeze_changed: Arc<tokio::sync::Notify>,
     /// Ends of the unix connections between the containers, held while
     /// their containers are checkpointed ([`links`]).
-    links: Arc<Mutex<links::HeldEnds>>,
+    links: Arc<Mutex<state::HeldEnds>>,
     /// Unix ms until which the actor's lease was last confirmed to hold (0:
     /// never): by a resume, a thaw or the lease fence, which judges a
     /// missing answer by it ([`crate::trigger::fence`]).
