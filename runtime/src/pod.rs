@@ -5,15 +5,16 @@
 //! upward. The triggers are started here too.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use tokio::sync::mpsc;
 use tracing::info;
 
 use crate::actor::identity::Identity;
-use crate::actor::record::{state_root, Record};
+use crate::actor::record::Record;
 use crate::actor::store_client::SnapshotStore;
 use crate::error::{Error, Result};
-use crate::lifecycle::{adopt, Actor};
+use crate::lifecycle::{self, adopt, Actor};
 use crate::oci::annotations::{self, ActorSpec};
 use crate::oci::bundle;
 use crate::oci::spec::{check_image, read_spec, ContainerSpec};
@@ -42,6 +43,9 @@ pub struct CreateRequest {
 pub struct Runtime {
     tasks: Tasks,
     actor: Actor,
+    /// The node's snapshot store (its clone policy; the actor has its own
+    /// handle, [`crate::actor::snapshots::Snapshots`]).
+    store: SnapshotStore,
 }
 
 impl Runtime {
@@ -50,11 +54,11 @@ impl Runtime {
     /// per namespace).
     pub fn new(namespace: &str, events: mpsc::UnboundedSender<Event>) -> Self {
         let tasks = Tasks::new(namespace, events);
-        let state_root = state_root();
+        let store = SnapshotStore::new();
         let (wake, wake_rx) = mpsc::unbounded_channel();
-        let actor = Actor::new(tasks.clone(), SnapshotStore::new(), state_root, wake);
+        let actor = Actor::new(Arc::new(tasks.clone()), Arc::new(store.clone()), lifecycle::Config::from_env(), wake);
         trigger::activation::start(&actor, wake_rx);
-        Runtime { tasks, actor }
+        Runtime { tasks, actor, store }
     }
 
     /// Starts the triggers of shim `group`'s actor: the in-container
@@ -84,7 +88,7 @@ impl Runtime {
     /// namespace holds.
     async fn check_clone_source(&self, actor: &ActorSpec) -> Result<()> {
         let Some(foreign) = actor.foreign_clone_source() else { return Ok(()) };
-        let allowed = self.actor.store.clone_source_namespaces().await.map_err(|e| e.context("the node's clone policy"))?;
+        let allowed = self.store.clone_source_namespaces().await.map_err(|e| e.context("the node's clone policy"))?;
         if allowed.iter().any(|n| n == foreign) {
             return Ok(());
         }

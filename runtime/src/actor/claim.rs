@@ -23,7 +23,8 @@ use crate::error::{Error, IoContext, Result};
 /// Directory of the claim files.
 pub const CLAIM_DIR: &str = "/run/torpor/actors.lock";
 
-fn claim_dir() -> PathBuf {
+/// The node's claim directory: `$TORPOR_CLAIM_DIR`, else [`CLAIM_DIR`].
+pub fn claim_dir() -> PathBuf {
     std::env::var_os("TORPOR_CLAIM_DIR").map(PathBuf::from).unwrap_or_else(|| CLAIM_DIR.into())
 }
 
@@ -41,13 +42,10 @@ pub struct Claim {
 }
 
 impl Claim {
-    /// Claims `actor` for shim `shim` (this process). Refused with
-    /// `FailedPrecondition` naming the holder if another process holds it.
-    pub fn take(actor: &str, shim: &str) -> Result<Claim> {
-        Self::take_in(&claim_dir(), actor, shim)
-    }
-
-    fn take_in(dir: &Path, actor: &str, shim: &str) -> Result<Claim> {
+    /// Claims `actor` for shim `shim` (this process), in claim directory
+    /// `dir` ([`claim_dir`]). Refused with `FailedPrecondition` naming the
+    /// holder if another process holds it.
+    pub fn take_in(dir: &Path, actor: &str, shim: &str) -> Result<Claim> {
         std::fs::create_dir_all(dir).io_context(|| format!("create {dir:?}"))?;
         std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
             .io_context(|| format!("chmod 0700 {dir:?}"))?;

@@ -23,7 +23,8 @@ use std::path::Path;
 use crate::actor::Store;
 use crate::error::{Error, Result};
 use crate::oci::spec::CRI_CONTAINER_NAME;
-use crate::actor::store_client::{SnapshotRef, SnapshotStore};
+use crate::actor::snapshots::Snapshots;
+use crate::actor::store_client::SnapshotRef;
 use crate::oci::annotations::{RestoreSource, RESTORE_FROM};
 
 
@@ -61,7 +62,7 @@ impl std::fmt::Display for Identity {
 /// naming the annotation. Whether the snapshot holds an image of the
 /// container (`<name>/`) is seen once it is checked out.
 pub async fn find_restorable(
-    store: &SnapshotStore,
+    store: &dyn Snapshots,
     identity: &Identity,
     clone_of: Option<&RestoreSource>,
 ) -> Result<Option<SnapshotRef>> {

@@ -6,7 +6,8 @@
 //!   lookup of the snapshot kept for it;
 //! - [`claim`]: an actor runs at most once on the node (a flock per actor);
 //! - [`seal`]: what a suspend dumped, checked before a restore uses it;
-//! - [`store_client`]: the shim's one client of the node's snapshot store;
+//! - [`snapshots`]: the edge toward the node's snapshot store (a trait), and
+//!   [`store_client`], the shim's one client of it that implements it;
 //! - [`report`]: lifecycle reports to the node daemon's metrics, through it.
 //!
 //! Imports [`crate::system`], [`crate::oci`] and [`crate::error`] only.
@@ -16,6 +17,7 @@ pub mod identity;
 pub mod record;
 pub mod report;
 pub mod seal;
+pub mod snapshots;
 pub mod store_client;
 
 pub use record::{now_ms, state_root, sync_dir, FreezeTier, Lifecycle, Record, StagingRecord, Store, STATE_ROOT};

@@ -17,13 +17,14 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use torpor_api::store as api;
 use tracing::debug;
 
 use crate::actor::record::{Lifecycle, Record};
-use crate::actor::store_client::SnapshotStore;
+use crate::actor::snapshots::Snapshots;
 use crate::error::{Error, Result, StoreErrorKind};
 
 /// A report is given this long to be delivered.
@@ -128,7 +129,7 @@ pub fn phase(name: &'static str) {
 /// the state it left (`record` reads the actor's record). An operation
 /// refused because the actor is not in a state it starts from (nothing
 /// was done) reports the state only.
-pub async fn operation<T>(store: &SnapshotStore, op: Op, record: impl Fn() -> Option<Record>, run: impl Future<Output = Result<T>>) -> Result<T> {
+pub async fn operation<T>(store: &Arc<dyn Snapshots>, op: Op, record: impl Fn() -> Option<Record>, run: impl Future<Output = Result<T>>) -> Result<T> {
     let before = record();
     if let Some((rec, s)) = before.as_ref().and_then(|r| Some((r, op.under_way(r.state)?))) {
         send(store, report(&rec.actor, s));
@@ -164,7 +165,7 @@ pub async fn operation<T>(store: &SnapshotStore, op: Op, record: impl Fn() -> Op
 
 /// The actor's state changed outside an operation (its first container
 /// was created: RUNNING).
-pub fn state(store: &SnapshotStore, rec: &Record) {
+pub fn state(store: &Arc<dyn Snapshots>, rec: &Record) {
     send(store, report(&rec.actor, state_name(rec.state)));
 }
 
@@ -174,7 +175,7 @@ pub const HEARTBEAT: Duration = Duration::from_secs(30);
 /// The actor's state again, at most every [`HEARTBEAT`] (called by the
 /// lease fence's periodic pass): a daemon restarted since the last
 /// operation knows it again within that time.
-pub fn heartbeat(store: &SnapshotStore, rec: &Record) {
+pub fn heartbeat(store: &Arc<dyn Snapshots>, rec: &Record) {
     static LAST: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
     {
         let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
@@ -187,7 +188,7 @@ pub fn heartbeat(store: &SnapshotStore, rec: &Record) {
 }
 
 /// A phase that ran in a task of its own (a suspend's background commit).
-pub fn background_phase(store: &SnapshotStore, actor: &str, op: Op, name: &'static str, took: Duration) {
+pub fn background_phase(store: &Arc<dyn Snapshots>, actor: &str, op: Op, name: &'static str, took: Duration) {
     let mut r = report(actor, "");
     r.op = match op {
         Op::Suspend => "commit".into(),
@@ -215,7 +216,7 @@ fn report(actor: &str, state: &str) -> api::LifecycleReport {
 }
 
 /// Sends `r` from a task of its own (fire-and-forget, see the module doc).
-fn send(store: &SnapshotStore, mut r: api::LifecycleReport) {
+fn send(store: &Arc<dyn Snapshots>, mut r: api::LifecycleReport) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         DROPPED.fetch_add(1, Ordering::Relaxed);
         return;
@@ -279,7 +280,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_unreachable_daemon_neither_blocks_nor_fails_the_operation() {
-        let store = SnapshotStore::at("/nonexistent/torpor-test/store.sock".into());
+        let store: Arc<dyn Snapshots> = Arc::new(crate::actor::store_client::SnapshotStore::at("/nonexistent/torpor-test/store.sock".into()));
         let before = DROPPED.load(Ordering::Relaxed);
         let mut rec = Record::new("ns/a".into());
         rec.state = Lifecycle::Suspended;

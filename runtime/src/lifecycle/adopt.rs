@@ -10,16 +10,16 @@
 //! actor are removed ([`Actor::recovered`]); a restore that fails leaves
 //! the snapshot in the store ([`Actor::give_back`]).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tracing::{info, warn};
 
 use crate::actor::identity::{self, Identity};
 use crate::actor::record::Lifecycle;
 use crate::actor::report::{self, Op};
-use crate::actor::store_client::{Checkout, SnapshotRef};
 use crate::error::{Error, Result, StoreErrorKind};
-use crate::lifecycle::resume::PageSource;
+use crate::lifecycle::restore::{image_name, PageSource};
+use crate::lifecycle::state::Adopted;
 use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{lock, Actor};
 use crate::oci::annotations::{RestoreSource, RESTORE_FROM};
@@ -28,18 +28,6 @@ use crate::system::rootfs;
 use crate::system::runc::RestoreFrom;
 use crate::task::tasks::criu_work;
 use crate::task::ExitHold;
-
-/// A container being restored by identity from a snapshot of the store
-/// (between its create and its start).
-#[derive(Debug, Clone)]
-pub struct Adopted {
-    pub identity: Identity,
-    pub snapshot: SnapshotRef,
-    /// The snapshot's verified files, pinned until the restore is done.
-    pub checkout: Checkout,
-    /// `<checkout>/<container name>`: the CRIU image.
-    pub image: PathBuf,
-}
 
 impl Actor {
     /// A restore by identity that cannot use its snapshot (`e`): the next
@@ -77,7 +65,7 @@ impl Actor {
             if rec.state != Lifecycle::Running || rec.generation > 0 {
                 return Ok(None);
             }
-            let found = identity::find_restorable(&self.store, identity, clone_of).await.map_err(|e| match e {
+            let found = identity::find_restorable(&*self.store, identity, clone_of).await.map_err(|e| match e {
                 e @ Error::InvalidAnnotation { .. } => e, // a restore-from naming nothing
                 e => e.context(&format!("create of {identity}: looking up its snapshot in the store")),
             })?;
@@ -94,7 +82,7 @@ impl Actor {
             return Ok(None);
         }
         let cloning = rec.cloned_from.is_some();
-        let co = if super::resume::lazy_pages_enabled() { self.store.checkout_streamed(&snap).await } else { self.store.checkout(&snap).await };
+        let co = if self.config.lazy_pages { self.store.checkout_streamed(&snap).await } else { self.store.checkout(&snap).await };
         let co = match co {
             Ok(co) => co,
             Err(e) => {
@@ -205,7 +193,7 @@ impl Actor {
         };
         let served_lazily = matches!(restored, Ok((_, true)));
         let restored = restored.map(|(pid, _)| pid);
-        if let (Ok(_), Ok(name)) = (&restored, super::resume::image_name(image)) {
+        if let (Ok(_), Ok(name)) = (&restored, image_name(image)) {
             self.links_restored(name);
         }
         report::phase("criu_restore");
@@ -272,7 +260,7 @@ impl Actor {
             // Released once its memory is all here (or its stream failed).
             self.release_when_served(adopted.checkout.lease.clone(), hold);
         }
-        let gone = identity::supersede(&self.state_root, &actor);
+        let gone = identity::supersede(&self.config.state_root, &actor);
         info!(actor = actor.as_str(), container = id, from = %adopted.snapshot, ms, superseded = ?gone, "{} restored from its snapshot", adopted.identity);
         Ok(())
     }

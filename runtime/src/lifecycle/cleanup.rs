@@ -33,6 +33,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::actor::claim;
+use crate::actor::snapshots::Snapshots;
 use crate::actor::store_client::SnapshotStore;
 use crate::actor::{state_root, Lifecycle, Record, Store};
 use crate::error::Result;
@@ -106,7 +107,7 @@ pub async fn container_gone(namespace: &str, id: &str, bundle: &Path) -> Runc {
 }
 
 /// Decides what is kept of a dead shim's actor (see the module doc).
-async fn settle(snaps: &SnapshotStore, store: &Store, mut rec: Record) {
+pub(super) async fn settle(snaps: &dyn Snapshots, store: &Store, mut rec: Record) {
     let dir = store.dir().to_path_buf();
     // Checkouts the dead shim held pin snapshots against eviction.
     for lease in std::mem::take(&mut rec.leases) {

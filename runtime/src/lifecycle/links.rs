@@ -28,6 +28,7 @@ use tracing::{debug, info};
 
 use crate::actor::record::Record;
 use crate::error::{Error, IoContext, Result};
+use crate::lifecycle::state::HeldEnds;
 use crate::lifecycle::{lock, name_of, Actor};
 use crate::system::runc::InheritFd;
 use crate::system::unix_links::{self, UnixLink};
@@ -39,8 +40,6 @@ const LINKS_VERSION: u32 = 1;
 /// More ends than this in one container is not a file torpor wrote.
 const MAX_ENDS: usize = 1024;
 
-/// Ends the shim holds, by (container name, socket inode).
-pub(crate) type HeldEnds = HashMap<(String, u32), Arc<OwnedFd>>;
 
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]

@@ -17,8 +17,25 @@
 //! D is a thaw, D's end (or another suspend, or memory pressure) goes on
 //! to SUSPENDING.
 //!
-//! One file per operation: [`freeze`], [`suspend`], [`resume`], [`adopt`],
-//! [`cleanup`]; this module holds the [`Actor`] they share and its record.
+//! Two floors, and calls run only down:
+//!
+//! - **operations**, one file each: [`freeze`], [`suspend`], [`resume`],
+//!   [`adopt`], [`cleanup`], and [`members`] (the record's setup at the
+//!   first create, its removal after the last container). None calls
+//!   another.
+//! - **steps** they share: [`dump`] (the checkpoint, its rollback, the
+//!   background commit), [`restore`] (one container from disk or
+//!   streamed, the lazy-pages daemons, the leases they pin), [`freezer`]
+//!   (pause, thaw, the freeze tier's watch of the actor's listeners),
+//!   [`held`] (held ports, kept connections, the activation target),
+//!   [`links`] (the unix connections between containers) and [`timing`].
+//!   `dump` calls `restore` (its rollback), `freezer` and `held`;
+//!   `restore` and `freezer` call `held`; none calls an operation.
+//!
+//! This module holds the [`Actor`] they share, its record, and the refusal
+//! of an operation ([`Actor::refused`]). The freeze tier's end (its
+//! window, memory pressure) is decided by [`crate::trigger::policy`],
+//! which calls the checkpoint.
 //!
 //! **Locking.** The record is behind a `std::sync::Mutex`, held only to
 //! read or change it (never across an `.await`); every change is persisted
@@ -34,54 +51,71 @@
 
 pub mod adopt;
 pub mod cleanup;
+mod dump;
 pub mod freeze;
+mod freezer;
+mod held;
 mod links;
+mod members;
+mod restore;
+mod state;
 pub mod resume;
 pub mod suspend;
 mod timing;
 
+#[cfg(test)]
+mod tests;
+
 use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use crate::actor::claim::Claim;
-use crate::actor::record::{self, Lifecycle, Record};
+use crate::actor::record::{self, Record};
 use crate::actor::seal;
-use crate::actor::store_client::{self, SnapshotStore};
+use crate::actor::snapshots::Snapshots;
+use crate::actor::store_client;
 use crate::error::{Error, Result};
-use crate::oci::annotations::ActorSpec;
 use crate::system::cgroup;
 use crate::system::held_ports;
-use crate::system::netns::TcpConnection;
-use crate::system::sleeping_connections;
-use crate::task::Tasks;
+use crate::task::Containers;
 
-pub use adopt::Adopted;
-pub use suspend::CommitState;
+pub use state::{Adopted, CommitState};
 
-/// The pod's network namespace and the addresses held there.
-type HeldTarget = (PathBuf, Vec<SocketAddr>);
+/// Where an actor keeps its state, and how it restores.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The records of the node's actors ([`crate::actor::record::state_root`]).
+    pub state_root: PathBuf,
+    /// The node's claims on actors ([`crate::actor::claim`]).
+    pub claim_dir: PathBuf,
+    /// Restores with lazy pages (memory served on demand; a checkout
+    /// streamed when only the object tier has the snapshot).
+    pub lazy_pages: bool,
+}
 
-/// The pod netns whose rules keep a suspended actor's connections, and the
-/// watch of their packets (stopped when dropped).
-struct KeptConnections {
-    netns: PathBuf,
-    /// The xtables tools of the families that have rules.
-    tools: Vec<&'static str>,
-    _watch: sleeping_connections::Watch,
+impl Config {
+    /// The node's: its state root and claim directory, lazy pages unless
+    /// `TORPOR_LAZY_PAGES=0`.
+    pub fn from_env() -> Config {
+        Config {
+            state_root: crate::actor::record::state_root(),
+            claim_dir: crate::actor::claim::claim_dir(),
+            lazy_pages: std::env::var("TORPOR_LAZY_PAGES").map(|v| v != "0").unwrap_or(true),
+        }
+    }
 }
 
 /// The actor of one shim, and what its operations share.
 #[derive(Clone)]
 pub struct Actor {
-    pub(crate) tasks: Tasks,
-    pub(crate) store: SnapshotStore,
-    state_root: PathBuf,
+    pub(crate) tasks: Arc<dyn Containers>,
+    pub(crate) store: Arc<dyn Snapshots>,
+    config: Config,
     /// The record and its directory, once the first app container exists.
     slot: Arc<Mutex<Option<(record::Store, Record)>>>,
     /// Lifecycle operations one at a time (see the module doc).
@@ -90,12 +124,12 @@ pub struct Actor {
     held: Arc<Mutex<Option<held_ports::Armed>>>,
     /// What they hold (the pod's netns and the ports), to hold it again
     /// after a failed resume.
-    held_target: Arc<Mutex<Option<HeldTarget>>>,
+    held_target: Arc<Mutex<Option<state::HeldTarget>>>,
     /// Where the held listeners report a real connection.
     wake: mpsc::UnboundedSender<()>,
     /// The suspended actor's TCP connections, kept in its pod's netns
     /// (their rules in, their packets watched: [`sleeping_connections`]).
-    kept: Arc<Mutex<Option<KeptConnections>>>,
+    kept: Arc<Mutex<Option<state::KeptConnections>>>,
     /// Lazy-pages daemons still serving a restored actor's memory.
     lazy: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
     /// Changed when the restored processes were stopped under their
@@ -109,12 +143,12 @@ pub struct Actor {
     adoptions: Arc<Mutex<HashMap<String, Adopted>>>,
     /// The frozen actor's own listeners, watched while it is in the freeze
     /// tier ([`freeze`]).
-    frozen_watch: Arc<Mutex<Option<freeze::FrozenWatch>>>,
+    frozen_watch: Arc<Mutex<Option<state::FrozenWatch>>>,
     /// Told when the freeze tier begins or ends (the window timer waits on it).
     freeze_changed: Arc<tokio::sync::Notify>,
     /// Ends of the unix connections between the containers, held while
     /// their containers are checkpointed ([`links`]).
-    links: Arc<Mutex<links::HeldEnds>>,
+    links: Arc<Mutex<state::HeldEnds>>,
     /// Unix ms until which the actor's lease was last confirmed to hold (0:
     /// never): by a resume, a thaw or the lease fence, which judges a
     /// missing answer by it ([`crate::trigger::fence`]).
@@ -130,11 +164,11 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Actor {
     /// `wake` receives one message per real inbound connection to a held
     /// port (see [`crate::trigger::activation`]).
-    pub fn new(tasks: Tasks, store: SnapshotStore, state_root: PathBuf, wake: mpsc::UnboundedSender<()>) -> Actor {
+    pub fn new(tasks: Arc<dyn Containers>, store: Arc<dyn Snapshots>, config: Config, wake: mpsc::UnboundedSender<()>) -> Actor {
         Actor {
             tasks,
             store,
-            state_root,
+            config,
             slot: Arc::default(),
             gate: Arc::default(),
             held: Arc::default(),
@@ -221,118 +255,19 @@ impl Actor {
         Some(rec)
     }
 
-    /// Sets up the actor record when the first app container is created,
-    /// after claiming the actor on this node (see [`crate::actor::claim`]):
-    /// a second shim of the same actor is refused here.
-    pub async fn init(&self, group: &str, spec: &ActorSpec, explicit: bool) -> Result<()> {
-        let _gate = self.gate.lock().await;
-        if lock(&self.slot).is_some() {
-            return Ok(());
-        }
-        let store = record::Store::new(&self.state_root, group)?;
-        let mut rec = Record::new(spec.actor.clone().unwrap_or_else(|| group.to_string()));
-        rec.explicit_actor = explicit;
-        rec.pod_uid = spec.pod_uid.clone();
-        rec.keep_local_s = spec.keep_local.map(|d| d.as_secs().max(1));
-        let claim = Claim::take(&rec.actor, group)?;
-        // One node runs the actor: its lease in the object tier (refused,
-        // naming the holder, while another node has it).
-        let grant = self.store.acquire(&rec.actor, group).await.map_err(|e| e.context(&format!("actor {}", rec.actor)))?;
-        info!(actor = rec.actor.as_str(), epoch = grant.epoch, from = ?grant.previous_node, "actor lease held by this node");
-        rec.moved_from = grant.previous_node;
-        if let Err(e) = store.save(&rec) {
-            self.store.surrender_logged(&rec.actor, group).await;
-            return Err(e);
-        }
-        *lock(&self.claim) = Some(claim);
-        crate::actor::report::state(&self.store, &rec);
-        *lock(&self.slot) = Some((store, rec));
-        Ok(())
-    }
-
-    /// Records app container `id`'s name (its identity within the actor)
-    /// and cgroup, before it runs.
-    pub fn add_member(&self, id: &str, name: &str, cgroup: Option<String>) -> Result<()> {
-        self.update_if(|rec| {
-            rec.names.insert(id.to_string(), name.to_string());
-            if let Some(cg) = cgroup {
-                rec.cgroups.insert(id.to_string(), cg);
-            }
-            Some(())
-        })
-        .map(|_| ())
-    }
-
-    /// App container `id` started (cold or restored): the actor ran.
-    pub fn ran(&self, id: &str) {
-        let r = self.update_if(|rec| {
-            if rec.ran || !rec.names.contains_key(id) {
-                return None;
-            }
-            rec.ran = true;
-            Some(())
-        });
-        if let Err(e) = r {
-            warn!(container = id, "save the actor record: {e}");
-        }
-    }
-
-    /// Drops the actor's record once no app container is left: retention
-    /// of its snapshots, its leases, its claim.
-    pub async fn forget_if_empty(&self) {
-        if self.tasks.has_app_containers() {
-            return;
-        }
-        // A suspend's commit under way lands in the store first.
-        if let Err(e) = self.wait_commit().await {
-            warn!("the actor is removed while its suspend's commit fails: {e}");
-        }
-        self.wait_lazy_daemons().await;
-        let _gate = self.gate.lock().await;
-        let Some((store, rec)) = lock(&self.slot).take() else { return };
-        for lease in &rec.leases {
-            self.store.release_logged(lease).await;
-        }
-        // Retention: a SUSPENDED actor's snapshots stay (restorable by
-        // identity; the store's gc keeps the newest). A running actor has
-        // moved past them: with the default id (its pod) they are stale; an
-        // explicit actor id keeps them (resume anywhere).
-        if matches!(rec.state, Lifecycle::Running | Lifecycle::Frozen) && rec.ran && !rec.explicit_actor {
-            self.store.remove_all_logged(&rec.actor).await;
-        }
-        // Another node may take the actor now (once its newest snapshot is
-        // durable: the store uploads it first).
-        self.store.surrender_logged(&rec.actor, &store.key()).await;
-        if let Err(e) = store.remove() {
-            warn!("remove actor state: {e}");
-        }
-        if let Err(e) = crate::oci::bundle::remove_request_dir(&store.key()) {
-            warn!("remove the request directory: {e}");
-        }
-        self.release_held_ports();
-        lock(&self.frozen_watch).take();
-        self.freeze_changed.notify_one();
-        lock(&self.claim).take();
-        lock(&self.commit).take();
-    }
-
-    /// Holds `ports` in `netns` for the suspended actor: a real connection
-    /// wakes it ([`crate::trigger::activation`]).
-    pub(crate) fn hold_ports(&self, netns: PathBuf, ports: Vec<SocketAddr>) {
-        match held_ports::Armed::arm(&netns, ports.clone(), self.wake.clone()) {
-            Ok(armed) => {
-                *lock(&self.held) = Some(armed);
-                *lock(&self.held_target) = Some((netns, ports));
-            }
-            Err(e) => warn!(netns = ?netns, "no activation on inbound connections: {e}"),
-        }
-    }
-
-    /// Holds the ports of the last suspend again (after a failed resume).
-    pub(crate) fn rearm_held_ports(&self) {
-        let target = lock(&self.held_target).clone();
-        if let Some((netns, ports)) = target {
-            self.hold_ports(netns, ports);
+    /// An operation `op` of `rec`'s actor (from `from`) refused before it
+    /// changed anything: `e`, with that context, is logged, kept in the
+    /// record's `last_error`, and returned to fail with (or the error of
+    /// that save).
+    pub(crate) fn refused(&self, rec: &Record, op: &str, from: Option<&str>, e: Error) -> Error {
+        let e = match from {
+            Some(from) => e.context(&format!("{op} of actor {} from {from}", rec.actor)),
+            None => e.context(&format!("{op} of actor {}", rec.actor)),
+        };
+        warn!(actor = rec.actor.as_str(), "{op} refused, the actor stays {}: {e}", rec.state);
+        match self.update(|r| r.last_error = Some(e.to_string())) {
+            Ok(()) => e,
+            Err(saved) => saved,
         }
     }
 
@@ -340,55 +275,6 @@ impl Actor {
     /// land between a suspend's dump and its held ports).
     pub async fn settled(&self) {
         drop(self.gate.lock().await);
-    }
-
-    /// Nothing to wake any more (the suspended container was stopped):
-    /// the held ports and the kept connections go.
-    pub fn release_held_ports(&self) {
-        let held = lock(&self.held).take();
-        if let Some(armed) = held {
-            armed.release();
-        }
-        lock(&self.held_target).take();
-        self.release_connections();
-    }
-
-    /// Keeps the connections a suspend checkpointed (in `netns`), before
-    /// the dump's network lock is lifted: their packets are dropped, not
-    /// reset, and the first one wakes the actor. Without the watch of
-    /// their packets they are not kept (a request would wait unanswered
-    /// until the actor woke otherwise; a reset is the better answer).
-    pub(crate) async fn keep_connections(&self, netns: &Path, conns: &[TcpConnection]) {
-        if conns.is_empty() {
-            return;
-        }
-        let watch = match sleeping_connections::Watch::start(netns, self.wake.clone()) {
-            Ok(w) => w,
-            Err(e) => {
-                warn!(connections = conns.len(), "the suspended actor's connections are reset if their peers send: {e}");
-                return;
-            }
-        };
-        match sleeping_connections::keep(netns, conns).await {
-            Ok(tools) => *lock(&self.kept) = Some(KeptConnections { netns: netns.to_path_buf(), tools, _watch: watch }),
-            Err(e) => {
-                warn!(connections = conns.len(), "the suspended actor's connections are reset if their peers send: {e}");
-                if let Err(e) = sleeping_connections::release(netns, crate::system::netns::restore_tools()).await {
-                    warn!("{e}");
-                }
-            }
-        }
-    }
-
-    /// After a resume (or once nothing is to be woken): the kept
-    /// connections' rules go, in the background (off the resume's path:
-    /// a packet dropped meanwhile is retransmitted to the restored socket).
-    pub(crate) fn release_connections(&self) {
-        let Some(kept) = lock(&self.kept).take() else { return };
-        let KeptConnections { netns, tools, _watch } = kept;
-        drop(_watch);
-        let release = move |ns: PathBuf| async move { sleeping_connections::release(&ns, &tools).await };
-        crate::system::netns::remove_rules_later(netns, "release the resumed actor's connections", async {}, release);
     }
 }
 

@@ -7,18 +7,17 @@
 use std::path::Path;
 use std::time::Instant;
 
-use tracing::{debug, error, info, warn};
+use tracing::{info, warn};
 
-use crate::actor::record::{self, Lifecycle, Phase, Record};
+use crate::actor::record::{self, Lifecycle, Record};
 use crate::actor::report::{self, Op};
-use crate::actor::store_client::SnapshotRef;
-use crate::error::{Error, IoContext, Result, StoreErrorKind};
+use crate::actor::store_client::{Checkout, SnapshotRef};
+use crate::error::{Error, Result, StoreErrorKind};
 use crate::failpoint;
 use crate::oci::annotations::OnRestoreFailure;
+use crate::lifecycle::restore::PageSource;
 use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{lock, name_of, Actor};
-use crate::system::{criu_launcher, reaper};
-use crate::system::runc::{InheritFd, RestoreFrom};
 use crate::task::{ExitHold, Status};
 
 impl Actor {
@@ -28,7 +27,7 @@ impl Actor {
     }
 
     async fn resume_unreported(&self) -> Result<Record> {
-        // The freeze tier's fast path: a thaw, no CRIU (lifecycle::freeze).
+        // The freeze tier's fast path: a thaw, no CRIU (lifecycle::freezer).
         if let Some(r) = self.thaw_freeze_tier().await? {
             return Ok(r);
         }
@@ -66,10 +65,7 @@ impl Actor {
         if matches!(rec.state, Lifecycle::Frozen | Lifecycle::Suspended) {
             // Only while this node still holds the actor's lease.
             if let Err(e) = self.confirm_lease(&rec.actor, &dir.key()).await {
-                let e = e.context(&format!("resume of actor {}", rec.actor));
-                warn!(actor = rec.actor.as_str(), "resume refused, the actor stays {}: {e}", rec.state);
-                self.update(|r| r.last_error = Some(e.to_string()))?;
-                return Err(e);
+                return Err(self.refused(&rec, "resume", None, e));
             }
             t.mark("confirm_lease");
         }
@@ -79,71 +75,9 @@ impl Actor {
             Lifecycle::Suspended => {}
             s => return Err(Error::WrongState(format!("actor {} is {s}, not SUSPENDED or FROZEN", rec.actor))),
         }
-        let snap = match (&rec.snapshot, &rec.staging) {
-            (Some(snap), _) => snap.clone(),
-            // Resumed before the background commit is done: restored from
-            // the dump this shim just wrote (a view of its staging), which
-            // the commit goes on turning into the snapshot.
-            (None, Some(_)) => SnapshotRef { actor: rec.actor.clone(), generation: rec.generation },
-            (None, None) => {
-                return Err(Error::FailedPrecondition(format!(
-                    "actor {} is SUSPENDED but has neither a snapshot nor a staging{}",
-                    rec.actor,
-                    rec.last_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()
-                )))
-            }
-        };
-        let from = match (&rec.snapshot, &rec.staging) {
-            (None, Some(st)) => format!("the dump of its suspend (staging {}, commit under way)", st.id),
-            _ => format!("snapshot {snap}"),
-        };
+        let (snap, from) = restore_source(&rec)?;
         report::phase("prepare");
-        // The snapshot's verified files; nothing is started from bad data.
-        // The actor stays SUSPENDED until they are checked out: RESUMING is
-        // recorded with the checkout's lease, in one save.
-        let co = match &rec.staging {
-            Some(st) if rec.snapshot.is_none() => match self.store.view_staging_as(&st.to_staging(), &snap).await {
-                Err(e) if e.is_store(StoreErrorKind::NotFound) => return Ok(None),
-                r => r,
-            },
-            // Streamed when only the object tier has it (lazy pages only:
-            // its memory is served while it arrives).
-            _ if lazy_pages_enabled() => self.store.checkout_streamed(&snap).await,
-            _ => self.store.checkout(&snap).await,
-        };
-        t.mark(if rec.snapshot.is_none() { "view_staging" } else { "checkout" });
-        report::phase("fetch");
-        let co = match co {
-            Ok(co) => co,
-            Err(e) => {
-                let e = e.context(&format!("resume of actor {} from {from}", rec.actor));
-                warn!(actor = rec.actor.as_str(), from = from.as_str(), "resume refused, the actor stays SUSPENDED: {e}");
-                self.update(|r| r.last_error = Some(e.to_string()))?;
-                return Err(e);
-            }
-        };
-        // Nothing is restored from images that are not the sealed dump.
-        if let Err(e) = super::verify_seal(&co.path, &rec.actor, &from).await {
-            let e = e.context(&format!("resume of actor {} from {from}", rec.actor));
-            warn!(actor = rec.actor.as_str(), "resume refused, the actor stays SUSPENDED: {e}");
-            self.store.release_logged(&co.lease).await;
-            self.update(|r| r.last_error = Some(e.to_string()))?;
-            return Err(e);
-        }
-        t.mark("verify_seal");
-        let resuming = self.update(|r| {
-            r.state = Lifecycle::Resuming;
-            r.leases.push(co.lease.clone());
-        });
-        if let Err(e) = resuming {
-            self.store.release_logged(&co.lease).await;
-            let _ = self.update(|r| {
-                r.leases.retain(|l| *l != co.lease);
-                r.state = Lifecycle::Suspended;
-            });
-            return Err(e);
-        }
-        t.mark("record_resuming");
+        let Some(co) = self.check_out(&rec, &snap, &from, &mut t).await? else { return Ok(None) };
         failpoint::hit(&dir.key(), failpoint::RESUME_AFTER_PERSIST);
         let armed = lock(&self.held).take();
         let handover = match armed {
@@ -151,43 +85,15 @@ impl Actor {
             None => None,
         };
         t.mark("handover_begin");
-        // What `last_error` says once RUNNING: nothing, or that the actor
-        // was started cold after its restore failed.
-        let mut ran_cold = None;
         let hold = co.page_server.is_some().then(ExitHold::default);
         let pages = co.page_server.as_deref().zip(hold.as_ref()).map(|(socket, hold)| PageSource { socket, lease: &co.lease, hold });
-        let mut result = self.restore_all(&dir, &rec, &co.path, pages, &mut t).await;
-        report::phase("criu_restore");
-        if let Err(e) = &result {
-            if self.cold_start_wanted(&rec) {
-                ran_cold = Some(format!("restore failed, started cold (torpor.dev/on-restore-failure: cold-start): {e}"));
-                result = self.cold_start_all(&rec, e).await;
-                t.mark("cold_start");
-            }
-        }
-        if result.is_err() {
+        let result = self.restore_or_cold_start(&dir, &rec, &co.path, pages, &mut t).await;
+        match &result {
             // Never deaf: the ports are held again before the handover
             // ends (its held connections are closed; new ones wake the next
             // attempt, which the activation trigger backs off).
-            self.rearm_held_ports();
-        }
-        if result.is_ok() {
-            // The restored sockets take their connections' packets again
-            // (the rules go in the background, from now on).
-            self.release_connections();
-            failpoint::hit(&dir.key(), failpoint::RESUME_AFTER_RESTORE);
-            // RUNNING is recorded before the held connections are let in:
-            // once the actor serves, its checkpoint is no longer its state.
-            let saved = self.update(|r| {
-                r.state = Lifecycle::Running;
-                r.last_error = ran_cold;
-                r.last_resume_ms = Some(started.elapsed().as_millis() as u64);
-                r.committed_at_ms = None;
-            });
-            if let Err(e) = saved {
-                warn!(actor = rec.actor.as_str(), "resumed, but the record could not be saved: {e}");
-            }
-            t.mark("record_running");
+            Err(_) => self.rearm_held_ports(),
+            Ok(ran_cold) => self.record_running(&dir, &rec, ran_cold.clone(), started, &mut t),
         }
         if let Some(h) = handover {
             h.finish().await;
@@ -209,6 +115,82 @@ impl Actor {
         let rec = self.record().ok_or_else(super::no_actor)?;
         info!(actor = rec.actor.as_str(), from = from.as_str(), ms = rec.last_resume_ms, cpu_us = rec.last_resume_cpu_us, phases = ?rec.last_resume_phases, "actor resumed");
         Ok(Some(rec))
+    }
+
+    /// The verified files of `snap` (described by `from`), and RESUMING
+    /// recorded with the checkout's lease, in one save: the actor stays
+    /// SUSPENDED until they are checked out, and nothing is started from
+    /// bad data. `None` when the suspend's staging was committed meanwhile.
+    async fn check_out(&self, rec: &Record, snap: &SnapshotRef, from: &str, t: &mut Timing) -> Result<Option<Checkout>> {
+        let co = match &rec.staging {
+            Some(st) if rec.snapshot.is_none() => match self.store.view_staging_as(&st.to_staging(), snap).await {
+                Err(e) if e.is_store(StoreErrorKind::NotFound) => return Ok(None),
+                r => r,
+            },
+            // Streamed when only the object tier has it (lazy pages only:
+            // its memory is served while it arrives).
+            _ if self.config.lazy_pages => self.store.checkout_streamed(snap).await,
+            _ => self.store.checkout(snap).await,
+        };
+        t.mark(if rec.snapshot.is_none() { "view_staging" } else { "checkout" });
+        report::phase("fetch");
+        let co = co.map_err(|e| self.refused(rec, "resume", Some(from), e))?;
+        // Nothing is restored from images that are not the sealed dump.
+        if let Err(e) = super::verify_seal(&co.path, &rec.actor, from).await {
+            self.store.release_logged(&co.lease).await;
+            return Err(self.refused(rec, "resume", Some(from), e));
+        }
+        t.mark("verify_seal");
+        let resuming = self.update(|r| {
+            r.state = Lifecycle::Resuming;
+            r.leases.push(co.lease.clone());
+        });
+        if let Err(e) = resuming {
+            self.store.release_logged(&co.lease).await;
+            let _ = self.update(|r| {
+                r.leases.retain(|l| *l != co.lease);
+                r.state = Lifecycle::Suspended;
+            });
+            return Err(e);
+        }
+        t.mark("record_resuming");
+        Ok(Some(co))
+    }
+
+    /// Every suspended container restored from `images`; when that fails
+    /// and the actor asked for it, started cold instead. What `last_error`
+    /// says once RUNNING: nothing, or that the actor was started cold.
+    async fn restore_or_cold_start(&self, dir: &record::Store, rec: &Record, images: &Path, pages: Option<PageSource<'_>>, t: &mut Timing) -> Result<Option<String>> {
+        let restored = self.restore_all(dir, rec, images, pages, t).await;
+        report::phase("criu_restore");
+        let Err(e) = restored else { return Ok(None) };
+        if !self.cold_start_wanted(rec) {
+            return Err(e);
+        }
+        let ran_cold = format!("restore failed, started cold (torpor.dev/on-restore-failure: cold-start): {e}");
+        let started = self.cold_start_all(rec, &e).await;
+        t.mark("cold_start");
+        started.map(|()| Some(ran_cold))
+    }
+
+    /// RUNNING, once the restored processes run: recorded before the held
+    /// connections are let in (once the actor serves, its checkpoint is no
+    /// longer its state).
+    fn record_running(&self, dir: &record::Store, rec: &Record, last_error: Option<String>, started: Instant, t: &mut Timing) {
+        // The restored sockets take their connections' packets again
+        // (the rules go in the background, from now on).
+        self.release_connections();
+        failpoint::hit(&dir.key(), failpoint::RESUME_AFTER_RESTORE);
+        let saved = self.update(|r| {
+            r.state = Lifecycle::Running;
+            r.last_error = last_error;
+            r.last_resume_ms = Some(started.elapsed().as_millis() as u64);
+            r.committed_at_ms = None;
+        });
+        if let Err(e) = saved {
+            warn!(actor = rec.actor.as_str(), "resumed, but the record could not be saved: {e}");
+        }
+        t.mark("record_running");
     }
 
     /// Whether the actor's containers say `torpor.dev/on-restore-failure:
@@ -248,17 +230,6 @@ impl Actor {
             }
             r.clone()
         })
-    }
-
-    /// A checkout lease was released: drop it from the record.
-    fn forget_lease(&self, lease: &str) {
-        let _ = self.update_if(|rec| {
-            if !rec.leases.iter().any(|l| l == lease) {
-                return None;
-            }
-            rec.leases.retain(|l| l != lease);
-            Some(())
-        });
     }
 
     /// Restores every suspended container of the actor. When one fails,
@@ -304,457 +275,23 @@ impl Actor {
         }
         Ok(())
     }
-
-    /// What the restore of container `id` from its image directory
-    /// `image` (named after the container) inherits ([`super::links`]).
-    pub(crate) fn link_fds_of_image(&self, id: &str, image: &Path) -> Result<Vec<InheritFd>> {
-        self.link_fds(id, image_name(image)?, image)
-    }
-
-    /// `runc restore` of one suspended container from `image`: with lazy
-    /// pages (memory served on demand over userfaultfd by a `criu
-    /// lazy-pages` daemon, the rest prefetched in the background), falling
-    /// back to a full restore when that cannot be used. CRIU's work
-    /// directories are the shim's, outside the (read-only) snapshot.
-    ///
-    /// From a streamed checkout (`pages`), the daemon gets its pages from
-    /// the store's page server, and there is no full restore to fall back
-    /// to (the page images are not all local yet): a failure is the
-    /// resume's.
-    pub(crate) async fn restore_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path, pages: Option<PageSource<'_>>, t: &mut Timing) -> Result<i32> {
-        let image = image.to_path_buf();
-        let inherit = self.link_fds_of_image(id, &image)?;
-        if let Some(pages) = pages {
-            let work = dir.work_dir(generation, id, "lazy");
-            let restored = self.restore_streamed(id, &image, &work, pages, inherit).await;
-            t.mark("restore");
-            return restored;
-        }
-        self.restore_from_disk(id, &image, &dir.work_dir(generation, id, "lazy"), &dir.work_dir(generation, id, "restore"), inherit, t)
-            .await
-            .map(|(pid, _)| pid)
-    }
-
-    /// Restore of container `id` from `image`, a directory on this node:
-    /// with lazy pages when they are enabled (a `criu lazy-pages` daemon
-    /// serves the memory on demand and copies the rest in the background,
-    /// CRIU's work in `lazy_work`), else, or when that fails, in full
-    /// (CRIU's work in `full_work`). Returns the pid and whether a daemon
-    /// still reads `image`: it is done once the [`Actor::lazy`] handles
-    /// are ([`Actor::release_when_served`]).
-    pub(crate) async fn restore_from_disk(&self, id: &str, image: &Path, lazy_work: &Path, full_work: &Path, inherit: Vec<InheritFd>, t: &mut Timing) -> Result<(i32, bool)> {
-        if lazy_pages_enabled() {
-            // With the CRIU launcher in front, CRIU waits for the daemon to
-            // listen, while runc prepares the restore; else it is waited
-            // for here.
-            let overlapped = criu_launcher::in_front();
-            let cmd = LazyDaemon::command(image, lazy_work);
-            let started = if overlapped { LazyDaemon::spawn(cmd, lazy_work) } else { LazyDaemon::spawn_and_wait(cmd, lazy_work).await };
-            t.mark("lazy_pages_start");
-            match started {
-                Ok(daemon) => {
-                    let lazy_daemon = overlapped.then_some(daemon.pid);
-                    let from = RestoreFrom { image: image.to_path_buf(), work: lazy_work.to_path_buf(), lazy: true, lazy_daemon, inherit: inherit.clone() };
-                    let restored = self.tasks.restore(id, &from).await;
-                    t.mark("restore");
-                    match restored {
-                        Ok(pid) => {
-                            lock(&self.lazy).push(daemon.finish(self.lazy_stop.subscribe()));
-                            return Ok((pid, true));
-                        }
-                        Err(e) => {
-                            warn!(container = id, "lazy-pages restore failed, restoring in full: {e}");
-                            daemon.kill();
-                        }
-                    }
-                }
-                Err(e) => warn!(container = id, "no lazy pages ({e}): restoring in full"),
-            }
-        }
-        let from = RestoreFrom { image: image.to_path_buf(), work: full_work.to_path_buf(), lazy: false, lazy_daemon: None, inherit };
-        let restored = self.tasks.restore(id, &from).await;
-        t.mark("restore");
-        restored.map(|pid| (pid, false))
-    }
-
-    /// The checkout `lease` is released once the lazy-pages daemons are
-    /// done with it (and, when it is streamed (`hold`: see
-    /// [`PageSource::hold`]), once its stream ended: see
-    /// [`Actor::watch_stream`]); the store's gc and retention remove the
-    /// snapshot.
-    pub(crate) fn release_when_served(&self, lease: String, hold: Option<ExitHold>) {
-        if let Some(hold) = hold {
-            self.watch_stream(lease.clone(), hold);
-        }
-        let pending: Vec<_> = std::mem::take(&mut *lock(&self.lazy));
-        let me = self.clone();
-        lock(&self.lazy).push(tokio::spawn(async move {
-            for h in pending {
-                let _ = h.await;
-            }
-            me.store.release_logged(&lease).await;
-            me.forget_lease(&lease);
-        }));
-    }
-
-    /// `runc restore --lazy-pages` of container `id` from `image` of a
-    /// streamed checkout (`pages`), CRIU's work in `work`.
-    pub(crate) async fn restore_streamed(&self, id: &str, image: &Path, work: &Path, pages: PageSource<'_>, inherit: Vec<InheritFd>) -> Result<i32> {
-        let container_dir = image_name(image)?;
-        // An init that dies of memory its stream failed to bring is not
-        // reported as an exit before the stream's end says so.
-        self.tasks.hold_init_exit(id, pages.hold)?;
-        let mut daemon = LazyDaemon::start_streamed(image, work, pages, container_dir).await?;
-        let from = RestoreFrom { image: image.to_path_buf(), work: work.to_path_buf(), lazy: true, lazy_daemon: None, inherit };
-        let restore = self.tasks.restore(id, &from);
-        tokio::pin!(restore);
-        let pid = daemon.pid;
-        // The daemon served everything and ended before the restore did.
-        let mut served = false;
-        let restored = tokio::select! {
-            r = &mut restore => r,
-            status = daemon.exit.wait_for(pid) => {
-                if status == 0 {
-                    // It served every page there was to serve lazily and
-                    // ended (a small actor whose memory came in with the
-                    // eager runs has none): runc's restore goes on.
-                    debug!(container = id, "criu lazy-pages done before the end of the restore");
-                    served = true;
-                    restore.await
-                } else {
-                    return Err(self.stop_streamed_restore(id, restore, pages, work, status).await);
-                }
-            }
-        };
-        match restored {
-            Ok(pid) => {
-                if !served {
-                    // A daemon that fails now leaves pages unserved, which
-                    // the processes would read as zeros: they are killed at
-                    // once (the failed stream then suspends the actor again).
-                    lock(&self.lazy).push(daemon.finish_streamed(self.lazy_stop.subscribe(), self.cgroup_of(id)));
-                }
-                Ok(pid)
-            }
-            Err(e) => {
-                if !served {
-                    daemon.kill();
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// The lazy-pages daemon of a streamed restore failed (`status`) before
-    /// the restore ended: its page server went away (CRIU's daemon does not
-    /// outlive that), and the half-restored tasks would wait on their
-    /// missing pages for ever, so they are killed and the restore fails.
-    async fn stop_streamed_restore(&self, id: &str, restore: impl std::future::Future<Output = Result<i32>>, pages: PageSource<'_>, work: &Path, status: i32) -> Error {
-        let why = format!("criu lazy-pages ended with status {status} during the restore (its page server {} went away; see {:?})", pages.socket.display(), work.join("lazy-pages.log"));
-        warn!(container = id, "{why}: the restore is stopped");
-        if let Some(cg) = self.cgroup_of(id) {
-            crate::system::cgroup::kill_cgroup(&cg).await;
-        }
-        if restore.await.is_ok() {
-            let _ = self.tasks.unrestore(id).await;
-        }
-        Error::store(StoreErrorKind::Unavailable, why)
-    }
-
-    /// Watches the streamed checkout `lease` the actor was just restored
-    /// from: once it is all local, the phases say when; when it fails, the
-    /// restored processes are stopped before their lazy-pages daemons (a
-    /// process whose daemon is gone would read zeros for its missing
-    /// pages) and the actor is SUSPENDED again, its snapshot intact in the
-    /// object tier, with the reason. Suspends wait for it like for the
-    /// daemons. The exits of the restored inits wait for it too (`hold`,
-    /// dropped once the processes are stopped, or the stream is done).
-    fn watch_stream(&self, lease: String, hold: ExitHold) {
-        let me = self.clone();
-        lock(&self.lazy).push(tokio::spawn(async move {
-            let _hold = hold;
-            match me.store.wait_stream(&lease).await {
-                Ok(done) => {
-                    info!(lease = lease.as_str(), ms = done.done_ms, ready_ms = done.ready_ms, first_page_ms = done.first_page_ms, bytes = done.fetched_bytes, chunks = done.chunks, pages_served = done.pages_served, pages_waited = done.pages_waited, working_set_chunks = done.working_set_chunks, "streamed checkout complete: the snapshot is local");
-                    let _ = me.update_if(|r| {
-                        for (name, ms) in [("stream.ready_at", done.ready_ms), ("stream.first_page_at", done.first_page_ms), ("stream.done_at", done.done_ms)] {
-                            r.last_resume_phases.retain(|p| p.name != name);
-                            r.last_resume_phases.push(Phase { name: name.to_string(), us: ms.saturating_mul(1000) });
-                        }
-                        None::<()>
-                    });
-                }
-                Err(e) => me.stream_failed(&lease, e).await,
-            }
-        }));
-    }
-
-    /// The cgroup (OCI cgroupsPath) app container `id` was restored into.
-    fn cgroup_of(&self, id: &str) -> Option<String> {
-        self.record().and_then(|r| r.cgroups.get(id).cloned())
-    }
-
-    /// See [`Actor::watch_stream`].
-    async fn stream_failed(&self, lease: &str, why: Error) {
-        let why = why.context("streaming its memory from the object tier after the restore");
-        warn!(lease, "the restored actor is stopped and SUSPENDED again: {why}");
-        let rec = match self.record() {
-            Some(r) if r.state == Lifecycle::Running && r.leases.iter().any(|l| l == lease) => r,
-            _ => return,
-        };
-        // Restored into a new pod (by identity, or a clone), it was never
-        // suspended here: the ports to hold for its next trigger are those
-        // its restored processes listen on, read before they are stopped.
-        let target = lock(&self.held_target).is_none().then(|| self.activation_target(&rec.containers));
-        for id in &rec.containers {
-            if !self.tasks.is_suspended(id) {
-                if let Err(e) = self.tasks.unrestore(id).await {
-                    warn!(actor = rec.actor.as_str(), container = id.as_str(), "stop of the restored container after a failed stream: {e}");
-                }
-            }
-        }
-        self.lazy_stop.send_modify(|n| *n += 1);
-        let _gate = self.gate.lock().await;
-        let saved = self.update(|r| {
-            r.state = Lifecycle::Suspended;
-            r.last_error = Some(why.to_string());
-            // Restored by identity (a new pod): its snapshot is the one it
-            // was adopted from.
-            if r.snapshot.is_none() {
-                r.snapshot = r.restore_snapshot.clone();
-            }
-        });
-        if let Err(e) = saved {
-            warn!(actor = rec.actor.as_str(), "SUSPENDED after a failed stream, but the record could not be saved: {e}");
-        }
-        match target {
-            Some((Some(netns), ports)) if !ports.is_empty() => self.hold_ports(netns, ports),
-            _ => self.rearm_held_ports(),
-        }
-    }
-
-    /// Waits until every lazy-pages daemon has served all its pages (a
-    /// process with pages still missing cannot be dumped again), and every
-    /// CRIU of a restore has exited (`criu_restore::wait_ended`).
-    pub(crate) async fn wait_lazy_daemons(&self) {
-        let pending: Vec<_> = std::mem::take(&mut *lock(&self.lazy));
-        for h in pending {
-            let _ = h.await;
-        }
-        crate::system::criu_restore::wait_ended().await;
-    }
 }
 
-/// Lazy-pages restore is on unless `TORPOR_LAZY_PAGES=0`.
-pub(crate) fn lazy_pages_enabled() -> bool {
-    std::env::var("TORPOR_LAZY_PAGES").map(|v| v != "0").unwrap_or(true)
-}
-
-/// How long after a restore its lazy-pages daemon waits before it
-/// prefetches the pages no fault asked for (from the local tier, or from
-/// the store's page server for a streamed checkout, whose own background
-/// fetch waits `stream_background_delay`):
-/// `$TORPOR_LAZY_PREFETCH_DELAY_MS` (0 to 60000), [`PREFETCH_DELAY`] if
-/// unset. Faults are served meanwhile: a node waking many actors at once
-/// spends its CPU on their restores and first answers, not on copying the
-/// memory of those already answered.
-const PREFETCH_DELAY_ENV: &str = "TORPOR_LAZY_PREFETCH_DELAY_MS";
-const PREFETCH_DELAY: std::time::Duration = std::time::Duration::from_millis(1000);
-/// How `criu lazy-pages` is told the delay (scripts/criu-patches: CRIU
-/// without the patch ignores it and prefetches at once).
-const CRIU_PREFETCH_DELAY_ENV: &str = "CRIU_LAZY_PAGES_PREFETCH_DELAY_MS";
-
-/// [`PREFETCH_DELAY_ENV`], read once; an invalid value is logged and the
-/// default used.
-fn prefetch_delay() -> std::time::Duration {
-    static DELAY: std::sync::OnceLock<std::time::Duration> = std::sync::OnceLock::new();
-    *DELAY.get_or_init(|| match std::env::var(PREFETCH_DELAY_ENV) {
-        Err(std::env::VarError::NotPresent) => PREFETCH_DELAY,
-        v => parse_prefetch_delay(v.as_deref().unwrap_or("(not unicode)")).unwrap_or_else(|| {
-            error!("${PREFETCH_DELAY_ENV}={v:?}: expected a whole number of milliseconds from 0 to 60000; using {PREFETCH_DELAY:?}");
-            PREFETCH_DELAY
-        }),
-    })
-}
-
-fn parse_prefetch_delay(v: &str) -> Option<std::time::Duration> {
-    reaper::whole_number_in(v, 0..=60_000).map(std::time::Duration::from_millis)
-}
-
-/// Where a streamed checkout's memory comes from: the store's page server
-/// and the checkout's lease.
-#[derive(Clone, Copy)]
-pub(crate) struct PageSource<'a> {
-    pub socket: &'a Path,
-    pub lease: &'a str,
-    /// Held until the stream ended (see [`Actor::watch_stream`]), or the
-    /// restore failed: the restored inits' exits wait for it.
-    pub hold: &'a ExitHold,
-}
-
-/// How long a lazy-pages daemon may take to serve all of a restored
-/// container's memory (it prefetches the rest in the background).
-const LAZY_DEADLINE: std::time::Duration = crate::system::runc::CRIU_DEADLINE;
-
-/// A `criu lazy-pages` daemon serving one container's memory.
-struct LazyDaemon {
-    pid: i32,
-    exit: reaper::Subscription,
-}
-
-impl LazyDaemon {
-    /// `criu lazy-pages` for `image`, logging in `work`.
-    fn command(image: &Path, work: &Path) -> std::process::Command {
-        let mut cmd = std::process::Command::new("criu");
-        cmd.arg("lazy-pages")
-            .arg("--images-dir")
-            .arg(image)
-            .arg("--work-dir")
-            .arg(work)
-            // -v3: the log says when the background transfer starts.
-            .args(["--log-file", "lazy-pages.log", "-v3"])
-            .env(CRIU_PREFETCH_DELAY_ENV, prefetch_delay().as_millis().to_string())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-        cmd
-    }
-
-    /// Spawns the daemon `cmd` (to listen in `work`, which is created).
-    fn spawn(mut cmd: std::process::Command, work: &Path) -> Result<LazyDaemon> {
-        std::fs::create_dir_all(work).io_context(|| format!("create {work:?}"))?;
-        // A socket left by an earlier daemon (killed with its restore) would
-        // pass for this one's before it listens: CRIU's connect is refused.
-        let socket = work.join("lazy-pages.socket");
-        match std::fs::remove_file(&socket) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e).io_context(|| format!("remove the stale {socket:?}")),
-            _ => {}
-        }
-        let exit = reaper::subscribe();
-        reaper::tag(&mut cmd);
-        let child = cmd.spawn().io_context(|| "spawn criu lazy-pages".into())?;
-        let pid = child.id() as i32;
-        drop(child); // reaped by the reaper
-        Ok(LazyDaemon { pid, exit })
-    }
-
-    /// Spawns the daemon `cmd` and waits until it listens in `work`.
-    async fn spawn_and_wait(cmd: std::process::Command, work: &Path) -> Result<LazyDaemon> {
-        let mut daemon = Self::spawn(cmd, work)?;
-        let pid = daemon.pid;
-        let socket = work.join("lazy-pages.socket");
-        // Looked for every millisecond (it takes a few): the restore waits on it.
-        for _ in 0..2000 {
-            if socket.exists() {
-                return Ok(daemon);
-            }
-            if let Ok(Some(e)) = tokio::time::timeout(std::time::Duration::from_millis(1), daemon.exit.next()).await {
-                if e.pid == pid {
-                    return Err(Error::InvalidArgument(format!(
-                        "criu lazy-pages exited with {} (see {:?})",
-                        e.status,
-                        work.join("lazy-pages.log")
-                    )));
-                }
-            }
-        }
-        daemon.kill();
-        Err(Error::InvalidArgument("criu lazy-pages did not start listening".into()))
-    }
-
-    /// Starts a daemon that gets its pages from the store's page server
-    /// (a streamed checkout): the connection is made and named here, then
-    /// handed to CRIU (`--page-server --ps-socket`).
-    async fn start_streamed(image: &Path, work: &Path, pages: PageSource<'_>, container_dir: &str) -> Result<LazyDaemon> {
-        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-        let refused = |why: String| Error::store(StoreErrorKind::Unavailable, format!("the store's page server ({}): {why}", pages.socket.display()));
-        let mut conn = tokio::net::UnixStream::connect(pages.socket).await.map_err(|e| refused(format!("connect: {e}")))?;
-        conn.write_all(format!("torpor-pages/1 {} {container_dir}\n", pages.lease).as_bytes()).await.map_err(|e| refused(format!("handshake: {e}")))?;
-        let mut line = String::new();
-        {
-            let mut rd = tokio::io::BufReader::new(&mut conn);
-            match tokio::time::timeout(std::time::Duration::from_secs(10), rd.read_line(&mut line)).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => return Err(refused(format!("handshake: {e}"))),
-                Err(_) => return Err(refused("no answer to the handshake within 10 s".into())),
-            }
-        }
-        if line.trim_end() != "ok" {
-            return Err(refused(format!("refused: {}", line.trim_end())));
-        }
-        let conn = conn.into_std().io_context(|| "page server connection".into())?;
-        conn.set_nonblocking(false).io_context(|| "page server connection".into())?;
-        let fd = std::os::fd::OwnedFd::from(conn);
-        let mut cmd = Self::command(image, work);
-        cmd.args(["--page-server", "--ps-socket", "3"]);
-        reaper::pass_fds(&mut cmd, vec![fd], 3);
-        Self::spawn_and_wait(cmd, work).await
-    }
-
-    /// A task that ends when the daemon has served every page and exited,
-    /// when it was killed at [`LAZY_DEADLINE`] (a daemon that never exits
-    /// would keep the next suspend waiting; the restored process then
-    /// faults on the pages it still lacks, which CRIU reports), or when
-    /// `stop` changes (its processes were stopped: a failed stream).
-    fn finish(self, stop: tokio::sync::watch::Receiver<u64>) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move {
-            self.wait_served(stop).await;
-        })
-    }
-
-    /// [`LazyDaemon::finish`] of a streamed restore's daemon: when it fails
-    /// (its page server went away), the processes of `cgroup` are killed.
-    fn finish_streamed(self, stop: tokio::sync::watch::Receiver<u64>, cgroup: Option<String>) -> tokio::task::JoinHandle<()> {
-        tokio::spawn(async move {
-            let pid = self.pid;
-            if let Some(status) = self.wait_served(stop).await.filter(|s| *s != 0) {
-                warn!(pid, status, "criu lazy-pages of a streamed restore failed before it served every page: its processes are killed");
-                if let Some(cg) = cgroup {
-                    crate::system::cgroup::kill_cgroup(&cg).await;
-                }
-            }
-        })
-    }
-
-    /// Its exit status if it ended by itself; `None` if it was killed.
-    async fn wait_served(mut self, mut stop: tokio::sync::watch::Receiver<u64>) -> Option<i32> {
-        let pid = self.pid;
-        tokio::select! {
-            r = tokio::time::timeout(LAZY_DEADLINE, self.exit.wait_for(pid)) => {
-                if let Ok(status) = r {
-                    return Some(status);
-                }
-                warn!(pid, deadline = ?LAZY_DEADLINE, "criu lazy-pages did not finish serving its pages in time: killed");
-            }
-            _ = stop.changed() => debug!(pid, "criu lazy-pages stopped: its processes were"),
-        }
-        self.kill();
-        let _ = self.exit.wait_for(pid).await;
-        None
-    }
-
-    fn kill(&self) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), nix::sys::signal::Signal::SIGKILL);
-    }
-}
-
-/// The container name an image directory is named after.
-pub(super) fn image_name(image: &Path) -> Result<&str> {
-    image.file_name().and_then(|n| n.to_str()).ok_or_else(|| Error::FailedPrecondition(format!("image directory {image:?} has no name")))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn prefetch_delay_is_whole_milliseconds_up_to_a_minute() {
-        assert_eq!(parse_prefetch_delay("0"), Some(Duration::ZERO));
-        assert_eq!(parse_prefetch_delay("1000"), Some(Duration::from_secs(1)));
-        assert_eq!(parse_prefetch_delay("60000"), Some(Duration::from_secs(60)));
-        for bad in ["", "60001", "-1", "1.5", "1s", " 5", "99999999999999999999999"] {
-            assert_eq!(parse_prefetch_delay(bad), None, "{bad:?}");
-        }
+/// The snapshot a SUSPENDED `rec` is restored from, and how the log names
+/// it: its snapshot, or before the background commit is done, the dump
+/// this shim just wrote (a view of its staging), which the commit goes on
+/// turning into the snapshot.
+fn restore_source(rec: &Record) -> Result<(SnapshotRef, String)> {
+    match (&rec.snapshot, &rec.staging) {
+        (Some(snap), _) => Ok((snap.clone(), format!("snapshot {snap}"))),
+        (None, Some(st)) => Ok((
+            SnapshotRef { actor: rec.actor.clone(), generation: rec.generation },
+            format!("the dump of its suspend (staging {}, commit under way)", st.id),
+        )),
+        (None, None) => Err(Error::FailedPrecondition(format!(
+            "actor {} is SUSPENDED but has neither a snapshot nor a staging{}",
+            rec.actor,
+            rec.last_error.as_deref().map(|e| format!(" ({e})")).unwrap_or_default()
+        ))),
     }
 }

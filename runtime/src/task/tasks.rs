@@ -722,7 +722,7 @@ impl Tasks {
 
     /// Resume (thaw) of a paused container by `thaw` instead of `runc
     /// resume`: the freeze tier writes the cgroup freezer itself, without
-    /// runc's start-up (see [`crate::lifecycle::freeze`]).
+    /// runc's start-up (see [`crate::lifecycle::freezer`]).
     pub async fn resume_by(&self, id: &str, thaw: impl FnOnce() -> Result<()>) -> Result<()> {
         self.with(id, |c| {
             if !matches!(c.state, ContainerState::Paused) {

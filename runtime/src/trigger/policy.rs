@@ -72,9 +72,9 @@ use std::time::{Duration, Instant};
 
 use tracing::{debug, error, info, warn};
 
-use crate::actor::record::{now_ms, FreezeTier};
+use crate::actor::record::{now_ms, FreezeTier, Record};
 use crate::actor::Lifecycle;
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::failpoint;
 use crate::lifecycle::Actor;
 use crate::oci::bundle::{request_dir, REQUEST_MOUNT};
@@ -392,7 +392,7 @@ fn start_freeze_window(actor: &Actor, group: String, pressure: Pressure) {
                         _ = tokio::time::sleep(d) => {}
                     }
                 }
-                WindowStep::Checkpoint(why) => match rt.end_freeze_tier(tier, &why).await {
+                WindowStep::Checkpoint(why) => match end_freeze_tier(&rt, tier, &why).await {
                     Ok(rec) => info!(actor = rec.actor.as_str(), why = why.as_str(), "freeze tier: checkpointed"),
                     Err(Error::WrongState(m)) => debug!("freeze tier: nothing to checkpoint: {m}"),
                     Err(e) => {
@@ -403,6 +403,14 @@ fn start_freeze_window(actor: &Actor, group: String, pressure: Pressure) {
             }
         }
     });
+}
+
+/// The checkpoint that ends the freeze tier window `tier` (its end, or
+/// memory pressure: `why`). `WrongState` when the actor left that window
+/// meanwhile (thawed, checkpointed).
+async fn end_freeze_tier(actor: &Actor, tier: FreezeTier, why: &str) -> Result<Record> {
+    info!(why, "freeze tier: checkpointing the frozen actor");
+    actor.checkpoint(Some(tier)).await
 }
 
 /// CPU of the actor's containers and its pod network's activity, now:
