@@ -299,7 +299,7 @@ mod tests {
         let v = status_json(&ok);
         assert_eq!(v["state"], "suspended");
         assert_eq!(v["actor"], "ns/web");
-        assert!(status_table(&[v.clone()]).contains("ns               web"));
+        assert!(status_table(std::slice::from_ref(&v)).contains("ns               web"));
         let wide = status_table_wide(&[v]);
         assert!(wide.lines().next().unwrap().contains("ACTOR") && wide.contains("ns/web"), "{wide}");
     }
