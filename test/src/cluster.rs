@@ -764,7 +764,7 @@ impl KubeNode {
     }
 
     /// The installer's settings for this node (deploy/kubernetes/node-env.yaml):
-    /// the rig node's paths.
+    /// the rig node's paths, and its kubelet's config (the cgroup driver).
     pub fn node_env(&self) -> String {
         let st = self.state_dir();
         let shims = self.shim_socket_dir();
@@ -776,9 +776,12 @@ impl KubeNode {
              TORPOR_SNAPSHOTTER_CONFIG={st}/snapshotter.toml\n\
              TORPOR_STORE_SOCKET={st}/torpor/store.sock\n\
              TORPOR_SHIM_SOCKET_DIR={shims}\n\
+             TORPOR_KUBELET_CONFIG={}/kubelet-{}.yaml\n\
              export AWS_ACCESS_KEY_ID={}\n\
              export AWS_SECRET_ACCESS_KEY={}\n",
             self.host_pid_setting(),
+            cluster().state,
+            self.letter,
             env_or("TORPOR_RIG_S3_ACCESS_KEY", "torpor-rig"),
             env_or("TORPOR_RIG_S3_SECRET_KEY", "torpor-rig-secret-key"),
         )

@@ -58,11 +58,7 @@ fn values(tag: &str) -> String {
     // node-a's installer settings, without the rig's AWS_* exports: the
     // credentials come from the Secret
     let env: String = a.node_env().lines().filter(|l| !l.starts_with("export AWS_")).map(|l| format!("{l}\n")).collect();
-    let env = format!(
-        "{env}TORPOR_KUBELET_CONFIG={}/kubelet-a.yaml\nTORPOR_DATA_DIRS={}\n",
-        c.state,
-        data_dir(a)
-    );
+    let env = format!("{env}TORPOR_DATA_DIRS={}\n", data_dir(a));
     let metrics = torpor_tests::metrics::address_in(&format!("{}/snapshotter.toml", a.state_dir()));
     let port = std::env::var("TORPOR_CLUSTER_APISERVER_PORT").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| "16443".into());
     json!({
