@@ -35,8 +35,9 @@ fn helm(args: &[&str]) -> Out {
     run_cmd(&helm_path(), &all, None, &env, COMMAND_LIMIT)
 }
 
-/// Leaves the cluster without torpor when the test fails midway (the
-/// next test binary installs with kustomize).
+/// Leaves the cluster without torpor when the test fails midway, and
+/// without its namespace and Secrets in any case (the next test binary
+/// installs with kustomize).
 struct Cleanup;
 
 impl Drop for Cleanup {
@@ -47,6 +48,8 @@ impl Drop for Cleanup {
             eprintln!("(cleanup: {out})");
         }
         let _ = kubectl(&["label", "node", "node-a", &format!("{ENABLED_LABEL}-")]);
+        // with the Secrets, which a later install would mount
+        let _ = kubectl(&["delete", "namespace", NS, "--wait=true", "--timeout=240s"]);
     }
 }
 
