@@ -316,7 +316,7 @@ snapshotter)
 	[ -d "$SECRETS/object-store" ] && opts="$opts --options-dir $SECRETS/object-store"
 	[ -n "$TORPOR_METRICS_ADDRESS" ] && opts="$opts --metrics-address $TORPOR_METRICS_ADDRESS"
 	umask 077
-	mkdir -p "$RUNCFG"
+	mkdir -p "$RUNCFG" && chmod 0700 "$RUNCFG" || die "cannot make $RUNCFG root-only"
 	# shellcheck disable=SC2086
 	"$CTL" node snapshotter-config $opts "$config" >"$RUNCFG/snapshotter.toml" 2>"$RUNCFG/warning" ||
 		die "cannot compose the snapshotter's config: $(cat "$RUNCFG/warning")"
