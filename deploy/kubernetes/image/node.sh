@@ -122,10 +122,12 @@ containerd_check() {
 	old_ifs="$IFS"
 	IFS='
 '
+	set -f # the imports are patterns to match, not to expand here
 	for pat in $CONTAINERD_IMPORTS; do
 		# shellcheck disable=SC2254
 		case "$TORPOR_CONTAINERD_DROPIN" in $pat) imported=1 ;; esac
 	done
+	set +f
 	IFS="$old_ifs"
 	[ "$imported" = 1 ] || die "containerd's main config $cfg does not import $TORPOR_CONTAINERD_DROPIN (its imports: [$(echo "$CONTAINERD_IMPORTS" | tr '\n' ' ')]): add imports = ['$(dirname "$TORPOR_CONTAINERD_DROPIN")/*.toml'] to it, or set TORPOR_CONTAINERD_DROPIN to a path it imports"
 	# the cgroup driver: what runc runs with now, else the kubelet's
