@@ -778,6 +778,21 @@ helm_mode() {
 }
 
 # --------------------------------------------------------------------------
+# 7. the cgroup v2 node guest (test/vm/node.sh, make vm-test)
+# --------------------------------------------------------------------------
+# Host tools it needs: mmdebstrap makes the guest's Debian root file system,
+# kmod's depmod and modprobe pick the kernel modules of its initramfs.
+APT_PACKAGES+=(mmdebstrap kmod)
+
+# install_vm_guest: the guest's kernel (Debian's package, extracted) and its
+# root file system, cached under /var/cache/torpor/vm by release, package
+# list and kernel (test/vm/node.sh --prepare; a no-op when cached).
+install_vm_guest() {
+	log "node guest: kernel and root file system (test/vm/node.sh --prepare)"
+	"$repo/test/vm/node.sh" --prepare || die "test/vm/node.sh --prepare failed"
+}
+
+# --------------------------------------------------------------------------
 # main
 # --------------------------------------------------------------------------
 if [[ $mode == check ]]; then
@@ -826,4 +841,5 @@ install_kubernetes
 install_helm
 log "test images"
 "$repo/test/images/build.sh"
+# (install_vm_guest: by `make vm-node-test`, not yet part of `make test`)
 check_all

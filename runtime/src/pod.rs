@@ -148,6 +148,7 @@ impl Runtime {
                 own_pid_ns: spec.own_pid_ns,
                 sandbox: spec.sandbox,
                 netns: spec.netns,
+                ipcns: spec.ipcns,
                 rootfs_upper: req.rootfs_upper,
                 restore_from,
                 runc_options: req.runc_options,

@@ -20,6 +20,11 @@
 #                                       finds containerd-shim-torpor-v1 (default <repo>/target/release)
 #   TORPOR_SNAPSHOTTER_BIN              the torpor-snapshotter binary (default <repo>/target/release/torpor-snapshotter)
 #   TORPOR_RIG_SNAPSHOTTER_LOG_LEVEL    its log level (default info)
+#   TORPOR_RIG_SYSTEMD_CGROUP=1         the runc and torpor handlers with SystemdCgroup = true
+#                                       (a node whose init is systemd, e.g. test/vm's guest;
+#                                       the tests then give pods a slice as cgroup parent)
+#   TORPOR_RIG_SNAPSHOTTER_UNIT=NAME    run torpor-snapshotter as the transient systemd
+#                                       service NAME (Type=notify, as deploy/systemd's unit)
 set -euo pipefail
 
 # shellcheck source=env.sh
@@ -113,6 +118,27 @@ write_containerd_config() {
           snapshotter = 'torpor'
           pod_annotations = ['torpor.dev/*']
           container_annotations = ['torpor.dev/*']"
+	local systemd_cgroup=false
+	if [ "${TORPOR_RIG_SYSTEMD_CGROUP:-0}" = 1 ]; then
+		systemd_cgroup=true
+		# containerd 2.4 sends runc.v1.Options (SystemdCgroup) only to a
+		# runtime of type io.containerd.runc.v2 (other types get CRI's
+		# runtimeoptions, which the shim refuses): the shim by runtime_path.
+		torpor_runtime="        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.torpor]
+          runtime_type = 'io.containerd.runc.v2'
+          runtime_path = '$TORPOR_SHIM_DIR/containerd-shim-torpor-v1'
+          snapshotter = 'torpor'
+          pod_annotations = ['torpor.dev/*']
+          container_annotations = ['torpor.dev/*']
+          [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.torpor.options]
+            SystemdCgroup = true
+        # deploy/containerd/torpor.toml's documented form of the same (test/vm checks it)
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.torpor-options]
+          runtime_type = 'io.containerd.torpor.v1'
+          snapshotter = 'torpor'
+          [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.torpor-options.options]
+            SystemdCgroup = true"
+	fi
 	if [ "$PLAIN" = 1 ]; then
 		imports="'$TORPOR_RIG_DROPIN_DIR/*.toml'"
 		torpor_snapshotter="# plain: no torpor (its installer adds it in $TORPOR_RIG_DROPIN_DIR)"
@@ -172,7 +198,7 @@ $torpor_snapshotter
         [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
           runtime_type = 'io.containerd.runc.v2'
           [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-            SystemdCgroup = false
+            SystemdCgroup = $systemd_cgroup
 
 $torpor_runtime
 
@@ -260,6 +286,25 @@ start_snapshotter() {
 	write_snapshotter_config
 	log "starting torpor-snapshotter ($TORPOR_SNAPSHOTTER_BIN); log: $TORPOR_RIG_SNAPSHOTTER_LOG"
 	echo "---- $(date -Is) rig/up.sh starting torpor-snapshotter" >>"$TORPOR_RIG_SNAPSHOTTER_LOG"
+	if [ -n "${TORPOR_RIG_SNAPSHOTTER_UNIT:-}" ]; then
+		# A systemd service: started once it sent READY=1; its environment is
+		# the rig's (TORPOR_*, RUST_*) and the object tier's credentials.
+		local env=() v
+		for v in $(compgen -e); do
+			case "$v" in TORPOR_* | RUST_*) env+=("--setenv=$v=${!v}") ;; esac
+		done
+		timeout 120 systemd-run --quiet --collect --unit="$TORPOR_RIG_SNAPSHOTTER_UNIT" -p Type=notify \
+			-p LimitNOFILE=1048576 -p StandardOutput="append:$TORPOR_RIG_SNAPSHOTTER_LOG" \
+			-p StandardError="append:$TORPOR_RIG_SNAPSHOTTER_LOG" "${env[@]}" \
+			--setenv=AWS_ACCESS_KEY_ID="$TORPOR_RIG_S3_ACCESS_KEY" --setenv=AWS_SECRET_ACCESS_KEY="$TORPOR_RIG_S3_SECRET_KEY" \
+			"$TORPOR_SNAPSHOTTER_BIN" --config "$TORPOR_RIG_SNAPSHOTTER_CONFIG" 9>&- ||
+			{ tail -n 30 "$TORPOR_RIG_SNAPSHOTTER_LOG" >&2; die "systemd unit $TORPOR_RIG_SNAPSHOTTER_UNIT did not start"; }
+		pid=$(systemctl show -p MainPID --value "$TORPOR_RIG_SNAPSHOTTER_UNIT")
+		echo "$pid" >"$TORPOR_RIG_SNAPSHOTTER_PIDFILE"
+		wait_for 60 "snapshotter socket" snapshotter_answers || die "torpor-snapshotter did not create $TORPOR_RIG_SNAPSHOTTER_SOCKET within 60s"
+		log "torpor-snapshotter up (systemd unit $TORPOR_RIG_SNAPSHOTTER_UNIT, pid $pid)"
+		return 0
+	fi
 	AWS_ACCESS_KEY_ID="$TORPOR_RIG_S3_ACCESS_KEY" AWS_SECRET_ACCESS_KEY="$TORPOR_RIG_S3_SECRET_KEY" \
 		setsid "$TORPOR_SNAPSHOTTER_BIN" --config "$TORPOR_RIG_SNAPSHOTTER_CONFIG" \
 		</dev/null >>"$TORPOR_RIG_SNAPSHOTTER_LOG" 2>&1 9>&- &

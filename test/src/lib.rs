@@ -80,6 +80,23 @@ pub struct Rig {
     /// Parent cgroup (cgroupfs driver, below each hierarchy's root) of the
     /// test pods; down.sh removes what is left of it.
     pub cgroup: String,
+    /// The rig's CRI handlers drive cgroups through systemd
+    /// (`TORPOR_RIG_SYSTEMD_CGROUP=1`, test/rig/up.sh): pods get a slice.
+    pub systemd_cgroup: bool,
+}
+
+impl Rig {
+    /// The CRI cgroup parent of pod `name`: `/<cgroup>/pod-<name>` (cgroupfs),
+    /// or under systemd the slice `<cgroup>-pod_<name>.slice` (nested in
+    /// `<cgroup>.slice`, as kubelet's `kubepods-besteffort-pod<uid>.slice`;
+    /// `-` nests in slice names, so the words use `_`).
+    pub fn pod_cgroup_parent(&self, name: &str) -> String {
+        if self.systemd_cgroup {
+            format!("{}-pod_{}.slice", self.cgroup.replace('-', "_"), name.replace('-', "_"))
+        } else {
+            format!("/{}/pod-{name}", self.cgroup)
+        }
+    }
 }
 
 fn env_or(key: &str, default: &str) -> String {
@@ -123,6 +140,7 @@ impl Rig {
             runtime: env_or("TORPOR_TEST_RUNTIME", "torpor"),
             crictl_timeout: env_or("TORPOR_CRICTL_TIMEOUT", "120s"),
             cgroup,
+            systemd_cgroup: env_or("TORPOR_RIG_SYSTEMD_CGROUP", "0") == "1",
             address,
             cri_endpoint,
             state_dir,
@@ -509,7 +527,7 @@ pub fn pod_config_on(node: &Node, name: &str, annotations: &BTreeMap<String, Str
         "labels": { "torpor-test": "true" },
         "annotations": annotations,
         "linux": {
-            "cgroup_parent": format!("/{}/pod-{name}", node.rig.cgroup),
+            "cgroup_parent": node.rig.pod_cgroup_parent(name),
             "security_context": {
                 "namespace_options": { "network": 0, "pid": 1, "ipc": 0 }
             }

@@ -30,6 +30,8 @@ pub const NGINX_UID: u32 = 101;
 pub const DESIRED: &str = "torpor.dev/desired-state";
 pub const STATE_LABEL: &str = "torpor.dev/state";
 pub const APPLIED_RESULT: &str = "torpor.dev/applied-result";
+/// The desired state the agent last acted on.
+pub const APPLIED_STATE: &str = "torpor.dev/applied-state";
 
 fn agent_path() -> String {
     match std::env::var("TORPOR_AGENT") {
@@ -233,7 +235,16 @@ pub fn suspend_by_annotation(ns: &Namespace, pod: &str) {
 #[track_caller]
 pub fn resume_by_annotation(ns: &Namespace, pod: &str) {
     annotate(ns, pod, "running");
-    let p = wait_label(ns, pod, "running");
+    // the label, or the agent's failure at once (not a wait for the limit)
+    let p = wait_until(&format!("{}/{pod} labelled {STATE_LABEL}=running", ns.name), LIVENESS, || {
+        let p = ns.pod(pod);
+        let a = &p["metadata"]["annotations"];
+        let result = a[APPLIED_RESULT].as_str().unwrap_or_default();
+        if a[APPLIED_STATE] == "running" {
+            assert!(!result.starts_with("failed"), "{}/{pod}: the agent's resume failed: {result}", ns.name);
+        }
+        (p["metadata"]["labels"][STATE_LABEL] == "running").then_some(p)
+    });
     let node = node_of(&p);
     assert_eq!(node.actor_state(&ns.actor(pod)), "RUNNING", "{}/{pod}: the label follows the actor", ns.name);
     let r = applied_result(ns, pod, "resume");

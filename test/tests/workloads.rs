@@ -6,7 +6,9 @@
 //! the `torpor.dev/desired-state` annotation (torpor-agent), its data
 //! checked with its own client before and after; PostgreSQL's main
 //! process is also killed and kubelet's new container comes back with the
-//! committed rows.
+//! committed rows. A Redis container of a pod the agent acted on is
+//! re-created by kubelet after a crash (cold, with the agent's annotations)
+//! and after a stop while suspended (from its snapshot).
 //!
 //! Run by test/rig/run-tests.sh with the cluster up, one test at a time
 //! (`test/rig/run-tests.sh --test workloads`). Each test works in its own
@@ -102,6 +104,20 @@ fn wait_psql(ns: &Namespace, pod: &str) {
     });
 }
 
+/// The pod's SysV shared memory segments (`/proc/sysvipc/shm` in the
+/// container: its IPC namespace, the pod's): (key, id, attached processes).
+#[track_caller]
+fn sysv_segments(ns: &Namespace, pod: &str) -> Vec<(String, String, u64)> {
+    exec(ns, pod, &["cat", "/proc/sysvipc/shm"])
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((f.first()?.to_string(), f.get(1)?.to_string(), f.get(6)?.parse().ok()?))
+        })
+        .collect()
+}
+
 /// Total size in kB of the postmaster's shared mappings (`s` in
 /// /proc/1/maps: shared_buffers and the rest of its shared memory).
 #[track_caller]
@@ -129,8 +145,13 @@ fn postgres_as_non_root_recovers_its_rows_after_a_crash() {
     postgres(false);
 }
 
+/// With a suspend and resume by annotation after the crash's recovery.
+/// PostgreSQL's postmaster keeps a SysV shared memory segment (its
+/// interlock) in the pod's IPC namespace: the resume failed while the
+/// dump left it there (CRIU recreates it, `File exists`); it is the same
+/// segment (key and id), attached again, after the resume.
 #[test]
-#[ignore = "the suspend of PostgreSQL through the agent succeeds with torpor's CRIU (scripts/criu-patches/0002), but its resume did not reach RUNNING within 180 s in the one run made (cause not investigated); issue 37"]
+#[ignore = "the fix (SysV objects of the dump removed from the pod's IPC namespace, system::sysv_ipc) was shown outside the rig with runc and CRIU; this test was not yet run through kubectl (the cluster rig was not available in that session); issue 37"]
 fn postgres_as_non_root_keeps_its_rows_across_a_crash_and_a_suspend() {
     postgres(true);
 }
@@ -171,6 +192,8 @@ fn postgres(suspend: bool) {
     let commits_before: u64 = psql(&ns, pod, "select xact_commit from pg_stat_database where datname = 'postgres'").parse().expect("xact_commit");
     let procs = processes(&ns, pod);
     let shared = shared_kib(&ns, pod);
+    let segments = sysv_segments(&ns, pod);
+    assert!(segments.iter().any(|(_, _, n)| *n > 0), "the postmaster's SysV segment, attached: {segments:?}");
 
     if suspend {
         suspend_by_annotation(&ns, pod);
@@ -185,6 +208,9 @@ fn postgres(suspend: bool) {
     let after = processes(&ns, pod);
     assert_eq!(pids(&after), pids(&procs), "the same processes: {after:?} vs {procs:?}");
     assert_eq!(shared_kib(&ns, pod), shared, "the same shared mappings");
+    let attached = |v: &[(String, String, u64)]| v.iter().filter(|(_, _, n)| *n > 0).map(|(k, id, _)| (k.clone(), id.clone())).collect::<BTreeSet<_>>();
+    let after = sysv_segments(&ns, pod);
+    assert_eq!(attached(&after), attached(&segments), "the same SysV segments, attached again: {after:?} vs {segments:?}");
     psql(&ns, pod, "insert into notes values (1501, 'after the resume')");
     assert_eq!(psql(&ns, pod, "select body from notes where id = 1501"), "after the resume");
     assert_eq!(psql(&ns, pod, "select count(*) from notes"), "1501");
@@ -211,15 +237,21 @@ fn redis_keeps_its_keys_and_client_connections_across_a_suspend() {
     redis(true);
 }
 
-/// Without `suspend`: the same checks with no suspend between them.
-fn redis(suspend: bool) {
-    let (ns, _agents) = setup("wl-redis");
+/// The Redis pod (its TCP readiness probe, as uid REDIS_UID, `/data` on
+/// a volume), once ready: its name and `ip:6379`.
+fn redis_pod(ns: &Namespace) -> (&'static str, String) {
     let pod = "redis";
     let probe = json!({"tcpSocket": {"port": 6379}});
     let extra = json!({"ports": [{"containerPort": 6379}]});
     ns.apply(&server_pod(pod, REDIS_IMAGE, REDIS_UID, probe, "/data", extra));
     let p = ns.wait_ready(pod);
-    let addr = format!("{}:6379", pod_ip(&p));
+    (pod, format!("{}:6379", pod_ip(&p)))
+}
+
+/// Without `suspend`: the same checks with no suspend between them.
+fn redis(suspend: bool) {
+    let (ns, _agents) = setup("wl-redis");
+    let (pod, addr) = redis_pod(&ns);
     assert_eq!(exec(&ns, pod, &["id", "-u"]).trim(), REDIS_UID.to_string());
     all_run_as(&processes(&ns, pod), "redis", 1);
 
@@ -265,6 +297,93 @@ fn redis(suspend: bool) {
     let p = ns.pod(pod);
     assert!(pod_is_ready(&p));
     assert_eq!(restarts(&p), 0);
+}
+
+/// Redis' `run_id` (INFO server): random at each start of the server,
+/// kept by a restore.
+#[track_caller]
+fn run_id(client: &mut Redis) -> String {
+    let info = match client.cmd(&["INFO", "server"]) {
+        Resp::Bulk(Some(text)) => text,
+        other => panic!("INFO server: {other:?}"),
+    };
+    info.lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .unwrap_or_else(|| panic!("no run_id in INFO server: {info}"))
+        .trim()
+        .to_string()
+}
+
+/// The torpor annotations on the pod (the agent's among them).
+fn torpor_annotations(p: &Value) -> BTreeSet<String> {
+    p["metadata"]["annotations"].as_object().into_iter().flatten().map(|(k, _)| k.clone()).filter(|k| k.starts_with("torpor.dev/")).collect()
+}
+
+/// Issue 37, item 3, through kubelet: a non-root container (Redis, uid
+/// 999) of a pod that the agent has acted on (its `applied-state` and
+/// `applied-result` annotations on the pod, passed to the shim by
+/// containerd at every create) is re-created by kubelet after its server
+/// is SIGKILLed: a new server (a new run_id) with the keys of its
+/// append-only file, the actor RUNNING. Then, suspended by the agent, its
+/// container is stopped (`crictl stop`, as kubelet stops a container whose
+/// liveness probe fails) and kubelet re-creates it: the new container
+/// starts from the actor's snapshot (the run_id of the suspended server,
+/// a key it held only in memory), and the agent's label follows the actor.
+#[test]
+#[ignore = "written without a cluster rig to run it on; not yet run through kubectl; issue 37"]
+fn redis_restarts_after_the_agent_acted_and_comes_back_from_its_snapshot() {
+    let (ns, _agents) = setup("wl-restart");
+    let (pod, addr) = redis_pod(&ns);
+    let mut client = Redis::connect(&addr);
+    assert_eq!(client.cmd(&["SET", "kept", "in the append-only file"]), Resp::Simple("OK".into()));
+    let first = run_id(&mut client);
+
+    // the agent acts on the pod: a suspend and a resume
+    suspend_by_annotation(&ns, pod);
+    resume_by_annotation(&ns, pod);
+    assert_eq!(run_id(&mut client), first, "the same server after the resume");
+    drop(client);
+    let p = ns.pod(pod);
+    let written = torpor_annotations(&p);
+    for k in [DESIRED, APPLIED_STATE, APPLIED_RESULT] {
+        assert!(written.contains(k), "the agent's {k} on the pod: {written:?}");
+    }
+
+    // a crash: kubelet re-creates the container with those annotations
+    kill_main_process(&p);
+    let p = wait_restarted(&ns, pod, 1);
+    let addr = format!("{}:6379", pod_ip(&p));
+    let mut client = Redis::connect(&addr);
+    let second = run_id(&mut client);
+    assert_ne!(second, first, "a new server after the crash");
+    assert_eq!(client.cmd(&["GET", "kept"]), bulk("in the append-only file"), "the new server read its append-only file");
+    assert_eq!(node_of(&p).actor_state(&ns.actor(pod)), "RUNNING");
+    all_run_as(&processes(&ns, pod), "redis", 1);
+
+    // suspended by the agent, its container stopped and re-created by
+    // kubelet: it comes back from the snapshot
+    assert_eq!(client.cmd(&["CONFIG", "SET", "appendonly", "no"]), Resp::Simple("OK".into()));
+    assert_eq!(client.cmd(&["SET", "only-in-memory", "since the crash"]), Resp::Simple("OK".into()));
+    drop(client);
+    suspend_by_annotation(&ns, pod);
+    let p = ns.pod(pod);
+    let node = node_of(&p);
+    let cid = container_id(&p);
+    let out = node.crictl(&["stop", &cid]);
+    assert!(out.success(), "crictl stop {cid} (suspended): {out}");
+    let p = wait_restarted(&ns, pod, 2);
+    assert_ne!(container_id(&p), cid, "a new container");
+    let mut client = Redis::connect(&format!("{}:6379", pod_ip(&p)));
+    assert_eq!(run_id(&mut client), second, "the suspended server, restored from its snapshot");
+    assert_eq!(client.cmd(&["GET", "only-in-memory"]), bulk("since the crash"));
+    assert_eq!(client.cmd(&["GET", "kept"]), bulk("in the append-only file"));
+    let state = node.actor_state(&ns.actor(pod));
+    assert_eq!(state, "RUNNING", "the actor runs its restored container");
+    wait_label(&ns, pod, "running");
+    all_run_as(&processes(&ns, pod), "redis", 1);
+    let p = ns.pod(pod);
+    assert!(pod_is_ready(&p));
+    assert_eq!(restarts(&p), 2);
 }
 
 // ------------------------------------------------------------------ nginx

@@ -38,6 +38,8 @@ pub struct ContainerSpec {
     pub own_pid_ns: bool,
     /// The pod's network namespace (a path: CRI's sandbox netns), if joined.
     pub netns: Option<PathBuf>,
+    /// The pod's IPC namespace (a path: CRI's sandbox's), if joined.
+    pub ipcns: Option<PathBuf>,
     /// The CRI sandbox (pause) container: never part of the actor.
     pub sandbox: bool,
     /// The OCI `cgroupsPath`.
@@ -54,6 +56,7 @@ impl ContainerSpec {
             netns: namespaces
                 .and_then(|ns| ns.iter().find(|n| n.typ() == LinuxNamespaceType::Network))
                 .and_then(|n| n.path().clone()),
+            ipcns: namespaces.and_then(|ns| ns.iter().find(|n| n.typ() == LinuxNamespaceType::Ipc)).and_then(|n| n.path().clone()),
             sandbox: annotations.get(CRI_CONTAINER_TYPE).is_some_and(|t| t == "sandbox"),
             cgroups_path: spec
                 .linux()

@@ -48,7 +48,8 @@
 //! new connection to it taken by the spare (and reset) instead of refused.
 //! Rule changes are serialized, and the handover waits for them to be in.
 //! The connections a listener's accept queue holds when it closes are
-//! taken first (closing it would reset them).
+//! taken first (closing it would reset them), and so are those still being
+//! classified: the handover never waits out a connection's probe window.
 //!
 //! Bounds: at most [`MAX_HELD`] connections are held (or being classified)
 //! at a time, at most [`MAX_HELD_PER_CLIENT`] of them from one client
@@ -1133,12 +1134,16 @@ async fn watch(
                 }
                 pending += 1;
                 *pending_from.entry(client).or_default() += 1;
-                let (tx, wake) = (held_tx.clone(), wake.clone());
+                let (tx, wake, cut) = (held_tx.clone(), wake.clone(), quit_rx.clone());
                 tokio::spawn(async move {
-                    let h = classify(s, listen, client).await;
-                    if h.is_some() {
-                        let _ = wake.send(());
-                    }
+                    let h = match classify(s, listen, client, cut).await {
+                        Classified::Real(h) => {
+                            let _ = wake.send(());
+                            Some(h)
+                        }
+                        Classified::Cut(h) => Some(h),
+                        Classified::Probe => None,
+                    };
                     let _ = tx.send((client, h));
                 });
             }
@@ -1166,8 +1171,8 @@ async fn watch(
                 // dumped.
                 let _ = quit.send(true);
                 for t in accept_tasks.drain(..) { let _ = t.await; }
-                // Wait for connections still being classified: they are real
-                // traffic too (or probes, answered meanwhile).
+                // Collect the connections still being classified: the
+                // handover cut their classification short (see [`classify`]).
                 while pending > 0 {
                     match held_rx.recv().await {
                         Some((_, h)) => { pending -= 1; held.extend(h); }
@@ -1194,26 +1199,49 @@ async fn watch(
     }
 }
 
-/// `Some` for real traffic (to hand over), `None` for a probe (answered here).
-async fn classify(mut s: TcpStream, listen: SocketAddr, client: IpAddr) -> Option<Held> {
+/// What a new connection to a held port is.
+enum Classified {
+    /// Real traffic: it wakes the actor and is handed over.
+    Real(Held),
+    /// Not classified yet when the handover began (`quit`): handed over to
+    /// the actor, which answers it whatever it is, without one more wake.
+    Cut(Held),
+    /// A probe, answered here (or a connection already gone).
+    Probe,
+}
+
+/// Reads a new connection's first bytes, for at most [`PROBE_WINDOW`] or
+/// until the handover begins (`quit`): a handover never waits for a
+/// connection's window (a burst of server-speaks-first clients would hold
+/// the restore back by up to one window each).
+async fn classify(mut s: TcpStream, listen: SocketAddr, client: IpAddr, mut quit: watch::Receiver<bool>) -> Classified {
     let mut head = vec![0u8; 4096];
-    let held = |s, head| Some(Held { stream: s, listen, head, client, active: Instant::now(), queued: 0 });
-    match tokio::time::timeout(PROBE_WINDOW, s.read(&mut head)).await {
-        Ok(Ok(0)) => None, // TCP connect probe: connected and closed
-        Ok(Ok(n)) => {
+    let held = |s, head| Held { stream: s, listen, head, client, active: Instant::now(), queued: 0 };
+    let read = {
+        let read = tokio::time::timeout(PROBE_WINDOW, s.read(&mut head));
+        tokio::select! {
+            r = read => Some(r),
+            // (a TcpStream read is cancel-safe: nothing read is lost)
+            _ = quit.wait_for(|q| *q) => None,
+        }
+    };
+    match read {
+        None => Classified::Cut(held(s, Vec::new())),
+        Some(Ok(Ok(0))) => Classified::Probe, // TCP connect probe: connected and closed
+        Some(Ok(Ok(n))) => {
             head.truncate(n);
             if is_kube_probe(&head) {
                 let _ = s
                     .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
                     .await;
-                None
+                Classified::Probe
             } else {
-                held(s, head)
+                Classified::Real(held(s, head))
             }
         }
-        Ok(Err(_)) => None,
+        Some(Ok(Err(_))) => Classified::Probe,
         // Silent: a client waiting for the server to speak first.
-        Err(_) => held(s, Vec::new()),
+        Some(Err(_)) => Classified::Real(held(s, Vec::new())),
     }
 }
 
@@ -1559,15 +1587,22 @@ mod tests {
         TcpListener::from_std(app).unwrap()
     }
 
-    /// Whether no `ip rule` of the held ports' table is left in `netns`.
+    /// Whether no `ip rule` of the held ports' table is left in `netns`,
+    /// waiting for it as
+    /// [`wait_rules_gone`] does: it goes after the iptables rules
+    /// (`syn_drop_remove`), so a check right after theirs raced it.
     async fn no_route_rule(netns: &Path) -> bool {
-        for f in ["-4", "-6"] {
-            let rules = String::from_utf8_lossy(&ip_out(netns, &[f, "rule", "show"]).await.stdout).into_owned();
-            if rules.contains(&format!("lookup {ROUTE_TABLE}")) || rules.contains("lookup 29808") {
-                return false;
+        'poll: for _ in 0..600 {
+            for f in ["-4", "-6"] {
+                let rules = String::from_utf8_lossy(&ip_out(netns, &[f, "rule", "show"]).await.stdout).into_owned();
+                if rules.contains(&format!("lookup {ROUTE_TABLE}")) || rules.contains("lookup 29808") {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue 'poll;
+                }
             }
+            return true;
         }
-        true
+        false
     }
 
     /// Once a connection that woke the actor reached it from 127.0.0.1:
@@ -1649,6 +1684,41 @@ mod tests {
         let mangle = iptables_in(&pod.path, "iptables", &["-t", "mangle", "-S"]).await.unwrap();
         assert!(!String::from_utf8_lossy(&mangle.stdout).contains("TPROXY"), "{:?}", String::from_utf8_lossy(&mangle.stdout));
         assert!(no_route_rule(&pod.path).await, "the routing rule is left");
+    }
+
+    /// A connection still silent (being classified) when the handover
+    /// begins is handed over with the others: the handover does not wait
+    /// out its probe window, which would classify it real and wake the
+    /// actor a second time.
+    #[tokio::test]
+    async fn a_connection_being_classified_at_the_handover_is_handed_over_at_once() {
+        let (pod, client) = pod_and_client().await;
+        let (wake, mut woken) = mpsc::unbounded_channel();
+        let armed = Armed::arm(&pod.path, vec![addr("0.0.0.0:7086")], wake).unwrap();
+        let mut first = connect_from(&client.path, "10.99.0.2", addr("10.99.0.1:7086")).await;
+        first.write_all(b"1").await.unwrap();
+        woken.recv().await.unwrap();
+        let silent = connect_from(&client.path, "10.99.0.2", addr("10.99.0.1:7086")).await;
+        // Settle: the shim accepts it and starts its classification (well
+        // within PROBE_WINDOW).
+        tokio::time::sleep(PROBE_WINDOW / 5).await;
+        let handover = armed.begin_handover().await;
+        assert!(woken.try_recv().is_err(), "the silent connection was classified (its window waited out) and woke the actor again");
+        let app = {
+            let a = in_netns(&pod.path, || bind_retrying(addr("0.0.0.0:7086"), false, BIND_IN_USE_RETRY)).unwrap();
+            a.set_nonblocking(true).unwrap();
+            TcpListener::from_std(a).unwrap()
+        };
+        handover.finish().await;
+        let mut want = vec![first.local_addr().unwrap(), silent.local_addr().unwrap()];
+        want.sort_unstable();
+        let mut got = Vec::new();
+        for _ in 0..2 {
+            got.push(app.accept().await.unwrap().1);
+        }
+        got.sort_unstable();
+        assert_eq!(got, want, "both handed over, each from its client's address");
+        assert!(wait_rules_gone(&pod.path, "iptables", "7086").await);
     }
 
     /// An IPv6-only listener of the actor is held IPv6-only: an IPv4

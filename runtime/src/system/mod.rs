@@ -25,6 +25,8 @@
 //! - [`mounts`]: mountinfo, and mounts a killed CRIU left below a
 //!   directory, detached;
 //! - [`pidfd`]: another process's open files, taken through its pidfd;
+//! - [`sysv_ipc`]: the SysV IPC objects a dump left in the pod's IPC
+//!   namespace, removed (the restore creates them anew);
 //! - [`unix_links`]: unix connections between the containers of a pod;
 //! - [`writeback`]: a dump's files handed to the disk while CRIU writes them.
 
@@ -44,6 +46,7 @@ pub mod runc;
 pub mod runc_options;
 pub mod sleeping_connections;
 pub mod stdio;
+pub mod sysv_ipc;
 pub mod tmpfs;
 pub mod unix_links;
 pub mod writeback;

@@ -242,16 +242,27 @@ fn v6_only_listeners_here() -> std::io::Result<Vec<SocketAddr>> {
 /// (and waits for it: call it from a blocking context, or for work that
 /// does not block, such as a bind).
 pub fn in_netns<T: Send + 'static>(netns: &Path, f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> Result<T> {
-    let ns = File::open(netns).io_context(|| format!("open network namespace {netns:?}"))?;
-    let path = netns.to_path_buf();
+    in_namespace(netns, nix::sched::CloneFlags::CLONE_NEWNET, "network namespace", f)
+}
+
+/// Runs `f` on a thread of its own that has entered the namespace at `path`
+/// (`kind`: `CLONE_NEWNET`, `CLONE_NEWIPC`...; `what` names it in errors),
+/// and waits for it. setns(2) moves the calling thread only, so never a
+/// pool's thread: one that ends with `f`.
+pub fn in_namespace<T: Send + 'static>(
+    path: &Path,
+    kind: nix::sched::CloneFlags,
+    what: &str,
+    f: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Result<T> {
+    let ns = File::open(path).io_context(|| format!("open {what} {path:?}"))?;
     std::thread::spawn(move || {
-        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET)
-            .map_err(std::io::Error::from)?;
+        nix::sched::setns(&ns, kind).map_err(std::io::Error::from)?;
         f()
     })
     .join()
     .map_err(|_| Error::InvalidArgument(format!("thread in {path:?} panicked")))?
-    .io_context(|| format!("in network namespace {:?}", netns))
+    .io_context(|| format!("in {what} {path:?}"))
 }
 
 /// Runs `iptables ARGS` (or ip6tables) in the network namespace `netns`,

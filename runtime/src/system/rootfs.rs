@@ -1243,9 +1243,17 @@ mod tests {
 
     /// The entry is the standard PAX 1.0 sparse format: GNU tar reads the
     /// real name and size from it (Go's archive/tar, containerd's, too).
-    #[test]
-    fn gnu_tar_reads_the_sparse_entry() {
-        let Ok(v) = std::process::Command::new("tar").arg("--version").output() else {
+    /// (tar is waited for through the reaper, as every child in this
+    /// crate's tests: a std `wait` races the reaper's `waitpid(-1)` of
+    /// tests running beside it and can get ECHILD.)
+    #[tokio::test]
+    async fn gnu_tar_reads_the_sparse_entry() {
+        let tar = |args: &[&std::ffi::OsStr]| {
+            let mut cmd = std::process::Command::new("tar");
+            cmd.args(args);
+            crate::system::reaper::output(cmd, std::time::Duration::from_secs(120))
+        };
+        let Ok(v) = tar(&["--version".as_ref()]).await else {
             eprintln!("skipped: no tar on this machine");
             return;
         };
@@ -1256,7 +1264,7 @@ mod tests {
         std::fs::create_dir_all(&into).unwrap();
         sparse_file(&upper.join("d/s"), TIB, &[(4096 * 3, b"abc")]);
         capture(&upper, &out, &CaptureLimits::default()).unwrap();
-        let x = std::process::Command::new("tar").arg("-xf").arg(&out).arg("-C").arg(&into).output().unwrap();
+        let x = tar(&["-xf".as_ref(), out.as_os_str(), "-C".as_ref(), into.as_os_str()]).await.unwrap();
         assert!(x.status.success(), "{x:?}");
         let md = std::fs::metadata(into.join("d/s")).unwrap();
         assert_eq!(md.len(), TIB);

@@ -131,6 +131,9 @@ pub struct Container {
     pub sandbox: bool,
     /// The pod's network namespace (a path: CRI's sandbox netns), if joined.
     pub netns: Option<PathBuf>,
+    /// The pod's IPC namespace (a path), if joined: the SysV objects a dump
+    /// took are removed from it.
+    pub ipcns: Option<PathBuf>,
     /// Its rootfs overlay's upper directory, captured at each suspend.
     pub rootfs_upper: Option<PathBuf>,
     /// Set while a restore of it may still be undone (its memory streams

@@ -25,6 +25,7 @@ use crate::system::reaper;
 use crate::system::runc::{self, CheckpointOpts, RestoreFrom, Runc};
 use crate::system::runc_options::RuncOptions;
 use crate::system::stdio::{self, ProcessIo, StdioConfig};
+use crate::system::sysv_ipc;
 use crate::system::tmpfs;
 use crate::task::container::{Container, ContainerState, Exec};
 use crate::task::process::{ExecState, ExitInfo, Process, Status};
@@ -52,6 +53,8 @@ pub struct NewContainer {
     pub own_pid_ns: bool,
     pub sandbox: bool,
     pub netns: Option<PathBuf>,
+    /// The pod's IPC namespace (a path), if joined.
+    pub ipcns: Option<PathBuf>,
     pub rootfs_upper: Option<PathBuf>,
     /// Restore this checkpoint image at Start, instead of `runc create`.
     pub restore_from: Option<PathBuf>,
@@ -317,6 +320,7 @@ impl Tasks {
             cgroup: None,
             sandbox: new.sandbox,
             netns: new.netns,
+            ipcns: new.ipcns,
             rootfs_upper: new.rootfs_upper,
             exit_hold: None,
         };
@@ -634,7 +638,7 @@ impl Tasks {
     /// ends as the dump completes, which is not an exit; it is SUSPENDED
     /// after (RUNNING to containerd, its stdio held).
     pub async fn dump(&self, id: &str, opts: &CheckpointOpts) -> Result<()> {
-        let (runc, bundle) = self.with(id, |c| {
+        let (runc, bundle, ipcns) = self.with(id, |c| {
             if c.has_live_execs() {
                 return Err(Error::FailedPrecondition(format!("container {id} has exec sessions running")));
             }
@@ -647,7 +651,7 @@ impl Tasks {
                 }
             };
             c.state = ContainerState::Dumping { back: Box::new(back) };
-            Ok((c.runc.clone(), c.bundle.clone()))
+            Ok((c.runc.clone(), c.bundle.clone(), c.ipcns.clone()))
         })?;
         if runc.plain() {
             criu_restore::save_template(&runc.state_dir(id), &bundle);
@@ -656,6 +660,9 @@ impl Tasks {
             Ok(()) => runc.checkpoint(id, opts).await,
             Err(e) => Err(e.context(&format!("checkpoint of {id}"))),
         };
+        if let (Ok(()), true, Some(ns)) = (&r, opts.exit, ipcns) {
+            remove_dumped_ipc_objects(id, ns).await;
+        }
         let mut t = self.lock();
         if let Some(c) = t.containers.get_mut(id) {
             let back = match std::mem::replace(&mut c.state, ContainerState::Stopped) {
@@ -1036,6 +1043,28 @@ pub fn criu_work(bundle: &Path) -> PathBuf {
     bundle.join("criu-work")
 }
 
+/// After the dump of container `id`: the SysV IPC objects CRIU took into
+/// its images are removed from the pod's IPC namespace, which the
+/// container joined and which outlives it ([`sysv_ipc`]); else its restore
+/// fails on them. A failure is logged: the dump stands, and a restore
+/// would name the object in its error.
+async fn remove_dumped_ipc_objects(id: &str, ns: PathBuf) {
+    match tokio::task::spawn_blocking(move || sysv_ipc::remove_dumped(&ns)).await {
+        Ok(Ok(r)) if r.attached.is_empty() => {
+            if r.shm + r.sem + r.msg > 0 {
+                info!(container = id, shm = r.shm, sem = r.sem, msg = r.msg, "SysV IPC objects of the dump removed from the pod's namespace");
+            }
+        }
+        Ok(Ok(r)) => warn!(
+            container = id,
+            attached = ?r.attached,
+            "shared memory segments of the pod's IPC namespace are still attached after the dump: a restore of the container fails on them"
+        ),
+        Ok(Err(e)) => warn!(container = id, "the SysV IPC objects of the pod stay after the dump: {e}"),
+        Err(e) => warn!(container = id, "the SysV IPC objects of the pod stay after the dump: {e}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1060,6 +1089,7 @@ mod tests {
             cgroup: None,
             sandbox: false,
             netns: None,
+            ipcns: None,
             rootfs_upper: None,
             exit_hold: None,
         };
