@@ -30,6 +30,8 @@
 #
 #   scripts/deps.sh kubernetes   only step 4 (and its check)
 #   scripts/deps.sh promtool     only promtool (and its check)
+#   scripts/deps.sh helm         only helm (the Helm chart's cluster test; see
+#                                the section "helm" at the end)
 #
 # Built artifacts are cached outside the clone, keyed by version, in
 # ${TORPOR_DEPS_CACHE:-/var/cache/torpor/deps}/<tool>-<version>/ and copied
@@ -53,8 +55,9 @@ case "${1:-}" in
 --check) mode=check ;;
 kubernetes) mode=kubernetes ;;
 promtool) mode=promtool ;;
+helm) mode=helm ;;
 -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-*) die "unknown argument '$1' (usage: deps.sh [--check | kubernetes | promtool])" ;;
+*) die "unknown argument '$1' (usage: deps.sh [--check | kubernetes | promtool | helm])" ;;
 esac
 [[ $(id -u) == 0 ]] || die "must run as root (it installs packages and runs 'criu check')"
 
@@ -670,6 +673,7 @@ check_kubernetes() {
 check_all() {
 	log "checking dependencies"
 	check_kubernetes
+	check_helm
 	check_tool criu "$CRIU_MIN_VERSION" criu --version
 	if command -v criu >/dev/null; then
 		local out
@@ -740,6 +744,40 @@ check_all() {
 }
 
 # --------------------------------------------------------------------------
+# helm (the Helm chart deploy/helm/torpor and its cluster test,
+# test/tests/k8s_install.rs): built from its Go module (helm.sh/helm/v3),
+# cached in $TORPOR_DEPS_CACHE/helm-<version>/, installed to /usr/local/bin.
+# --------------------------------------------------------------------------
+: "${HELM_VERSION:=v3.22.1}"
+
+install_helm() {
+	# its own lock: `deps.sh helm` may run beside a full run
+	mkdir -p "$TORPOR_DEPS_CACHE"
+	exec 7>"$TORPOR_DEPS_CACHE/.lock-helm"
+	flock 7
+	NICE=${NICE:-10} build_go_tool helm "$HELM_VERSION" \
+		"-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "" \
+		"helm" helm.sh/helm/v3/cmd/helm
+	install_bin "$TORPOR_DEPS_CACHE/helm-$HELM_VERSION/bin/helm" /usr/local/bin/helm
+	exec 7>&-
+}
+
+check_helm() {
+	check_tool helm "$HELM_VERSION" helm version --short
+}
+
+helm_mode() {
+	install_helm
+	log "checking dependencies"
+	check_helm
+	if ((${#problems[@]})); then
+		printf '  - %s\n' "${problems[@]}" >&2
+		exit 1
+	fi
+	exit 0
+}
+
+# --------------------------------------------------------------------------
 # 7. the cgroup v2 node guest (test/vm/node.sh, make vm-test)
 # --------------------------------------------------------------------------
 # Host tools it needs: mmdebstrap makes the guest's Debian root file system,
@@ -772,6 +810,10 @@ if [[ $mode == kubernetes ]]; then
 	exit 0
 fi
 
+if [[ $mode == helm ]]; then
+	helm_mode
+fi
+
 if [[ $mode == promtool ]]; then
 	mkdir -p "$TORPOR_DEPS_CACHE"
 	exec 9>"$TORPOR_DEPS_CACHE/.lock"
@@ -796,6 +838,7 @@ install_criu
 install_go_tools
 install_promtool
 install_kubernetes
+install_helm
 log "test images"
 "$repo/test/images/build.sh"
 # (install_vm_guest: by `make vm-node-test`, not yet part of `make test`)

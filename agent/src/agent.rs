@@ -122,19 +122,6 @@ pub async fn run(client: Client, cfg: Config) -> Result<()> {
     Ok(())
 }
 
-/// Is the agent's DaemonSet gone, or being deleted? Also when the API
-/// refuses the agent's identity (its ServiceAccount or RBAC went first in
-/// a `kubectl delete -k`).
-pub async fn daemonset_gone(client: Client, namespace: &str, name: &str) -> Result<bool> {
-    let api: Api<k8s_openapi::api::apps::v1::DaemonSet> = Api::namespaced(client, namespace);
-    match api.get_opt(name).await {
-        Ok(Some(ds)) => Ok(ds.metadata.deletion_timestamp.is_some()),
-        Ok(None) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 401 || s.code == 403 || s.code == 404 => Ok(true),
-        Err(e) => Err(Error::Kube { what: format!("get DaemonSet {namespace}/{name}"), source: e }),
-    }
-}
-
 /// Is this a pod the agent looks after?
 pub fn is_torpor_pod(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()

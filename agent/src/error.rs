@@ -19,6 +19,9 @@ pub enum Error {
     /// A command-line argument is wrong.
     #[error("{0}")]
     Usage(String),
+    /// Refused: doing it would break something (the message says what).
+    #[error("refused: {0}")]
+    Refused(String),
     /// A wait ended without the state asked for.
     #[error("{0}")]
     Wait(String),
@@ -35,6 +38,20 @@ impl Error {
     pub fn kube(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
         let what = what.into();
         move |source| Error::Kube { what, source }
+    }
+}
+
+impl Error {
+    /// The process exit code of this error: 3 not found (an API 404),
+    /// 4 refused (by torpor, or the API's 401/403), 2 usage, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            Error::Kube { source: kube::Error::Api(s), .. } if s.code == 404 => 3,
+            Error::Kube { source: kube::Error::Api(s), .. } if s.code == 401 || s.code == 403 => 4,
+            Error::Refused(_) => 4,
+            Error::Usage(_) => 2,
+            _ => 1,
+        }
     }
 }
 

@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod error;
+pub mod install;
 pub mod node;
 pub mod plugin;
 pub mod report;

@@ -159,36 +159,118 @@ pub fn outcome(p: &Pod, d: Desired) -> Option<std::result::Result<(), String>> {
     (p.labels().get(STATE_LABEL) == Some(&label)).then_some(Ok(()))
 }
 
-/// Waits until the agent applied `d` on each pod; their status then.
+/// Waits until the agent applied `d` on each pod, all pods at once; their
+/// status then.
 pub async fn wait(client: &Client, pods: &[Pod], d: Desired, timeout: Duration) -> Result<Vec<Pod>> {
     let deadline = Instant::now() + timeout;
-    let mut done = Vec::new();
-    for p in pods {
-        let ns = p.namespace().unwrap_or_default();
-        let name = p.name_any();
-        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        loop {
-            let now = api.get(&name).await.map_err(Error::kube(format!("get pod {ns}/{name}")))?;
-            match outcome(&now, d) {
-                Some(Ok(())) => {
-                    done.push(now);
-                    break;
-                }
-                Some(Err(e)) => return Err(Error::Wait(format!("pod {ns}/{name}: {}: {e}", d.as_str()))),
-                None => {}
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::Wait(format!(
-                    "pod {ns}/{name}: not {} within {} s (state {:?}; is torpor-agent running on its node?)",
-                    d.as_str(),
-                    timeout.as_secs(),
-                    now.labels().get(STATE_LABEL)
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+    futures::future::try_join_all(pods.iter().map(|p| wait_one(client, p, d, deadline, timeout))).await
+}
+
+async fn wait_one(client: &Client, p: &Pod, d: Desired, deadline: Instant, timeout: Duration) -> Result<Pod> {
+    let ns = p.namespace().unwrap_or_default();
+    let name = p.name_any();
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    loop {
+        let now = api.get(&name).await.map_err(Error::kube(format!("get pod {ns}/{name}")))?;
+        match outcome(&now, d) {
+            Some(Ok(())) => return Ok(now),
+            Some(Err(e)) => return Err(Error::Wait(format!("pod {ns}/{name}: {}: {e}", d.as_str()))),
+            None => {}
         }
+        if Instant::now() >= deadline {
+            return Err(Error::Wait(format!(
+                "pod {ns}/{name}: not {} within {} s (state {:?}; is torpor-agent running on its node?)",
+                d.as_str(),
+                timeout.as_secs(),
+                now.labels().get(STATE_LABEL)
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    Ok(done)
+}
+
+/// The wide status table (`-o wide`): also the actor, what was applied and the condition.
+pub fn status_table_wide(rows: &[Value]) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:<16} {:<28} {:<10} {:<10} {:<10} {:<10} {:<32} {:<10} {:<28} RESULT",
+        "NAMESPACE", "NAME", "NODE", "STATE", "DESIRED", "APPLIED", "ACTOR", "CONDITION", "SNAPSHOT"
+    );
+    for r in rows {
+        let cond = match (r["condition"]["status"].as_str(), r["condition"]["reason"].as_str()) {
+            (Some(st), Some(re)) => format!("{st}/{re}"),
+            (Some(st), None) => st.to_string(),
+            _ => "-".into(),
+        };
+        let _ = writeln!(
+            out,
+            "{:<16} {:<28} {:<10} {:<10} {:<10} {:<10} {:<32} {:<10} {:<28} {}",
+            s(&r["namespace"]),
+            s(&r["name"]),
+            s(&r["node"]),
+            s(&r["state"]),
+            s(&r["desired"]),
+            s(&r["applied"]),
+            s(&r["actor"]),
+            cond,
+            s(&r["snapshot"]),
+            s(&r["result"]),
+        );
+    }
+    out
+}
+
+/// `v` as YAML (`-o yaml`): block style, strings quoted as JSON (valid YAML).
+pub fn to_yaml(v: &Value) -> String {
+    let mut out = String::new();
+    yaml_into(v, 0, &mut out);
+    if !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out
+}
+
+fn yaml_scalar(v: &Value) -> String {
+    match v {
+        Value::Null => "null".into(),
+        Value::Array(a) if a.is_empty() => "[]".into(),
+        Value::Object(o) if o.is_empty() => "{}".into(),
+        other => other.to_string(),
+    }
+}
+
+fn is_block(v: &Value) -> bool {
+    matches!(v, Value::Array(a) if !a.is_empty()) || matches!(v, Value::Object(o) if !o.is_empty())
+}
+
+fn yaml_into(v: &Value, indent: usize, out: &mut String) {
+    let pad = " ".repeat(indent);
+    match v {
+        Value::Array(a) if !a.is_empty() => {
+            for item in a {
+                if is_block(item) {
+                    out.push_str(&format!("{pad}-\n"));
+                    yaml_into(item, indent + 2, out);
+                } else {
+                    out.push_str(&format!("{pad}- {}\n", yaml_scalar(item)));
+                }
+            }
+        }
+        Value::Object(o) if !o.is_empty() => {
+            for (k, item) in o {
+                let key = Value::String(k.clone()).to_string();
+                if is_block(item) {
+                    out.push_str(&format!("{pad}{key}:\n"));
+                    yaml_into(item, indent + 2, out);
+                } else {
+                    out.push_str(&format!("{pad}{key}: {}\n", yaml_scalar(item)));
+                }
+            }
+        }
+        other => out.push_str(&format!("{pad}{}\n", yaml_scalar(other))),
+    }
 }
 
 #[cfg(test)]
@@ -217,6 +299,16 @@ mod tests {
         let v = status_json(&ok);
         assert_eq!(v["state"], "suspended");
         assert_eq!(v["actor"], "ns/web");
-        assert!(status_table(&[v]).contains("ns               web"));
+        assert!(status_table(std::slice::from_ref(&v)).contains("ns               web"));
+        let wide = status_table_wide(&[v]);
+        assert!(wide.lines().next().unwrap().contains("ACTOR") && wide.contains("ns/web"), "{wide}");
+    }
+
+    #[test]
+    fn yaml_output_is_block_yaml_of_the_json() {
+        let v = json!([{"name": "web", "n": 1, "condition": null, "tags": [], "c": {"status": "True", "msg": "a: b"}}]);
+        let y = to_yaml(&v);
+        assert_eq!(y, "-\n  \"c\":\n    \"msg\": \"a: b\"\n    \"status\": \"True\"\n  \"condition\": null\n  \"n\": 1\n  \"name\": \"web\"\n  \"tags\": []\n");
+        assert_eq!(to_yaml(&json!([])), "[]\n");
     }
 }

@@ -6,11 +6,15 @@
 //! default `<namespace>/<pod>`), by its pod sandbox id, or by the id of one
 //! of its containers; unique prefixes of ids (at least 6 characters) work,
 //! as with crictl.
+//!
+//! Exit codes: 0 done, 1 failed, 2 usage, 3 not found (no such actor),
+//! 4 refused (the actor's state, its lease, a busy transition, a shim of
+//! the old protocol).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 use serde_json::{json, Value};
 use torpor_api::ids::ActorId;
 
@@ -34,11 +38,72 @@ struct Cli {
     /// are listed from there).
     #[arg(long, env = "TORPOR_STATE_ROOT", default_value = STATE_ROOT)]
     state_root: PathBuf,
-    /// Print JSON instead of a table.
+    /// Print JSON instead of a table (same as -o json).
     #[arg(long, global = true)]
     json: bool,
+    /// Output: a table (wide: the same, all columns), or JSON.
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Table)]
+    output: Output,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum, PartialEq, Eq, Debug)]
+enum Output {
+    Table,
+    Wide,
+    Json,
+}
+
+impl Cli {
+    fn as_json(&self) -> bool {
+        self.json || self.output == Output::Json
+    }
+}
+
+/// Why a command did not do what was asked: its exit code.
+#[derive(Debug)]
+enum Failure {
+    /// 3: what was named does not exist.
+    NotFound(String),
+    /// 4: refused (the actor's state, its lease, another transition).
+    Refused(String),
+    /// 1
+    Failed(String),
+}
+
+impl Failure {
+    fn code(&self) -> u8 {
+        match self {
+            Failure::NotFound(_) => 3,
+            Failure::Refused(_) => 4,
+            Failure::Failed(_) => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::NotFound(m) | Failure::Refused(m) | Failure::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<String> for Failure {
+    fn from(m: String) -> Failure {
+        Failure::Failed(m)
+    }
+}
+
+/// The exit kind of a shim's refusal reason.
+fn failure_of(reason: torpor_api::control::Reason, msg: String) -> Failure {
+    use torpor_api::control::Reason as R;
+    match reason {
+        R::NOT_FOUND => Failure::NotFound(msg),
+        R::ALREADY_IN_STATE | R::WRONG_STATE | R::BUSY | R::LEASE_LOST | R::LEASE_HELD => Failure::Refused(msg),
+        _ => Failure::Failed(msg),
+    }
 }
 
 #[derive(Subcommand)]
@@ -65,15 +130,15 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("torporctl: {e}");
-            ExitCode::FAILURE
+            ExitCode::from(e.code())
         }
     }
 }
 
-fn run(cli: &Cli) -> Result<(), String> {
+fn run(cli: &Cli) -> Result<(), Failure> {
     let (op, name) = match &cli.command {
-        Command::Snapshots(cmd) => return snapshots::run(&cli.store_socket, &cli.socket_dir, cmd, cli.json),
-        Command::Node(cmd) => return node::run(cmd),
+        Command::Snapshots(cmd) => return Ok(snapshots::run(&cli.store_socket, &cli.socket_dir, cmd, cli.as_json())?),
+        Command::Node(cmd) => return Ok(node::run(cmd)?),
         Command::Status { actor } => (None, actor.as_deref()),
         Command::Suspend { actor } => (Some(Op::Suspend), Some(actor.as_str())),
         Command::Resume { actor } => (Some(Op::Resume), Some(actor.as_str())),
@@ -97,7 +162,7 @@ struct Found {
     legacy: bool,
 }
 
-async fn control_command(cli: &Cli, op: Option<Op>, name: Option<&str>) -> Result<(), String> {
+async fn control_command(cli: &Cli, op: Option<Op>, name: Option<&str>) -> Result<(), Failure> {
     let shims = list_shims(&cli.socket_dir)?;
     let mut actors = Vec::new();
     for sock in shims {
@@ -125,13 +190,13 @@ async fn control_command(cli: &Cli, op: Option<Op>, name: Option<&str>) -> Resul
             let m: Vec<_> = actors.iter().filter(|f| matches(&f.entry, n)).collect();
             match m.len() {
                 0 if op.is_some() && kept_actors(&cli.state_root).iter().any(|v| matches(v, n)) => {
-                    return Err(format!(
+                    return Err(Failure::Refused(format!(
                         "the shim of {n:?} died: its checkpoint is kept (in the snapshot store) and is restored when a container of the same identity is created"
-                    ))
+                    )))
                 }
-                0 => return Err(format!("no actor named {n:?} on this node (see `torporctl status`)")),
+                0 => return Err(Failure::NotFound(format!("no actor named {n:?} on this node (see `torporctl status`)"))),
                 1 => m,
-                k => return Err(format!("{n:?} matches {k} actors: give more of the id")),
+                k => return Err(Failure::Failed(format!("{n:?} matches {k} actors: give more of the id"))),
             }
         }
     };
@@ -143,15 +208,17 @@ async fn control_command(cli: &Cli, op: Option<Op>, name: Option<&str>) -> Resul
         };
         let who = found.entry["actor"]["actor"].as_str().unwrap_or("?");
         if found.legacy {
-            return Err(format!("{} of actor {who} refused: {}: {}", op.name(), found.sock.display(), control::LEGACY_SHIM));
+            return Err(Failure::Refused(format!("{} of actor {who} refused: {}: {}", op.name(), found.sock.display(), control::LEGACY_SHIM)));
         }
         match control::call(&found.sock, op).await {
             Ok(v) => results.push(v),
-            Err(CallError::Failed(f)) => return Err(format!("{} of actor {who} failed ({}): {}", op.name(), f.reason.describe(), f.message)),
-            Err(e) => return Err(format!("{} of actor {who} failed: {}: {e}", op.name(), found.sock.display())),
+            Err(CallError::Failed(f)) => {
+                return Err(failure_of(f.reason, format!("{} of actor {who} failed ({}): {}", op.name(), f.reason.describe(), f.message)))
+            }
+            Err(e) => return Err(Failure::Failed(format!("{} of actor {who} failed: {}: {e}", op.name(), found.sock.display()))),
         }
     }
-    if cli.json {
+    if cli.as_json() {
         println!("{}", serde_json::to_string_pretty(&results).unwrap_or_default());
     } else {
         print!("{}", table(&results));
@@ -282,6 +349,24 @@ fn table(results: &[Value]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn output_flag_and_exit_codes() {
+        let cli = Cli::try_parse_from(["torporctl", "status", "-o", "json"]).unwrap();
+        assert!(cli.as_json());
+        let cli = Cli::try_parse_from(["torporctl", "--json", "status"]).unwrap();
+        assert!(cli.as_json(), "--json stays");
+        let cli = Cli::try_parse_from(["torporctl", "-o", "wide", "status"]).unwrap();
+        assert!(!cli.as_json() && cli.output == Output::Wide);
+        assert!(Cli::try_parse_from(["torporctl", "status", "-o", "yaml"]).is_err());
+        use torpor_api::control::Reason as R;
+        assert_eq!(failure_of(R::NOT_FOUND, "x".into()).code(), 3);
+        for r in [R::WRONG_STATE, R::BUSY, R::LEASE_HELD, R::LEASE_LOST, R::ALREADY_IN_STATE] {
+            assert_eq!(failure_of(r, "x".into()).code(), 4, "{r:?}");
+        }
+        assert_eq!(failure_of(R::INTERNAL, "x".into()).code(), 1);
+        assert_eq!(failure_of(R::STORE_UNAVAILABLE, "x".into()).code(), 1);
+    }
 
     #[test]
     fn names_and_matching() {

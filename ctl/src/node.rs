@@ -30,6 +30,35 @@ pub enum Cmd {
         #[arg(long, default_value = "/proc", hide = true)]
         proc_root: PathBuf,
     },
+    /// What the installer needs to know of containerd's config: prints
+    /// shell assignments (version, imports, the runc runtime's
+    /// SystemdCgroup, the CRI plugin's config version). FILE and the
+    /// imports are host paths, read under --root.
+    ContainerdConfig {
+        file: PathBuf,
+        /// Where the host's / is (the node pod's /host).
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
+        /// A drop-in to leave out of the imports read (the installer's own).
+        #[arg(long)]
+        ignore: Option<PathBuf>,
+    },
+    /// torpor-snapshotter's config for the node pod: FILE (a host path
+    /// under --root; absent: the defaults) with the object tier's client
+    /// options from --options-dir (a mounted Secret: one file per option,
+    /// e.g. aws_secret_access_key) merged into [store] remote_options.
+    /// Printed (the caller writes it to a root-only tmpfs); warns when the
+    /// object tier is a local directory.
+    SnapshotterConfig {
+        file: PathBuf,
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
+        #[arg(long)]
+        options_dir: Option<PathBuf>,
+        /// Sets metrics_address.
+        #[arg(long)]
+        metrics_address: Option<String>,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -67,7 +96,145 @@ pub fn run(cmd: &Cmd) -> Result<(), String> {
             println!("{pid}");
             Ok(())
         }
+        Cmd::SnapshotterConfig { file, root, options_dir, metrics_address } => {
+            let (text, warning) = snapshotter_config(root, file, options_dir.as_deref(), metrics_address.as_deref())?;
+            if let Some(w) = warning {
+                eprintln!("{w}");
+            }
+            print!("{text}");
+            Ok(())
+        }
+        Cmd::ContainerdConfig { file, root, ignore } => {
+            let c = containerd_config(root, file, ignore.as_deref())?;
+            print!("{}", c.shell());
+            Ok(())
+        }
     }
+}
+
+/// What [`containerd_config`] found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ContainerdConfig {
+    /// The main config's `version` (0: none given, i.e. containerd's v1 format).
+    pub version: i64,
+    /// Its `imports`, as written (host paths, globs).
+    pub imports: Vec<String>,
+    /// `SystemdCgroup` of the CRI runtime `runc`'s options (main config or an import); None: not set.
+    pub systemd_cgroup: Option<bool>,
+}
+
+impl ContainerdConfig {
+    /// Shell assignments: CONTAINERD_CONFIG_VERSION, CONTAINERD_IMPORTS
+    /// (newline-separated), CONTAINERD_SYSTEMD_CGROUP (true|false|unset).
+    pub fn shell(&self) -> String {
+        let q = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+        format!(
+            "CONTAINERD_CONFIG_VERSION={}\nCONTAINERD_IMPORTS={}\nCONTAINERD_SYSTEMD_CGROUP={}\n",
+            self.version,
+            q(&self.imports.join("\n")),
+            self.systemd_cgroup.map_or("unset", |b| if b { "true" } else { "false" })
+        )
+    }
+}
+
+/// Reads containerd's main config `file` (a host path under `root`) and
+/// the files its imports name (globs in the last component), but `ignore`.
+pub fn containerd_config(root: &Path, file: &Path, ignore: Option<&Path>) -> Result<ContainerdConfig, String> {
+    let main = read_toml(root, file)?;
+    let mut c = ContainerdConfig {
+        version: main.get("version").and_then(|v| v.as_integer()).unwrap_or(0),
+        imports: main.get("imports").and_then(|v| v.as_array()).into_iter().flatten().filter_map(|v| v.as_str().map(str::to_string)).collect(),
+        systemd_cgroup: runc_systemd_cgroup(&main),
+    };
+    for pattern in c.imports.clone() {
+        for f in expand(root, Path::new(&pattern))? {
+            if Some(f.as_path()) == ignore {
+                continue;
+            }
+            if let Some(b) = runc_systemd_cgroup(&read_toml(root, &f)?) {
+                c.systemd_cgroup = Some(b);
+            }
+        }
+    }
+    Ok(c)
+}
+
+fn under(root: &Path, p: &Path) -> PathBuf {
+    root.join(p.strip_prefix("/").unwrap_or(p))
+}
+
+fn read_toml(root: &Path, file: &Path) -> Result<toml::Table, String> {
+    let path = under(root, file);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("read containerd's config {}: {e}", file.display()))?;
+    text.parse::<toml::Table>().map_err(|e| format!("containerd's config {}: not TOML: {e}", file.display()))
+}
+
+/// The host paths an import names: itself, or the files of its directory
+/// that match a `*` glob in its last component (sorted, as containerd does).
+fn expand(root: &Path, pattern: &Path) -> Result<Vec<PathBuf>, String> {
+    let name = pattern.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let Some((pre, post)) = name.split_once('*') else { return Ok(vec![pattern.to_path_buf()]) };
+    let dir = pattern.parent().unwrap_or(Path::new("/"));
+    let rd = match std::fs::read_dir(under(root, dir)) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(format!("read {}: {e}", dir.display())),
+    };
+    let mut v: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.len() >= pre.len() + post.len() && n.starts_with(pre) && n.ends_with(post))
+        .map(|n| dir.join(n))
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
+/// The snapshotter's config (see [`Cmd::SnapshotterConfig`]) and the
+/// warning about a local object tier, if any.
+pub fn snapshotter_config(root: &Path, file: &Path, options_dir: Option<&Path>, metrics_address: Option<&str>) -> Result<(String, Option<String>), String> {
+    let mut t = match std::fs::read_to_string(under(root, file)) {
+        Ok(text) => text.parse::<toml::Table>().map_err(|e| format!("{}: not TOML: {e}", file.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => toml::Table::new(),
+        Err(e) => return Err(format!("read {}: {e}", file.display())),
+    };
+    if let Some(a) = metrics_address {
+        t.insert("metrics_address".into(), toml::Value::String(a.to_string()));
+    }
+    let store = t.entry("store").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+    let store = store.as_table_mut().ok_or_else(|| format!("{}: [store] is not a table", file.display()))?;
+    if let Some(dir) = options_dir {
+        let mut names: Vec<PathBuf> = std::fs::read_dir(dir).map_err(|e| format!("read {}: {e}", dir.display()))?.flatten().map(|e| e.path()).collect();
+        names.sort();
+        let opts = store.entry("remote_options").or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        let opts = opts.as_table_mut().ok_or_else(|| format!("{}: store.remote_options is not a table", file.display()))?;
+        for p in names {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            // a Secret volume's entries are symlinks into ..data; its dot-entries are not options
+            if name.starts_with('.') || !p.is_file() {
+                continue;
+            }
+            let v = std::fs::read_to_string(&p).map_err(|e| format!("read {}: {e}", p.display()))?;
+            opts.insert(name, toml::Value::String(v.trim_end_matches(['\n', '\r']).to_string()));
+        }
+    }
+    let url = store.get("remote_url").and_then(|v| v.as_str()).unwrap_or("file:///var/lib/torpor/objects").to_string();
+    let warning = url.starts_with("file://").then(|| {
+        format!(
+            "WARNING: the object tier is a local directory ({url}): snapshots are not durable beyond this node's disk, and an actor cannot move to another node. Set store.remote_url to an object store (s3://, gs://, az://)."
+        )
+    });
+    let text = toml::to_string(&t).map_err(|e| format!("write the config: {e}"))?;
+    Ok((text, warning))
+}
+
+/// `SystemdCgroup` of the CRI runtime `runc`: config version 3
+/// (`io.containerd.cri.v1.runtime`) or 2 (`io.containerd.grpc.v1.cri`).
+fn runc_systemd_cgroup(t: &toml::Table) -> Option<bool> {
+    let plugins = t.get("plugins")?.as_table()?;
+    ["io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri"].iter().find_map(|p| {
+        plugins.get(*p)?.get("containerd")?.get("runtimes")?.get("runc")?.get("options")?.get("SystemdCgroup")?.as_bool()
+    })
 }
 
 /// The pid of the process that created the listener of the unix socket at
@@ -109,6 +276,61 @@ pub fn check_mount_ns(proc_root: &Path, host_pid: i32, pid: i32, socket: &Path) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn snapshotter_config_takes_the_secret_options_and_warns_of_a_local_tier() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("etc/torpor")).unwrap();
+        let secret = tempfile::tempdir().unwrap();
+        std::fs::write(secret.path().join("aws_secret_access_key"), "s3cr3t\n").unwrap();
+        std::fs::create_dir(secret.path().join("..data")).unwrap();
+        let f = Path::new("/etc/torpor/snapshotter.toml");
+        // absent: the defaults, whose object tier is a local directory
+        let (text, warn) = snapshotter_config(root.path(), f, Some(secret.path()), None).unwrap();
+        assert!(warn.unwrap().contains("file:///var/lib/torpor/objects"));
+        let t: toml::Table = text.parse().unwrap();
+        assert_eq!(t["store"]["remote_options"]["aws_secret_access_key"].as_str(), Some("s3cr3t"));
+        std::fs::write(
+            root.path().join("etc/torpor/snapshotter.toml"),
+            "log_level = 'debug'\n[store]\nremote_url = 's3://b/p'\nremote_options = { endpoint = 'http://s3:9000' }\n",
+        )
+        .unwrap();
+        let (text, warn) = snapshotter_config(root.path(), f, Some(secret.path()), Some("127.0.0.1:9464")).unwrap();
+        assert_eq!(warn, None);
+        assert_eq!(toml::from_str::<toml::Table>(&text).unwrap()["metrics_address"].as_str(), Some("127.0.0.1:9464"));
+        let t: toml::Table = text.parse().unwrap();
+        assert_eq!(t["log_level"].as_str(), Some("debug"));
+        assert_eq!(t["store"]["remote_options"]["endpoint"].as_str(), Some("http://s3:9000"));
+        assert_eq!(t["store"]["remote_options"]["aws_secret_access_key"].as_str(), Some("s3cr3t"));
+        assert_eq!(t["store"]["remote_options"].as_table().unwrap().len(), 2, "{text}");
+    }
+
+    #[test]
+    fn containerd_config_finds_imports_and_the_cgroup_driver() {
+        let root = tempfile::tempdir().unwrap();
+        let etc = root.path().join("etc/containerd");
+        std::fs::create_dir_all(etc.join("conf.d")).unwrap();
+        std::fs::write(
+            etc.join("config.toml"),
+            "version = 3\nimports = ['/etc/containerd/conf.d/*.toml']\n[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]\nSystemdCgroup = true\n",
+        )
+        .unwrap();
+        let c = containerd_config(root.path(), Path::new("/etc/containerd/config.toml"), None).unwrap();
+        assert_eq!(c, ContainerdConfig { version: 3, imports: vec!["/etc/containerd/conf.d/*.toml".into()], systemd_cgroup: Some(true) });
+        assert_eq!(c.shell(), "CONTAINERD_CONFIG_VERSION=3\nCONTAINERD_IMPORTS='/etc/containerd/conf.d/*.toml'\nCONTAINERD_SYSTEMD_CGROUP=true\n");
+        // an import overrides the main config; the installer's own drop-in is left out
+        std::fs::write(etc.join("conf.d/10-cgroup.toml"), "version = 2\n[plugins.'io.containerd.grpc.v1.cri'.containerd.runtimes.runc.options]\nSystemdCgroup = false\n").unwrap();
+        std::fs::write(etc.join("conf.d/torpor.toml"), "not = [toml").unwrap();
+        std::fs::write(etc.join("conf.d/notes.txt"), "not = [toml").unwrap();
+        let c = containerd_config(root.path(), Path::new("/etc/containerd/config.toml"), Some(Path::new("/etc/containerd/conf.d/torpor.toml"))).unwrap();
+        assert_eq!(c.systemd_cgroup, Some(false));
+        // a v2 main config without imports nor runc options
+        std::fs::write(etc.join("config.toml"), "version = 2\n").unwrap();
+        let c = containerd_config(root.path(), Path::new("/etc/containerd/config.toml"), None).unwrap();
+        assert_eq!(c.shell(), "CONTAINERD_CONFIG_VERSION=2\nCONTAINERD_IMPORTS=''\nCONTAINERD_SYSTEMD_CGROUP=unset\n");
+        let e = containerd_config(root.path(), Path::new("/etc/containerd/missing.toml"), None).unwrap_err();
+        assert!(e.contains("/etc/containerd/missing.toml"), "{e}");
+    }
 
     fn rt() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()

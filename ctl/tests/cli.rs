@@ -129,7 +129,7 @@ fn typed_errors_and_old_shims_are_clear() {
     // The lease held elsewhere: the reason and the shim's message.
     let out = torporctl(tmp.path(), &["resume", "ns/new"]);
     let (_, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(out.status.code(), Some(4), "refused: {stderr}");
     assert!(stderr.contains("another node holds the actor's lease") && stderr.contains("held by node b"), "{stderr}");
 
     // A method the shim does not implement: UNIMPLEMENTED, said so.
@@ -147,8 +147,14 @@ fn typed_errors_and_old_shims_are_clear() {
     // The old shim's actor is found, and the refusal says why.
     let out = torporctl(tmp.path(), &["suspend", "ns/old"]);
     let (_, stderr) = text(&out);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(out.status.code(), Some(4), "refused: {stderr}");
     assert!(stderr.contains("suspend of actor ns/old refused") && stderr.contains("older than this torporctl"), "{stderr}");
+
+    // No such actor: not found.
+    let out = torporctl(tmp.path(), &["-o", "json", "resume", "ns/nobody"]);
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(3), "not found: {stderr}");
+    assert!(stderr.contains("no actor named \"ns/nobody\""), "{stderr}");
 
     // "ACTOR" while its newest generation is committing: refused, naming it
     // (before the store is asked: there is no store here).

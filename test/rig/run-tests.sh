@@ -25,9 +25,11 @@
 # test at a time, and the cluster goes down again. (A kubelet kills the pods
 # it does not know, so the crictl-driven tests never run while the cluster is
 # up.) `--test k8s` or `--test workloads` runs only those, with the cluster.
-# Last, tests/k8s_native.rs gets a rig and cluster of its own whose
-# containerds start plain (TORPOR_RIG_PLAIN=1: torpor is installed by
-# `kubectl apply -k deploy/kubernetes`); `--test k8s_native` runs only those.
+# Last, tests/k8s_native.rs and tests/k8s_install.rs get a rig and cluster
+# of their own whose containerds start plain (TORPOR_RIG_PLAIN=1: torpor is
+# installed by `kubectl apply -k deploy/kubernetes`, and by the Helm chart
+# deploy/helm/torpor); `--test k8s_native` or `--test k8s_install` runs only
+# those.
 # Exit code: cargo's (the first failing phase's).
 set -uo pipefail
 
@@ -94,10 +96,11 @@ CLUSTER_TEST=k8s
 WORKLOAD_TEST=workloads
 TENANCY_TEST=k8s_tenancy
 NATIVE_TEST=k8s_native
+INSTALL_TEST=k8s_install
 case " ${cargo_args[*]} " in
-*" --test $NATIVE_TEST "* | *" --test=$NATIVE_TEST "*)
+*" --test $NATIVE_TEST "* | *" --test=$NATIVE_TEST "* | *" --test $INSTALL_TEST "* | *" --test=$INSTALL_TEST "*)
 	if [ "$rig_was_running" = 1 ]; then
-		echo "rig/run-tests: --test $NATIVE_TEST needs a plain rig of its own: tear the running one down first (test/rig/down.sh)" >&2
+		echo "rig/run-tests: --test $NATIVE_TEST / $INSTALL_TEST need a plain rig of their own: tear the running one down first (test/rig/down.sh)" >&2
 		exit 1
 	fi
 	export TORPOR_RIG_PLAIN=1
@@ -124,7 +127,7 @@ if [ "${#cargo_args[@]}" = 0 ]; then
 	targets=(--lib)
 	for f in "$TORPOR_REPO_ROOT"/test/tests/*.rs; do
 		t="$(basename "$f" .rs)"
-		[ "$t" = "$CLUSTER_TEST" ] || [ "$t" = "$WORKLOAD_TEST" ] || [ "$t" = "$TENANCY_TEST" ] || [ "$t" = "$NATIVE_TEST" ] || targets+=(--test "$t")
+		[ "$t" = "$CLUSTER_TEST" ] || [ "$t" = "$WORKLOAD_TEST" ] || [ "$t" = "$TENANCY_TEST" ] || [ "$t" = "$NATIVE_TEST" ] || [ "$t" = "$INSTALL_TEST" ] || targets+=(--test "$t")
 	done
 	cargo test -p torpor-tests --release "${targets[@]}" -- --test-threads="$THREADS" "${test_args[@]}"
 	rc=$?
@@ -134,14 +137,14 @@ if [ "${#cargo_args[@]}" = 0 ]; then
 		[ "$rc" != 0 ] || rc=$rc2
 		# a plain rig and cluster of its own for tests/k8s_native.rs
 		if [ "$rig_was_running" = 1 ]; then
-			echo "rig/run-tests: the rig was running before: not replacing it with a plain one, $NATIVE_TEST skipped" >&2
+			echo "rig/run-tests: the rig was running before: not replacing it with a plain one, $NATIVE_TEST and $INSTALL_TEST skipped" >&2
 			[ "$rc" != 0 ] || rc=1
 		else
-			echo "rig/run-tests: a plain rig and cluster for $NATIVE_TEST" >&2
+			echo "rig/run-tests: a plain rig and cluster for $INSTALL_TEST and $NATIVE_TEST" >&2
 			"$RIG_DIR/../cluster/down.sh" --rig || { [ "$rc" != 0 ] || rc=1; }
 			export TORPOR_RIG_PLAIN=1
 			"$RIG_DIR/up.sh" || exit $?
-			run_cluster_tests --test "$NATIVE_TEST"
+			run_cluster_tests --test "$INSTALL_TEST" --test "$NATIVE_TEST"
 			rc2=$?
 			[ "$rc" != 0 ] || rc=$rc2
 		fi
@@ -149,7 +152,7 @@ if [ "${#cargo_args[@]}" = 0 ]; then
 	exit "$rc"
 fi
 case " ${cargo_args[*]} " in
-*" --test $CLUSTER_TEST "* | *" --test=$CLUSTER_TEST "* | *" --test $WORKLOAD_TEST "* | *" --test=$WORKLOAD_TEST "* | *" --test $TENANCY_TEST "* | *" --test=$TENANCY_TEST "* | *" --test $NATIVE_TEST "* | *" --test=$NATIVE_TEST "*)
+*" --test $CLUSTER_TEST "* | *" --test=$CLUSTER_TEST "* | *" --test $WORKLOAD_TEST "* | *" --test=$WORKLOAD_TEST "* | *" --test $TENANCY_TEST "* | *" --test=$TENANCY_TEST "* | *" --test $NATIVE_TEST "* | *" --test=$NATIVE_TEST "* | *" --test $INSTALL_TEST "* | *" --test=$INSTALL_TEST "*)
 	run_cluster_tests "${cargo_args[@]}"
 	exit $?
 	;;

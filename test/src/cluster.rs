@@ -764,7 +764,7 @@ impl KubeNode {
     }
 
     /// The installer's settings for this node (deploy/kubernetes/node-env.yaml):
-    /// the rig node's paths.
+    /// the rig node's paths, and its kubelet's config (the cgroup driver).
     pub fn node_env(&self) -> String {
         let st = self.state_dir();
         let shims = self.shim_socket_dir();
@@ -776,9 +776,12 @@ impl KubeNode {
              TORPOR_SNAPSHOTTER_CONFIG={st}/snapshotter.toml\n\
              TORPOR_STORE_SOCKET={st}/torpor/store.sock\n\
              TORPOR_SHIM_SOCKET_DIR={shims}\n\
+             TORPOR_KUBELET_CONFIG={}/kubelet-{}.yaml\n\
              export AWS_ACCESS_KEY_ID={}\n\
              export AWS_SECRET_ACCESS_KEY={}\n",
             self.host_pid_setting(),
+            cluster().state,
+            self.letter,
             env_or("TORPOR_RIG_S3_ACCESS_KEY", "torpor-rig"),
             env_or("TORPOR_RIG_S3_SECRET_KEY", "torpor-rig-secret-key"),
         )
@@ -867,12 +870,76 @@ pub fn node_pod(node: &str) -> Option<Value> {
     v["items"].as_array()?.iter().find(|p| pod_is_ready(p) && p["metadata"]["deletionTimestamp"].is_null()).cloned()
 }
 
+/// The label of a node that opts in to torpor (the DaemonSet's nodeSelector).
+pub const ENABLED_LABEL: &str = "torpor.dev/enabled";
+/// The label torpor-node sets on a node where torpor works (the RuntimeClass's nodeSelector).
+pub const READY_LABEL: &str = "torpor.dev/ready";
+
+/// Labels the nodes `names` to run torpor ([`ENABLED_LABEL`]) and the
+/// others not to.
+#[track_caller]
+pub fn opt_in(names: &[&str]) {
+    for n in &cluster().nodes {
+        if names.contains(&n.name.as_str()) {
+            kubectl_ok(&["label", "node", &n.name, "--overwrite", &format!("{ENABLED_LABEL}=true")]);
+        } else {
+            kubectl_ok(&["label", "node", &n.name, &format!("{ENABLED_LABEL}-")]);
+        }
+    }
+}
+
+/// The value of label `key` on node `name` (None: not there).
+#[track_caller]
+pub fn node_label(name: &str, key: &str) -> Option<String> {
+    kubectl_json(&["get", "node", name])["metadata"]["labels"][key].as_str().map(str::to_string)
+}
+
+/// `kubectl torpor ARGS` (the plugin of target/release, found in PATH as
+/// kubectl finds plugins; the kubeconfig from KUBECONFIG).
+pub fn kubectl_torpor(args: &[&str]) -> Out {
+    let c = cluster();
+    let mut all = vec!["torpor"];
+    all.extend_from_slice(args);
+    let path = format!("{}/target/release:{}", repo_root(), std::env::var("PATH").unwrap_or_default());
+    let env = vec![
+        ("PATH".to_string(), path),
+        ("KUBECONFIG".to_string(), c.kubeconfig.clone()),
+        ("KUBECACHEDIR".to_string(), format!("{}/kubectl-cache", c.state)),
+    ];
+    run_cmd(&c.kubectl, &all, None, &env, COMMAND_LIMIT)
+}
+
+/// Whether pods of RuntimeClass torpor exist (in any namespace).
+pub fn torpor_pods_exist() -> bool {
+    let v = kubectl_json(&["get", "pods", "-A"]);
+    v["items"].as_array().into_iter().flatten().any(|p| p["spec"]["runtimeClassName"] == "torpor")
+}
+
+/// Uninstalls a kustomize install (`kubectl torpor uninstall`, then
+/// `kubectl delete -k overlay`) once no torpor pod is left.
+#[track_caller]
+pub fn uninstall_kustomize(overlay: &str) {
+    wait_until("no pod of RuntimeClass torpor left", LIVENESS, || (!torpor_pods_exist()).then_some(()));
+    let out = kubectl_torpor(&["uninstall", "--timeout", "300"]);
+    assert!(out.success(), "kubectl torpor uninstall: {out}");
+    kubectl_ok(&["delete", "-k", overlay, "--wait=true", "--timeout=300s"]);
+}
+
 /// Waits until torpor-node runs the image `tag` and is Ready on both nodes,
-/// and both containerds have the torpor runtime handler.
+/// both containerds have the torpor runtime handler and both nodes are
+/// labelled ready.
 #[track_caller]
 pub fn wait_installed(tag: &str) {
-    let image = format!("{NODE_IMAGE}:{tag}");
     for n in &cluster().nodes {
+        wait_installed_on(n, tag);
+    }
+}
+
+/// [`wait_installed`] for one node.
+#[track_caller]
+pub fn wait_installed_on(n: &KubeNode, tag: &str) {
+    let image = format!("{NODE_IMAGE}:{tag}");
+    {
         let start = Instant::now();
         while node_pod(&n.name).filter(|p| p["spec"]["containers"][0]["image"] == image.as_str()).is_none() {
             if start.elapsed() > LIVENESS {
@@ -890,6 +957,9 @@ pub fn wait_installed(tag: &str) {
         }
         wait_until(&format!("runtime handler torpor on {}", n.name), LIVENESS, || {
             n.runtime_handlers().iter().any(|h| h == "torpor").then_some(())
+        });
+        wait_until(&format!("{} labelled {READY_LABEL}=true", n.name), LIVENESS, || {
+            (node_label(&n.name, READY_LABEL).as_deref() == Some("true")).then_some(())
         });
     }
 }

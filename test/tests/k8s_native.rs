@@ -37,6 +37,8 @@ fn installed() -> &'static Install {
         let before = cluster().nodes.iter().map(|n| (n.name.clone(), n.runtime_handlers())).collect();
         let impostors = impostors();
         build_node_image("t1");
+        // both nodes run torpor
+        opt_in(&["node-a", "node-b"]);
         let overlay = write_overlay("t1");
         kubectl_ok(&["apply", "-k", &overlay]);
         wait_installed("t1");
@@ -452,7 +454,7 @@ fn the_agent_cannot_touch_another_nodes_pods() {
     let out = annotate_as(&unbound, "on-a");
     assert!(!out.success() && out.stderr.contains("its token names no node"), "{out}");
     // and RBAC gives it nothing else
-    for (verb, res, sub) in [("delete", "pods", ""), ("create", "pods", ""), ("get", "secrets", ""), ("patch", "nodes", ""), ("create", "pods", "exec"), ("delete", "daemonsets", "")] {
+    for (verb, res, sub) in [("delete", "pods", ""), ("create", "pods", ""), ("get", "secrets", ""), ("patch", "nodes", "status"), ("create", "pods", "exec"), ("delete", "daemonsets", "")] {
         let subresource = format!("--subresource={sub}");
         let mut args = vec!["auth", "can-i", verb, res, "-A"];
         if !sub.is_empty() {
@@ -463,21 +465,14 @@ fn the_agent_cannot_touch_another_nodes_pods() {
     }
     let out = kubectl_as(&kc, &["auth", "can-i", "patch", "pods", "-A"]);
     assert_eq!(out.stdout.trim(), "yes", "{out}");
-}
-
-/// `kubectl torpor ARGS` (the plugin found in PATH, as kubectl finds plugins).
-fn kubectl_torpor(args: &[&str]) -> Out {
-    let c = cluster();
-    // kubectl takes no flags before a plugin's name: the kubeconfig comes from KUBECONFIG
-    let mut all = vec!["torpor"];
-    all.extend_from_slice(args);
-    let path = format!("{}/target/release:{}", repo_root(), std::env::var("PATH").unwrap_or_default());
-    let env = vec![
-        ("PATH".to_string(), path),
-        ("KUBECONFIG".to_string(), c.kubeconfig.clone()),
-        ("KUBECACHEDIR".to_string(), format!("{}/kubectl-cache", c.state)),
-    ];
-    run_cmd(&c.kubectl, &all, None, &env, COMMAND_LIMIT)
+    // it may patch nodes (RBAC), but only its own node's torpor.dev/ready label
+    let own = kubectl_as(&kc, &["label", "node", "node-a", "--overwrite", &format!("{READY_LABEL}=true")]);
+    assert!(own.success(), "the agent labels its own node: {own}");
+    let other = kubectl_as(&kc, &["label", "node", "node-b", "--overwrite", &format!("{READY_LABEL}=true")]);
+    assert!(!other.success() && other.stderr.contains("torpor-agent may only label its own node (node-a), not node-b"), "{other}");
+    let label = kubectl_as(&kc, &["label", "node", "node-a", "--overwrite", "torpor.dev/probe=1"]);
+    assert!(!label.success() && label.stderr.contains("only set or remove the label torpor.dev/ready"), "{label}");
+    assert_eq!(node_label("node-a", "torpor.dev/probe"), None);
 }
 
 #[test]
@@ -530,8 +525,11 @@ fn z_delete_k_uninstalls_then_apply_k_installs_again() {
     // named to run last (one test thread runs them in name order); it
     // installs again at its end all the same
     let inst = installed();
-    kubectl_ok(&["delete", "-k", &inst.overlay, "--wait=true", "--timeout=300s"]);
+    // kubectl torpor uninstall (each node's preStop removes torpor while
+    // the API still answers it), then delete -k
+    uninstall_kustomize(&inst.overlay);
     for n in &cluster().nodes {
+        assert_eq!(node_label(&n.name, READY_LABEL), None, "{}: the ready label is removed", n.name);
         wait_until(&format!("runtime handler torpor gone from {}", n.name), LIVENESS, || {
             (!n.runtime_handlers().iter().any(|h| h == "torpor")).then_some(())
         });

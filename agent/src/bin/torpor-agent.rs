@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use torpor_agent::agent::{self, Config};
+use torpor_agent::install::{self, Intent};
 use torpor_agent::Error;
 
 #[derive(Parser)]
@@ -32,12 +33,27 @@ struct Cli {
     resync_s: u64,
 }
 
+/// The node pod's install steps (deploy/kubernetes/image/node.sh). Exit
+/// codes: 0 done, 2 the API could not tell or refused (the caller fails
+/// closed), 1 otherwise.
 #[derive(clap::Subcommand)]
 enum Cmd {
-    /// Exit 0 if the agent's DaemonSet is gone or being deleted (the
-    /// pod's preStop hook uninstalls torpor then), 1 if it stays (an
-    /// upgrade), 2 if that cannot be told.
-    DaemonsetGone,
+    /// Wait until the kubelet reports the runtime handler, then label this
+    /// node torpor.dev/ready=true (the RuntimeClass's nodeSelector).
+    NodeReady {
+        #[arg(long, default_value = "torpor")]
+        handler: String,
+        #[arg(long, default_value_t = 300)]
+        timeout_s: u64,
+    },
+    /// Remove this node's torpor.dev/ready label.
+    NodeUnready,
+    /// Print what this node pod's preStop is to do: `stay` (an upgrade, a
+    /// restart), `uninstall` or `uninstall wipe` (the DaemonSet is gone or
+    /// no longer selects this node). Any API error (401/403 too): exit 2.
+    UninstallIntent,
+    /// Print this node's pods of RuntimeClass torpor, one a line.
+    TorporPods,
 }
 
 fn main() -> ExitCode {
@@ -49,8 +65,8 @@ fn main() -> ExitCode {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("TORPOR_LOG").unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
-    if let Some(Cmd::DaemonsetGone) = cli.command {
-        return daemonset_gone(&cli);
+    if let Some(cmd) = &cli.command {
+        return step(&cli, cmd);
     }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -77,7 +93,11 @@ fn run(cli: Cli) -> Result<(), Error> {
     })
 }
 
-fn daemonset_gone(cli: &Cli) -> ExitCode {
+fn step(cli: &Cli, cmd: &Cmd) -> ExitCode {
+    if cli.node.is_empty() {
+        tracing::error!("--node (NODE_NAME) is empty");
+        return ExitCode::from(2);
+    }
     let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -85,16 +105,33 @@ fn daemonset_gone(cli: &Cli) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let node = cli.node.as_str();
     let r = rt.block_on(async {
         let client = kube::Client::try_default().await.map_err(|e| Error::Config(e.to_string()))?;
-        agent::daemonset_gone(client, &cli.namespace, &cli.daemonset).await
+        match cmd {
+            Cmd::NodeReady { handler, timeout_s } => {
+                install::label_ready(&client, node, handler, Duration::from_secs(*timeout_s)).await?;
+                tracing::info!(node, "the kubelet reports the runtime handler {handler}: labelled {}=true", install::READY);
+            }
+            Cmd::NodeUnready => {
+                install::unlabel(&client, node).await?;
+                tracing::info!(node, "removed the label {}", install::READY);
+            }
+            Cmd::UninstallIntent => match install::intent(&client, &cli.namespace, &cli.daemonset, node).await? {
+                Intent::Stay => println!("stay"),
+                Intent::Uninstall { wipe: false } => println!("uninstall"),
+                Intent::Uninstall { wipe: true } => println!("uninstall wipe"),
+            },
+            Cmd::TorporPods => {
+                for p in install::torpor_pods(&client, Some(node)).await? {
+                    println!("{p}");
+                }
+            }
+        }
+        Ok::<(), Error>(())
     });
     match r {
-        Ok(true) => {
-            tracing::info!("DaemonSet {}/{} is gone or being deleted", cli.namespace, cli.daemonset);
-            ExitCode::SUCCESS
-        }
-        Ok(false) => ExitCode::from(1),
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
             ExitCode::from(2)

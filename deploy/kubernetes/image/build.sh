@@ -7,7 +7,9 @@
 #
 #   deploy/kubernetes/image/build.sh [--tag TAG] [--out FILE] [--import SOCKET]...
 #
-#   --tag TAG        image localhost/torpor/node:TAG (default: latest)
+#   --tag TAG        image localhost/torpor/node:TAG (default: torpor's version,
+#                    the workspace's Cargo.toml; a changed build needs a new tag:
+#                    nodes keep an image whose tag they have)
 #   --out FILE       the archive (default: target/torpor-node-TAG.tar)
 #   --import SOCKET  then import it into the containerd at SOCKET, namespace k8s.io
 #                    (repeatable: once per node; on a real node
@@ -23,7 +25,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../../.." && pwd)
 die() { echo "deploy/kubernetes/image/build.sh: $*" >&2; exit 1; }
 
-tag=latest out="" imports=()
+tag="" out="" imports=()
 while [ $# -gt 0 ]; do
 	case "$1" in
 	--tag) tag="$2"; shift 2 ;;
@@ -32,6 +34,7 @@ while [ $# -gt 0 ]; do
 	*) die "unknown argument '$1'" ;;
 	esac
 done
+[ -n "$tag" ] || tag="$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$repo/Cargo.toml" | head -n1)"
 [[ $tag =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$ ]] || die "bad tag '$tag'"
 name="localhost/torpor/node:$tag"
 release="${TORPOR_RELEASE_DIR:-$repo/target/release}"
