@@ -3,13 +3,17 @@ SHELL := /bin/bash
 PREFIX ?= /usr/local
 CARGO ?= cargo
 
-.PHONY: all deps build install uninstall demo test unit-test vm-test vm-node-test integration-test bench fuzz clean
+.PHONY: all deps deps-demo build install uninstall demo test unit-test vm-test vm-node-test integration-test bench fuzz clean
 
 all: build
 
 ## deps: install (or verify) everything torpor and its tests need; cached under /var/cache/torpor
 deps:
 	scripts/deps.sh
+
+## deps-demo: only what `make demo` needs (no Kubernetes, promtool, helm or workload images)
+deps-demo:
+	scripts/deps.sh demo
 
 ## build: the shim and the other binaries, release mode
 build:
@@ -35,11 +39,12 @@ uninstall:
 	@echo "kept /etc/torpor/snapshotter.toml and the snapshots under /var/lib/torpor/snapshotter"
 
 ## demo: set up the machine, then run an actor under torpor on a private containerd
-demo: deps build
+demo: deps-demo build
 	scripts/demo.sh
 
-## test: unit tests, then the integration tests against a private containerd
-test: unit-test vm-test integration-test
+## test: everything the tests need (make deps: a check when cached), unit tests,
+## the cgroup v2 guest, then the integration tests against a private containerd
+test: deps unit-test vm-test integration-test
 
 unit-test:
 	$(CARGO) test --release -p torpor-api -p torpor-store -p torpor-runtime -p torpor-shim -p torporctl -p torpor-snapshotter -p torpor-agent

@@ -4,6 +4,10 @@
 #
 #   scripts/deps.sh           install what is missing, then check everything
 #   scripts/deps.sh --check   only check (prints each tool and its version)
+#   scripts/deps.sh demo      only what `make demo` needs: steps 1-3 without
+#                             the test suites' packages, and the pause and
+#                             actor images (no Kubernetes, promtool, helm or
+#                             workload images; `make test` runs the full one)
 #
 # What it does, in order (every step is skipped when already done):
 #   1. apt (bookworm): runc, iptables, iproute2, busybox-static, curl, socat,
@@ -53,11 +57,12 @@ mode=install
 case "${1:-}" in
 "") ;;
 --check) mode=check ;;
+demo) mode=demo ;;
 kubernetes) mode=kubernetes ;;
 promtool) mode=promtool ;;
 helm) mode=helm ;;
 -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-*) die "unknown argument '$1' (usage: deps.sh [--check | kubernetes | promtool | helm])" ;;
+*) die "unknown argument '$1' (usage: deps.sh [--check | demo | kubernetes | promtool | helm])" ;;
 esac
 [[ $(id -u) == 0 ]] || die "must run as root (it installs packages and runs 'criu check')"
 
@@ -82,6 +87,9 @@ APT_PACKAGES=(
 	gcc libc6-dev make patch pkg-config python3 libbsd-dev libcap-dev libgnutls28-dev libnet1-dev
 	libnftables-dev libnl-3-dev libprotobuf-c-dev libprotobuf-dev
 	protobuf-c-compiler protobuf-compiler uuid-dev
+)
+# What only `make test` needs (not installed by `deps.sh demo`).
+APT_TEST_PACKAGES=(
 	# the cgroup v2 guest of test/vm/run.sh (make test)
 	qemu-system-x86 cpio
 	# the workload suite's servers, packed into images (test/images/workloads)
@@ -152,7 +160,8 @@ apt_update() {
 	apt_updated=1
 }
 
-install_apt_packages() {
+install_apt_packages() { # PACKAGE...
+	local pkgs=("$@")
 	local changed=0
 	if apt_sources_text | write_if_changed "$APT_SOURCES_FILE"; then changed=1; fi
 	if apt_prefs_text | write_if_changed "$APT_PREFS_FILE"; then changed=1; fi
@@ -162,9 +171,9 @@ install_apt_packages() {
 	local pkg status
 	while IFS=$'\t' read -r pkg status; do
 		[[ $status == installed ]] && installed[$pkg]=1
-	done < <(dpkg-query -W -f='${Package}\t${db:Status-Status}\n' "${APT_PACKAGES[@]}" 2>/dev/null || true)
+	done < <(dpkg-query -W -f='${Package}\t${db:Status-Status}\n' "${pkgs[@]}" 2>/dev/null || true)
 	local missing=()
-	for pkg in "${APT_PACKAGES[@]}"; do
+	for pkg in "${pkgs[@]}"; do
 		[[ -n ${installed[$pkg]:-} ]] || missing+=("$pkg")
 	done
 
@@ -176,7 +185,7 @@ install_apt_packages() {
 		apt-get install -y -q -o DPkg::Lock::Timeout=600 --no-install-recommends "${missing[@]}" >/tmp/torpor-deps-apt.log 2>&1 ||
 			{ tail -n 30 /tmp/torpor-deps-apt.log >&2; die "apt-get install failed (full log: /tmp/torpor-deps-apt.log)"; }
 	else
-		log "apt packages: all ${#APT_PACKAGES[@]} installed"
+		log "apt packages: all ${#pkgs[@]} installed"
 	fi
 }
 
@@ -674,6 +683,22 @@ check_all() {
 	log "checking dependencies"
 	check_kubernetes
 	check_helm
+	check_tool promtool "$(prometheus_release "$PROMETHEUS_MODULE_VERSION")" promtool --version
+	check_node_tools
+	check_report
+}
+
+# check_demo: what `make demo` needs (deps.sh demo).
+check_demo() {
+	log "checking the demo's dependencies"
+	TORPOR_IMAGES_BASE_ONLY=1 check_node_tools
+	check_report
+}
+
+# check_node_tools: CRIU, runc, containerd and its tools, CNI, the base
+# Debian tools, Go and the test images (with TORPOR_IMAGES_BASE_ONLY=1 only
+# pause and actor).
+check_node_tools() {
 	check_tool criu "$CRIU_MIN_VERSION" criu --version
 	if command -v criu >/dev/null; then
 		local out
@@ -692,7 +717,6 @@ check_all() {
 	check_tool crictl "$CRICTL_VERSION" crictl --version
 	check_tool checkpointctl "$CHECKPOINTCTL_VERSION" checkpointctl --version
 	check_tool versitygw "$VERSITYGW_VERSION" versitygw --version
-	check_tool promtool "$(prometheus_release "$PROMETHEUS_MODULE_VERSION")" promtool --version
 	local p
 	for p in $CNI_PLUGINS; do
 		if [[ -x /opt/cni/bin/$p ]]; then
@@ -734,7 +758,9 @@ check_all() {
 		report "test images" "" MISSING "$img_out"
 		problems+=("test images missing or stale in $TORPOR_IMAGES_DIR (run test/images/build.sh)")
 	fi
+}
 
+check_report() {
 	if ((${#problems[@]})); then
 		printf '\ndeps.sh: NOT READY:\n' >&2
 		printf '  - %s\n' "${problems[@]}" >&2
@@ -782,7 +808,7 @@ helm_mode() {
 # --------------------------------------------------------------------------
 # Host tools it needs: mmdebstrap makes the guest's Debian root file system,
 # kmod's depmod and modprobe pick the kernel modules of its initramfs.
-APT_PACKAGES+=(mmdebstrap kmod)
+APT_TEST_PACKAGES+=(mmdebstrap kmod)
 
 # install_vm_guest: the guest's kernel (Debian's package, extracted) and its
 # root file system, cached under /var/cache/torpor/vm by release, package
@@ -833,7 +859,17 @@ mkdir -p "$TORPOR_DEPS_CACHE"
 exec 9>"$TORPOR_DEPS_CACHE/.lock"
 flock 9
 
-install_apt_packages
+if [[ $mode == demo ]]; then
+	install_apt_packages "${APT_PACKAGES[@]}"
+	install_criu
+	install_go_tools
+	log "test images (pause, actor)"
+	TORPOR_IMAGES_BASE_ONLY=1 "$repo/test/images/build.sh"
+	check_demo
+	exit
+fi
+
+install_apt_packages "${APT_PACKAGES[@]}" "${APT_TEST_PACKAGES[@]}"
 install_criu
 install_go_tools
 install_promtool

@@ -2,6 +2,7 @@
 # Builds torpor's local test images as OCI layout tarballs:
 #   ${TORPOR_IMAGES_DIR}/pause.tar  -> localhost/torpor-test/pause:latest
 #   ${TORPOR_IMAGES_DIR}/actor.tar  -> localhost/torpor-test/actor:latest
+# (with TORPOR_IMAGES_BASE_ONLY=1 only these two, as `make demo` needs)
 # (default TORPOR_IMAGES_DIR=/var/cache/torpor/images). Import with
 #   ctr -n k8s.io images import ${TORPOR_IMAGES_DIR}/actor.tar
 #
@@ -65,6 +66,9 @@ up_to_date() {
 }
 workloads=("$here/workloads/build.sh")
 [[ $mode == build ]] || workloads+=("--$mode")
+# TORPOR_IMAGES_BASE_ONLY=1 (scripts/deps.sh demo): pause and actor only, not
+# the workload suite's images (what `make demo` needs; `make test` builds them).
+[[ ${TORPOR_IMAGES_BASE_ONLY:-0} != 1 ]] || workloads=(true)
 if [[ $mode == check ]]; then
 	if up_to_date; then
 		echo "test images up to date ($inputs_hash) in $out"
