@@ -151,7 +151,6 @@ fn postgres_as_non_root_recovers_its_rows_after_a_crash() {
 /// dump left it there (CRIU recreates it, `File exists`); it is the same
 /// segment (key and id), attached again, after the resume.
 #[test]
-#[ignore = "the fix (SysV objects of the dump removed from the pod's IPC namespace, system::sysv_ipc) was shown outside the rig with runc and CRIU; this test was not yet run through kubectl (the cluster rig was not available in that session); issue 37"]
 fn postgres_as_non_root_keeps_its_rows_across_a_crash_and_a_suspend() {
     postgres(true);
 }
@@ -330,7 +329,6 @@ fn torpor_annotations(p: &Value) -> BTreeSet<String> {
 /// starts from the actor's snapshot (the run_id of the suspended server,
 /// a key it held only in memory), and the agent's label follows the actor.
 #[test]
-#[ignore = "written without a cluster rig to run it on; not yet run through kubectl; issue 37"]
 fn redis_restarts_after_the_agent_acted_and_comes_back_from_its_snapshot() {
     let (ns, _agents) = setup("wl-restart");
     let (pod, addr) = redis_pod(&ns);
