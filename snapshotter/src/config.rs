@@ -230,6 +230,10 @@ impl EncryptionSection {
         }
         let env_fd = lookup(ENV_KEY_FD).filter(|v| !v.is_empty());
         let env_id = lookup(ENV_KEY_ID).filter(|v| !v.is_empty());
+        // The key on the descriptor is the installation's current key (the
+        // Secret's): it seals uploads unless `active` names another, and the
+        // file keys beside it open what older keys sealed.
+        let mut active = self.active.clone();
         match (env_fd, env_id) {
             (Some(fd), Some(id)) => {
                 if self.keys.iter().any(|(k, _)| *k == id) {
@@ -238,12 +242,13 @@ impl EncryptionSection {
                 let fd: i32 = fd.trim().parse().map_err(|_| format!("${ENV_KEY_FD} = {fd:?} is not a descriptor number"))?;
                 let material = crypto::load_key_fd(fd).map_err(|e| format!("${ENV_KEY_FD} (key {id:?}): {e}"))?;
                 keys.push(crypto::Key::new(&id, &material).map_err(|e| format!("${ENV_KEY_ID}: {e}"))?);
+                active.get_or_insert(id);
             }
             (Some(_), None) => return Err(format!("${ENV_KEY_FD} is set but ${ENV_KEY_ID} is not: name the key")),
             (None, Some(id)) => return Err(format!("${ENV_KEY_ID} = {id:?} is set but ${ENV_KEY_FD} (the descriptor holding the key) is not")),
             (None, None) => {}
         }
-        torpor_store::Keyring::new(keys, self.active.as_deref(), self.accept_unencrypted).map_err(|e| format!("store.encryption: {e}"))
+        torpor_store::Keyring::new(keys, active.as_deref(), self.accept_unencrypted).map_err(|e| format!("store.encryption: {e}"))
     }
 }
 
@@ -743,6 +748,11 @@ mod tests {
         let ring = e.load(env).unwrap();
         assert_eq!(ring.active().unwrap().id(), "k3");
         assert!(ring.get("k1").is_some());
+        // A file key beside it and no `active`: the descriptor's key seals.
+        let e = EncryptionSection { active: None, ..c.store.encryption.clone() };
+        let ring = e.load(env).unwrap();
+        assert_eq!(ring.active().unwrap().id(), "k3");
+        assert!(ring.get("k1").is_some() && ring.get("k2").is_some());
         // Only the environment: its key is the active one.
         let ring = EncryptionSection::default().load(env).unwrap();
         assert_eq!(ring.active().unwrap().id(), "k3");

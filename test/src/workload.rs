@@ -252,19 +252,29 @@ pub fn resume_by_annotation(ns: &Namespace, pod: &str) {
     eprintln!("{}/{pod}: {r}", ns.name);
 }
 
-/// SIGKILLs the main process of the pod's (first) container from its node
-/// (crictl's pid of the task), as an OOM kill or a crash would end it.
+/// SIGKILLs the main process of the pod's (first) container from its node,
+/// as an OOM kill or a crash would end it: the process of the container's
+/// cgroup that is pid 1 of its pid namespace. (Not crictl's pid: CRI records
+/// the pid of the task's start, and a resume restores the process under a
+/// new host pid.)
 #[track_caller]
 pub fn kill_main_process(p: &Value) {
     let node = node_of(p);
     let cid = container_id(p);
-    let out = node.crictl(&["inspect", &cid]);
-    let text = out.clone().ok();
-    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("crictl inspect {cid}: not JSON ({e}): {out}"));
-    let pid = v["info"]["pid"].as_i64().filter(|p| *p > 1).unwrap_or_else(|| panic!("crictl inspect {cid}: no pid: {}", v["info"]));
-    let pid = i32::try_from(pid).unwrap_or_else(|e| panic!("pid {pid}: {e}"));
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
-        .unwrap_or_else(|e| panic!("kill -KILL {pid} (container {cid}): {e}"));
+    let procs = format!("{}/{cid}/cgroup.procs", node.pod_cgroup("memory", p));
+    let list = std::fs::read_to_string(&procs).unwrap_or_else(|e| panic!("{procs}: {e}"));
+    let init = list
+        .lines()
+        .filter_map(|l| l.trim().parse::<i32>().ok())
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| s.lines().find(|l| l.starts_with("NSpid:")).map(|l| l.split_whitespace().last() == Some("1")))
+                .unwrap_or(false)
+        })
+        .unwrap_or_else(|| panic!("container {cid}: no pid 1 of its namespace among {procs}: {list:?}"));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(init), nix::sys::signal::Signal::SIGKILL)
+        .unwrap_or_else(|e| panic!("kill -KILL {init} (container {cid}): {e}"));
 }
 
 /// Waits until the pod's containers have restarted `n` times in all and it
