@@ -37,13 +37,6 @@ check() { # name status [why]
 declare -A KNOWN=(
 	["systemd/exit_codes::oom_kill_is_reported_as_oomkilled"]="OOM under the systemd driver reported as Error, not OOMKilled"
 	["systemd/node_v2::an_oom_kill_is_counted_in_memory_events_and_reported_as_oomkilled"]="OOM under the systemd driver reported as Error, not OOMKilled"
-	["systemd/suspend::suspend_resume_keeps_state"]="a torporctl resume under the systemd driver leaves the actor FROZEN"
-	["systemd/suspend::exec_into_suspended_resumes_first"]="a resume under the systemd driver leaves the container paused: runc exec refuses"
-	["systemd/networking::a_connection_that_wakes_the_actor_comes_from_the_client_s_address"]="a resume on v2 leaves the actor FROZEN"
-	["systemd/node_v2::idle_time_suspends_and_a_connection_wakes_with_the_state"]="a resume on v2 leaves the actor FROZEN"
-	["cgroupfs/node_v2::idle_time_suspends_and_a_connection_wakes_with_the_state"]="a resume on v2 leaves the actor FROZEN"
-	["cgroupfs/suspend::suspend_resume_keeps_state"]="a resume on v2 leaves the actor FROZEN"
-	["cgroupfs/suspend::exec_into_suspended_resumes_first"]="a resume on v2 leaves the container paused: runc exec refuses"
 )
 want() { [ "$SUITES" = all ] || [[ " $SUITES " == *" $1 "* ]]; }
 test_exe() { awk -F'\t' -v n="$1" '$1 == n {print $2; exit}' /etc/torpor-vm-tests; }
