@@ -88,6 +88,7 @@ run_tests() {
 	echo "criu check --all: $(criu check --all 2>&1 | tail -n3 | tr '\n' ' ')"
 	echo "cpu: $(grep -m1 'model name' /proc/cpuinfo) ($(nproc) cpus)"
 	echo "memory: $(grep MemTotal /proc/meminfo)"
+	echo "CA certificates: $(find /etc/ssl/certs -name '*.pem' 2>/dev/null | wc -l) in /etc/ssl/certs"
 } >"$R/node.txt" 2>&1
 cat "$R/node.txt"
 
