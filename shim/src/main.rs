@@ -8,6 +8,7 @@ mod control;
 mod error;
 mod events;
 mod logging;
+mod options;
 mod service;
 mod stats;
 mod task;

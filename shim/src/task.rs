@@ -18,7 +18,7 @@ use containerd_shim::protos::events::task::{
 };
 use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::{Message, MessageField};
-use containerd_shim::protos::shim::oci::{CheckpointOptions, Options, ProcessDetails};
+use containerd_shim::protos::shim::oci::{CheckpointOptions, ProcessDetails};
 use containerd_shim::protos::shim_async::Task;
 use containerd_shim::protos::ttrpc::{self, r#async::TtrpcContext, Code};
 use containerd_shim::protos::types::task::{ProcessInfo, Status as TaskStatus};
@@ -54,36 +54,9 @@ fn task_status(s: Status) -> TaskStatus {
     }
 }
 
-/// containerd's runtime options for this container (`runc.v1.Options`,
-/// from the CRI runtime's `options` table), as runc-v2 reads them. Options
-/// of another type are refused, naming it: silently running with defaults
-/// would ignore what the operator configured.
-fn runtime_options(any: Option<&Any>) -> ttrpc::Result<RuncOptions> {
-    let Some(any) = any.filter(|a| !a.type_url.is_empty() || !a.value.is_empty()) else {
-        return Ok(RuncOptions::default());
-    };
-    if !any.type_url.ends_with("containerd.runc.v1.Options") {
-        return Err(status(
-            Code::INVALID_ARGUMENT,
-            format!("runtime options of type {:?}: torpor takes containerd.runc.v1.Options (as runc-v2)", any.type_url),
-        ));
-    }
-    let o = Options::parse_from_bytes(&any.value)
-        .map_err(|e| status(Code::INVALID_ARGUMENT, format!("runtime options ({}): {e}", any.type_url)))?;
-    let path = |s: &str| (!s.is_empty()).then(|| PathBuf::from(s));
-    Ok(RuncOptions {
-        binary_name: path(&o.binary_name),
-        root: path(&o.root),
-        systemd_cgroup: o.systemd_cgroup,
-        criu_image_path: path(&o.criu_image_path),
-        criu_work_path: path(&o.criu_work_path),
-        no_pivot_root: o.no_pivot_root,
-        no_new_keyring: o.no_new_keyring,
-    })
-}
-
+/// containerd's runtime options for this container (see [`crate::options`]).
 fn runc_options(req: &CreateTaskRequest) -> ttrpc::Result<RuncOptions> {
-    runtime_options(req.options.as_ref())
+    crate::options::runtime_options(req.options.as_ref()).ttrpc()
 }
 
 /// Mounts the rootfs containerd prepared into `bundle/rootfs`.

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use object_store::{ClientConfigKey, ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use url::Url;
 
 use crate::error::{Error, Result};
@@ -168,6 +168,54 @@ pub enum ManifestPut {
     AlreadyThere,
 }
 
+/// Whether an endpoint URL is plain http (no TLS: no certificate to check).
+fn plain_http(endpoint: Option<String>) -> bool {
+    endpoint.is_some_and(|e| e.get(..7).is_some_and(|s| s.eq_ignore_ascii_case("http://")))
+}
+
+/// Builds an object store's client (`build(no_system_certificates)`), as
+/// configured. Its HTTP client loads the system's CA certificates when it
+/// is made and fails without any, even when it never speaks TLS: when
+/// that build fails and the endpoint is plain http (`plain_http`), it is
+/// made again without them (any https it meets later, such as a token
+/// service, then fails on its certificate). A failure names its causes:
+/// the client's own error is only "builder error".
+fn build_client<S>(url: &str, plain_http: bool, build: impl Fn(bool) -> Result<object_store::Result<S>>) -> Result<S> {
+    let first = match build(false)? {
+        Ok(s) => return Ok(s),
+        Err(e) => e,
+    };
+    if plain_http {
+        if let Ok(s) = build(true)? {
+            tracing::info!(url, "object store client made without the system's CA certificates (plain http endpoint): {}", causes(&first));
+            return Ok(s);
+        }
+    }
+    let mut why = causes(&first);
+    if why.contains("CA certificates") {
+        why.push_str(
+            " (this node has no CA certificates: install them (Debian: ca-certificates), or point SSL_CERT_FILE or SSL_CERT_DIR \
+             of torpor-snapshotter at some; an http:// endpoint needs none)",
+        );
+    }
+    Err(Error::InvalidConfig(format!("remote_url {url:?}: {why}")))
+}
+
+/// An error and its sources, each once (`a: b: c`).
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let t = s.to_string();
+        if !text.contains(&t) {
+            text.push_str(": ");
+            text.push_str(&t);
+        }
+        source = s.source();
+    }
+    text
+}
+
 impl Remote {
     /// What [`Remote::open`] checks without creating or contacting
     /// anything: the URL parses, names a supported scheme (`file://`,
@@ -257,25 +305,47 @@ impl Remote {
                 Arc::new(object_store::memory::InMemory::new())
             }
             ObjectStoreScheme::AmazonS3 => {
-                let mut b = object_store::aws::AmazonS3Builder::from_env().with_url(url);
-                for (k, v) in options {
-                    b = b.with_config(k.to_ascii_lowercase().parse().map_err(|e| opt_err(k, e))?, v.clone());
-                }
-                Arc::new(b.with_retry(retry).build().map_err(|e| bad(e.to_string()))?)
+                use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey as Key};
+                let configured = || -> Result<AmazonS3Builder> {
+                    let mut b = AmazonS3Builder::from_env().with_url(url);
+                    for (k, v) in options {
+                        b = b.with_config(k.to_ascii_lowercase().parse().map_err(|e| opt_err(k, e))?, v.clone());
+                    }
+                    Ok(b.with_retry(retry.clone()))
+                };
+                let b = configured()?;
+                let plain = plain_http(b.get_config_value(&Key::S3Endpoint).or_else(|| b.get_config_value(&Key::Endpoint)));
+                Arc::new(build_client(url, plain, |no_system_certs| {
+                    let b = configured()?;
+                    let b = if no_system_certs { b.with_config(Key::Client(ClientConfigKey::NoSystemCertificates), "true") } else { b };
+                    Ok(b.build())
+                })?)
             }
             ObjectStoreScheme::GoogleCloudStorage => {
                 let mut b = object_store::gcp::GoogleCloudStorageBuilder::from_env().with_url(url);
                 for (k, v) in options {
                     b = b.with_config(k.to_ascii_lowercase().parse().map_err(|e| opt_err(k, e))?, v.clone());
                 }
-                Arc::new(b.with_retry(retry).build().map_err(|e| bad(e.to_string()))?)
+                Arc::new(build_client(url, false, |_| Ok(b.clone().with_retry(retry.clone()).build()))?)
             }
             ObjectStoreScheme::MicrosoftAzure => {
-                let mut b = object_store::azure::MicrosoftAzureBuilder::from_env().with_url(url);
-                for (k, v) in options {
-                    b = b.with_config(k.to_ascii_lowercase().parse().map_err(|e| opt_err(k, e))?, v.clone());
-                }
-                Arc::new(b.with_retry(retry).build().map_err(|e| bad(e.to_string()))?)
+                use object_store::azure::{AzureConfigKey as Key, MicrosoftAzureBuilder};
+                let configured = || -> Result<MicrosoftAzureBuilder> {
+                    let mut b = MicrosoftAzureBuilder::from_env().with_url(url);
+                    for (k, v) in options {
+                        b = b.with_config(k.to_ascii_lowercase().parse().map_err(|e| opt_err(k, e))?, v.clone());
+                    }
+                    Ok(b.with_retry(retry.clone()))
+                };
+                let b = configured()?;
+                // The emulator (Azurite) listens on plain http.
+                let emulator = b.get_config_value(&Key::UseEmulator).is_some_and(|v| v == "true");
+                let plain = emulator || plain_http(b.get_config_value(&Key::Endpoint));
+                Arc::new(build_client(url, plain, |no_system_certs| {
+                    let b = configured()?;
+                    let b = if no_system_certs { b.with_config(Key::Client(ClientConfigKey::NoSystemCertificates), "true") } else { b };
+                    Ok(b.build())
+                })?)
             }
             _ => return Err(bad("unsupported scheme (use file://, s3://, gs://, az:// or memory://)".into())),
         };
@@ -623,4 +693,61 @@ impl Remote {
 pub mod chrono_like {
     /// Unix milliseconds (object last-modified times).
     pub type Millis = i64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NO_CA: &str = "TORPOR_TEST_NO_CA_CERTIFICATES";
+
+    /// S3 through `endpoint`, as the rig's versitygw is configured.
+    fn s3(endpoint: &str) -> Result<Remote> {
+        let options: Vec<(String, String)> = [("endpoint", endpoint), ("allow_http", "true"), ("region", "us-east-1"), ("access_key_id", "k"), ("secret_access_key", "s")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Remote::open("s3://torpor/objects", &options, 0, std::time::Duration::from_secs(1))
+    }
+
+    /// A node without CA certificates (the child below, in an environment
+    /// where none is found): a plain http endpoint opens; an https one is
+    /// refused naming the cause (it said only "builder error").
+    #[test]
+    fn an_http_endpoint_needs_no_ca_certificates() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["remote::tests::without_ca_certificates", "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
+            .env(NO_CA, "1")
+            .env("SSL_CERT_FILE", "/nonexistent/torpor-test/ca.pem")
+            .env("SSL_CERT_DIR", "/nonexistent/torpor-test/certs")
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+        // With the system's certificates, both open.
+        s3("http://127.0.0.1:9").unwrap();
+        s3("https://127.0.0.1:9").unwrap();
+    }
+
+    #[test]
+    #[ignore = "run by an_http_endpoint_needs_no_ca_certificates, in an environment without CA certificates"]
+    fn without_ca_certificates() {
+        assert!(std::env::var_os(NO_CA).is_some(), "run by an_http_endpoint_needs_no_ca_certificates");
+        s3("http://127.0.0.1:9").expect("a plain http endpoint opens without CA certificates");
+        s3("HTTP://127.0.0.1:9").expect("the scheme in any case");
+        let e = match s3("https://127.0.0.1:9") {
+            Ok(_) => panic!("an https endpoint opened without CA certificates"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("No CA certificates were loaded") && e.contains("SSL_CERT_FILE") && e.contains("remote_url"), "{e}");
+    }
+
+    #[test]
+    fn an_endpoint_is_plain_http_by_its_scheme() {
+        assert!(plain_http(Some("http://versitygw:7070".into())));
+        assert!(plain_http(Some("HTTP://x".into())));
+        assert!(!plain_http(Some("https://s3.amazonaws.com".into())));
+        assert!(!plain_http(Some("http".into())));
+        assert!(!plain_http(None), "the provider's default endpoint is https");
+    }
 }

@@ -355,6 +355,15 @@ if [ -f "$TORPOR_RIG_ROOT/ip_forward.orig" ]; then
 fi
 
 # ------------------------------------------------------------------ 6. cgroups
+# Under systemd (TORPOR_RIG_SYSTEMD_CGROUP=1) the pods' slices
+# (<cgroup>-pod_<name>.slice, test/src/lib.rs) stay active once empty, as
+# kubelet's pod slices would without kubelet stopping them: stopping the
+# rig's parent slice stops them all.
+rig_slice="${TORPOR_RIG_CGROUP//-/_}.slice"
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null &&
+	systemctl list-units --all --plain --no-legend "$rig_slice" 2>/dev/null | grep -q .; then
+	timeout 60 systemctl stop "$rig_slice" || log "cannot stop the slice $rig_slice"
+fi
 for d in $(rig_cgroup_dirs); do
 	rmdir "$d" 2>/dev/null || log "cannot remove cgroup $d"
 done

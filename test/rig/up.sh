@@ -121,23 +121,26 @@ write_containerd_config() {
 	local systemd_cgroup=false
 	if [ "${TORPOR_RIG_SYSTEMD_CGROUP:-0}" = 1 ]; then
 		systemd_cgroup=true
-		# containerd 2.4 sends runc.v1.Options (SystemdCgroup) only to a
-		# runtime of type io.containerd.runc.v2 (other types get CRI's
-		# runtimeoptions, which the shim refuses): the shim by runtime_path.
-		torpor_runtime="        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.torpor]
-          runtime_type = 'io.containerd.runc.v2'
-          runtime_path = '$TORPOR_SHIM_DIR/containerd-shim-torpor-v1'
-          snapshotter = 'torpor'
-          pod_annotations = ['torpor.dev/*']
-          container_annotations = ['torpor.dev/*']
+		# As deploy/containerd/torpor.toml documents it: CRI sends the
+		# options table of a runtime type other than runc-v2's as
+		# runtimeoptions (its TOML), which the shim reads as runc's options.
+		# torpor-options: the same form with options a check can see
+		# (runc's Root), and torpor-bad-options a misspelt key the shim
+		# must refuse, naming it (test/vm/guest/suite.sh).
+		torpor_runtime="$torpor_runtime
           [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.torpor.options]
             SystemdCgroup = true
-        # deploy/containerd/torpor.toml's documented form of the same (test/vm checks it)
         [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.torpor-options]
           runtime_type = 'io.containerd.torpor.v1'
           snapshotter = 'torpor'
           [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.torpor-options.options]
-            SystemdCgroup = true"
+            SystemdCgroup = true
+            Root = '$TORPOR_RIG_STATE/torpor-options-runc'
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.torpor-bad-options]
+          runtime_type = 'io.containerd.torpor.v1'
+          snapshotter = 'torpor'
+          [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.torpor-bad-options.options]
+            SystemdCgroups = true"
 	fi
 	if [ "$PLAIN" = 1 ]; then
 		imports="'$TORPOR_RIG_DROPIN_DIR/*.toml'"

@@ -201,7 +201,9 @@ fn crash_with(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&s
 /// share its cgroup parent).
 #[track_caller]
 fn one_counter(name: &str) {
-    let all: Vec<String> = processes_in_cgroup(&format!("/pod-{name}/"))
+    // `/<cgroup>/pod-<name>/…` (cgroupfs) or `…/<cgroup>-pod_<name>.slice/…` (systemd)
+    let parent = Node::a().rig.pod_cgroup_parent(name);
+    let all: Vec<String> = processes_in_cgroup(&format!("{}/", parent.trim_start_matches('/')))
         .into_iter()
         .filter(|p| p.contains("/actor counter"))
         .collect();

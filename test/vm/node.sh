@@ -52,10 +52,10 @@ mkdir -p "$WORK"
 # The guest's Debian packages: systemd and D-Bus (runc's systemd driver
 # talks to systemd over D-Bus), runc (Debian's, as on this host), CRIU's
 # run-time libraries (the binary is this host's /usr/local/sbin/criu),
-# iptables (nft backend, Debian's default), what the rig scripts call, and
-# ca-certificates (torpor-snapshotter's S3 client refuses to start without
-# the system's roots, even for the rig's http:// endpoint: "builder error").
-GUEST_PACKAGES=systemd,systemd-sysv,dbus,ca-certificates,runc,iptables,iproute2,procps,kmod,psmisc,curl,socat,jq,xz-utils,busybox-static,libseccomp2,libprotobuf-c1,libnl-3-200,libnet1,libbsd0,libcap2
+# iptables (nft backend, Debian's default) and what the rig scripts call.
+# No ca-certificates: torpor-snapshotter opens the rig's http:// object
+# tier without any (it refused to start without them: "builder error").
+GUEST_PACKAGES=systemd,systemd-sysv,dbus,runc,iptables,iproute2,procps,kmod,psmisc,curl,socat,jq,xz-utils,busybox-static,libseccomp2,libprotobuf-c1,libnl-3-200,libnet1,libbsd0,libcap2
 # Modules the node loads (overlay, bridge, veth, nf_tables, ...): these
 # subtrees of the kernel package, not its 400 MB of hardware drivers.
 MODULE_DIRS="arch block crypto fs lib mm net virt drivers/block drivers/virtio drivers/net/veth.ko drivers/net/dummy.ko drivers/net/tun.ko drivers/char/hw_random"

@@ -164,6 +164,9 @@ impl Actor {
             self.update(|r| r.last_error = Some(format!("thaw failed: {e}")))?;
             return Err(e);
         }
+        if let Some(dir) = self.dir() {
+            self.refresh_lease(&rec.actor, &dir.key()).await;
+        }
         // The connections go in first: a thaw has no checkpoint that the
         // actor's serving would make stale (a shim death kills a FROZEN
         // actor as a RUNNING one), so RUNNING is recorded after.
@@ -208,6 +211,31 @@ impl Actor {
             }
         }
         Ok(())
+    }
+
+    /// After a restore every container of `rec` runs: one whose cgroup
+    /// says frozen (the freezer's state belongs to the cgroup, not to the
+    /// restored processes) is thawed, with a warning; runc's state would
+    /// call it paused and refuse an exec into it. Nothing is done where
+    /// the cgroup cannot be read.
+    pub(crate) fn thaw_if_frozen(&self, rec: &Record) {
+        for id in &rec.containers {
+            let Some(cg) = rec.cgroups.get(id) else { continue };
+            let state = match cgroup::Roots::host().of_path(cg).and_then(|c| c.freezer_state()) {
+                Ok(s) => s,
+                Err(e) => {
+                    debug!(container = id.as_str(), "the restored container's freezer state: {e}");
+                    continue;
+                }
+            };
+            if state == cgroup::FreezerState::Thawed {
+                continue;
+            }
+            warn!(container = id.as_str(), cgroup = cg.as_str(), ?state, "restored into a frozen cgroup: thawing it");
+            if let Err(e) = thaw_cgroup(cg) {
+                warn!(container = id.as_str(), "thaw of the restored container's cgroup: {e}");
+            }
+        }
     }
 
     /// Watches the actor's own listening sockets (see the module doc); an

@@ -64,7 +64,7 @@ pub mod suspend;
 mod timing;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -153,6 +153,9 @@ pub struct Actor {
     /// never): by a resume, a thaw or the lease fence, which judges a
     /// missing answer by it ([`crate::trigger::fence`]).
     lease_valid_until: Arc<AtomicU64>,
+    /// Unix ms at which the confirmation that gave `lease_valid_until` was
+    /// asked for ([`Actor::refresh_lease`]).
+    lease_asked_at: Arc<AtomicU64>,
 }
 
 /// Locks a std mutex, through a poisoned one (a panic elsewhere does not
@@ -184,17 +187,42 @@ impl Actor {
             freeze_changed: Arc::default(),
             links: Arc::default(),
             lease_valid_until: Arc::default(),
+            lease_asked_at: Arc::default(),
         }
     }
 
     /// Confirms that this node still holds the actor's lease (for shim
     /// `owner`), remembering until when ([`Actor::lease_valid_until`]).
     pub(crate) async fn confirm_lease(&self, actor: &str, owner: &str) -> Result<Option<u64>> {
+        let asked = record::now_ms();
         let answer = self.store.confirm_lease(actor, owner).await;
         if let Ok(Some(until)) = answer {
-            self.lease_valid_until.fetch_max(until, Ordering::Relaxed);
+            if self.lease_valid_until.fetch_max(until, Ordering::Relaxed) < until {
+                self.lease_asked_at.store(asked, Ordering::Relaxed);
+            }
         }
         answer
+    }
+
+    /// Confirms the lease again once the actor's processes run again after
+    /// a resume (a restore, a thaw), when that took more than half of the
+    /// validity the confirmation at its start gave
+    /// ([`lease_half_spent`]): the lease fence judges a RUNNING actor by
+    /// that validity and waits for no answer past it, so a resume slower
+    /// than the validity (a restore of seconds: a large actor, a slow or
+    /// emulated machine, runc's systemd driver) was frozen by the fence's
+    /// first pass after it. A failed confirmation is left to the fence
+    /// (logged): it freezes the actor if the lease is lost, or lapses
+    /// without an answer.
+    pub(crate) async fn refresh_lease(&self, actor: &str, owner: &str) {
+        let asked = self.lease_asked_at.load(Ordering::Relaxed);
+        if !lease_half_spent(asked, self.lease_valid_until(), record::now_ms()) {
+            return;
+        }
+        match self.confirm_lease(actor, owner).await {
+            Ok(_) => debug!(actor, valid_until = self.lease_valid_until().unwrap_or(0), "lease confirmed again after a slow resume"),
+            Err(e) => warn!(actor, "the lease could not be confirmed again after the resume (the lease fence acts on it): {e}"),
+        }
     }
 
     /// Until when (unix ms) the lease was last confirmed to hold; `None`
@@ -275,6 +303,17 @@ impl Actor {
     /// land between a suspend's dump and its held ports).
     pub async fn settled(&self) {
         drop(self.gate.lock().await);
+    }
+}
+
+/// Whether a lease confirmation asked for at `asked` (unix ms), valid
+/// until `valid_until`, has less than half of that validity left at `now`
+/// (or none: never confirmed, or run out).
+pub(crate) fn lease_half_spent(asked: u64, valid_until: Option<u64>, now: u64) -> bool {
+    match valid_until {
+        None => true,
+        Some(v) if v <= now => true,
+        Some(v) => (v - now).saturating_mul(2) < v.saturating_sub(asked),
     }
 }
 

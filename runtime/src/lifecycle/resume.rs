@@ -88,6 +88,13 @@ impl Actor {
         let hold = co.page_server.is_some().then(ExitHold::default);
         let pages = co.page_server.as_deref().zip(hold.as_ref()).map(|(socket, hold)| PageSource { socket, lease: &co.lease, hold });
         let result = self.restore_or_cold_start(&dir, &rec, &co.path, pages, &mut t).await;
+        if result.is_ok() {
+            // Its processes run: not in a frozen cgroup, and on a lease
+            // the fence's next pass does not find run out by the restore.
+            self.thaw_if_frozen(&rec);
+            self.refresh_lease(&rec.actor, &dir.key()).await;
+            t.mark("after_restore");
+        }
         match &result {
             // Never deaf: the ports are held again before the handover
             // ends (its held connections are closed; new ones wake the next
@@ -215,12 +222,16 @@ impl Actor {
         Ok(())
     }
 
-    /// A frozen actor: thawed.
+    /// A frozen actor: thawed (its lease confirmed again if the thaw was
+    /// slow: [`Actor::refresh_lease`]).
     async fn thaw(&self, rec: &Record, started: Instant) -> Result<Record> {
         for id in &rec.containers {
             if self.tasks.status(id) == Some(Status::Paused) {
                 self.tasks.resume(id).await?;
             }
+        }
+        if let Some(dir) = self.dir() {
+            self.refresh_lease(&rec.actor, &dir.key()).await;
         }
         self.update(|r| {
             r.state = Lifecycle::Running;

@@ -38,12 +38,14 @@ struct Stub {
 /// The containers' edge: a table of [`Stub`]s, the calls made, and the
 /// calls to fail (`"dump:c2"`: the dump of `c2`).
 #[derive(Default)]
-struct StubContainers {
+pub(crate) struct StubContainers {
     table: Mutex<BTreeMap<String, Stub>>,
     fail: Mutex<HashSet<String>>,
     calls: Mutex<Vec<String>>,
     /// The image directories restores read from.
     restored_from: Mutex<Vec<PathBuf>>,
+    /// How long a restore or a thaw (runc resume) takes.
+    takes: Mutex<Duration>,
 }
 
 impl StubContainers {
@@ -136,6 +138,8 @@ impl Containers for StubContainers {
     }
     async fn resume(&self, id: &str) -> Result<()> {
         self.call("resume", id)?;
+        let takes = *lock(&self.takes);
+        tokio::time::sleep(takes).await;
         self.set(id, |s| s.status = Status::Running);
         Ok(())
     }
@@ -156,6 +160,8 @@ impl Containers for StubContainers {
     }
     async fn restore(&self, id: &str, from: &RestoreFrom) -> Result<i32> {
         self.call("restore", id)?;
+        let takes = *lock(&self.takes);
+        tokio::time::sleep(takes).await;
         lock(&self.restored_from).push(from.image.clone());
         self.set(id, |s| {
             s.status = Status::Running;
@@ -191,16 +197,27 @@ struct Held {
 
 /// The store's edge: stagings are directories under `root`; a commit
 /// keeps the staging's directory as the snapshot's.
-struct StubStore {
+pub(crate) struct StubStore {
     root: PathBuf,
     held: Mutex<Held>,
     /// Calls to fail: `begin_staging`, `commit`, `confirm`, `checkout`.
     fail: Mutex<HashSet<&'static str>>,
+    /// How long a lease confirmation says the lease holds (the daemon's
+    /// answer from memory can promise as little as a sixth of the TTL).
+    validity: Mutex<Duration>,
+    /// Lease confirmations answered.
+    confirms: Mutex<usize>,
 }
 
 impl StubStore {
     fn new(root: &Path) -> Arc<StubStore> {
-        Arc::new(StubStore { root: root.to_path_buf(), held: Mutex::default(), fail: Mutex::default() })
+        Arc::new(StubStore {
+            root: root.to_path_buf(),
+            held: Mutex::default(),
+            fail: Mutex::default(),
+            validity: Mutex::new(Duration::from_secs(60)),
+            confirms: Mutex::default(),
+        })
     }
 
     fn fails(&self, call: &str) -> bool {
@@ -238,10 +255,14 @@ impl Snapshots for StubStore {
         Ok(Grant { epoch: 1, previous_node: None })
     }
     async fn confirm_lease(&self, _actor: &str, _owner: &str) -> Result<Option<u64>> {
+        // An answer comes over a socket from the node's daemon: later than
+        // a timer that is already due (the lease fence's past deadline).
+        tokio::time::sleep(Duration::from_millis(50)).await;
         if self.fails("confirm") {
             return Err(Error::store(StoreErrorKind::LeaseLost, "stub: node-b holds the lease"));
         }
-        Ok(Some(crate::actor::record::now_ms() + 60_000))
+        *lock(&self.confirms) += 1;
+        Ok(Some(crate::actor::record::now_ms() + lock(&self.validity).as_millis() as u64))
     }
     async fn surrender_logged(&self, actor: &str, _owner: &str) {
         lock(&self.held).surrendered.push(actor.to_string());
@@ -307,11 +328,11 @@ impl Snapshots for StubStore {
 
 /// An actor of app containers `ids` (named after their id) over the stubs,
 /// its record set up as the first create does.
-struct Rig {
-    dir: tempfile::TempDir,
-    tasks: Arc<StubContainers>,
-    store: Arc<StubStore>,
-    actor: Actor,
+pub(crate) struct Rig {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) tasks: Arc<StubContainers>,
+    pub(crate) store: Arc<StubStore>,
+    pub(crate) actor: Actor,
     _wake: mpsc::UnboundedReceiver<()>,
 }
 
@@ -330,13 +351,32 @@ async fn rig_with(ids: &[&str], spec: ActorSpec, store: Option<Arc<StubStore>>) 
     Rig { dir, tasks, store, actor, _wake: wake_rx }
 }
 
-async fn rig(ids: &[&str]) -> Rig {
+pub(crate) async fn rig(ids: &[&str]) -> Rig {
     rig_with(ids, ActorSpec { actor: Some(ACTOR.into()), ..Default::default() }, None).await
 }
 
 impl Rig {
-    fn rec(&self) -> Record {
+    pub(crate) fn rec(&self) -> Record {
         self.actor.record().unwrap()
+    }
+
+    /// Suspended, its snapshot committed; its next restore takes
+    /// `restore_takes`, and the lease confirmations from now on say the
+    /// lease holds for `validity`.
+    pub(crate) async fn suspended_with(&self, restore_takes: Duration, validity: Duration) {
+        self.actor.suspend().await.unwrap();
+        self.actor.wait_commit().await.unwrap();
+        *lock(&self.tasks.takes) = restore_takes;
+        *lock(&self.store.validity) = validity;
+    }
+
+    pub(crate) fn confirms(&self) -> usize {
+        *lock(&self.store.confirms)
+    }
+
+    /// The store answers every lease confirmation: lost.
+    pub(crate) fn store_fails_confirm(&self) {
+        self.store.fail("confirm");
     }
 }
 
@@ -678,4 +718,44 @@ async fn what_a_dead_shims_cleanup_keeps() {
     super::cleanup::settle(&*store, &records, r).await;
     assert!(!records.dir().exists());
     assert_eq!(store.latest(ACTOR).await.unwrap(), None, "its snapshots are removed");
+}
+
+#[test]
+fn a_lease_confirmation_is_half_spent_past_the_middle_of_its_validity() {
+    use super::lease_half_spent;
+    // Asked at 1000, valid until 5000: half spent after 3000.
+    assert!(!lease_half_spent(1_000, Some(5_000), 1_000));
+    assert!(!lease_half_spent(1_000, Some(5_000), 2_999));
+    assert!(lease_half_spent(1_000, Some(5_000), 3_001));
+    assert!(lease_half_spent(1_000, Some(5_000), 5_000), "run out");
+    assert!(lease_half_spent(1_000, Some(5_000), 9_000));
+    assert!(lease_half_spent(0, None, 1), "never confirmed");
+}
+
+#[tokio::test]
+async fn a_restore_slower_than_the_leases_validity_confirms_it_again() {
+    let r = rig(&["c1"]).await;
+    r.suspended_with(Duration::from_millis(400), Duration::from_millis(300)).await;
+    let before = r.confirms();
+    let rec = r.actor.resume().await.unwrap();
+    assert_eq!(rec.state, Lifecycle::Running);
+    assert_eq!(r.confirms() - before, 2, "confirmed at the start and again after the slow restore");
+    let left = r.actor.lease_valid_until().unwrap().saturating_sub(crate::actor::record::now_ms());
+    assert!(left > 100, "the RUNNING actor's lease has its validity ahead ({left} ms)");
+    // A fast resume asks once.
+    r.suspended_with(Duration::ZERO, Duration::from_secs(60)).await;
+    let before = r.confirms();
+    r.actor.resume().await.unwrap();
+    assert_eq!(r.confirms() - before, 1);
+}
+
+#[tokio::test]
+async fn a_thaw_slower_than_the_leases_validity_confirms_it_again() {
+    let r = rig(&["c1"]).await;
+    r.actor.freeze().await.unwrap();
+    *lock(&r.tasks.takes) = Duration::from_millis(400);
+    *lock(&r.store.validity) = Duration::from_millis(300);
+    let before = r.confirms();
+    assert_eq!(r.actor.resume().await.unwrap().state, Lifecycle::Running);
+    assert_eq!(r.confirms() - before, 2);
 }

@@ -127,6 +127,10 @@ pub struct Container {
     /// Its cgroup (found at create and restore): its stats, and its OOM
     /// kills at exit.
     pub cgroup: Option<crate::system::cgroup::Cgroup>,
+    /// The OOM kills in that cgroup, watched while it lives (under runc's
+    /// systemd driver the cgroup is gone by the time the init's exit is
+    /// handled).
+    pub oom: Option<crate::system::cgroup::OomWatch>,
     /// The CRI sandbox (pause) container: never part of the actor.
     pub sandbox: bool,
     /// The pod's network namespace (a path: CRI's sandbox netns), if joined.
@@ -143,6 +147,25 @@ pub struct Container {
 }
 
 impl Container {
+    /// Its init now runs as `pid`: its cgroup is found, and its OOM kills
+    /// watched from now on (a watch that cannot be set up is logged; the
+    /// exit then reads the counter, where the cgroup is still there).
+    pub fn placed(&mut self, pid: i32) {
+        use crate::system::cgroup;
+        self.cgroup = cgroup::cgroup_of(pid);
+        self.oom = self.cgroup.as_ref().and_then(|cg| {
+            cgroup::OomWatch::start(cg).map_err(|e| tracing::debug!(container = self.id.as_str(), "no watch of OOM kills: {e}")).ok()
+        });
+    }
+
+    /// How many processes the OOM killer killed in its cgroup: the most
+    /// its watch saw, or the counter read now.
+    pub fn oom_kills(&self) -> u64 {
+        let watched = self.oom.as_ref().map_or(0, crate::system::cgroup::OomWatch::kills);
+        let now = self.cgroup.as_ref().map_or(0, crate::system::cgroup::oom_kills);
+        watched.max(now)
+    }
+
     /// The process `exec_id` (empty: init).
     pub fn process(&self, exec_id: &str) -> Result<&Process> {
         if exec_id.is_empty() {

@@ -248,7 +248,7 @@ impl Tasks {
         let (exit, oom) = {
             let mut t = self.lock();
             let Some(c) = t.containers.get_mut(cid) else { return };
-            let oom = exec_id.is_empty() && c.cgroup.as_ref().map(cgroup::oom_kills).unwrap_or(0) > 0;
+            let oom = exec_id.is_empty() && c.oom_kills() > 0;
             let Ok(p) = c.process_mut(exec_id) else { return };
             if p.exit_info().is_some() || p.pid != pid {
                 return;
@@ -318,6 +318,7 @@ impl Tasks {
             actor: new.actor,
             own_pid_ns: new.own_pid_ns,
             cgroup: None,
+            oom: None,
             sandbox: new.sandbox,
             netns: new.netns,
             ipcns: new.ipcns,
@@ -355,7 +356,7 @@ impl Tasks {
         self.settle(&new.id, |c| {
             c.init.io = io;
             c.init.pid = pid;
-            c.cgroup = cgroup::cgroup_of(pid);
+            c.placed(pid);
             c.state = ContainerState::Created;
         });
         info!(container = new.id.as_str(), pid, "container created");
@@ -604,7 +605,7 @@ impl Tasks {
                     c.init.io = io;
                     c.init.pid = pid;
                     c.state = ContainerState::Running;
-                    c.cgroup = cgroup::cgroup_of(pid);
+                    c.placed(pid);
                     drop(back);
                     result = Ok(pid);
                 }
@@ -673,6 +674,8 @@ impl Tasks {
                 Ok(()) => {
                     let io = std::mem::replace(&mut c.init.io, ProcessIo::null());
                     c.state = ContainerState::Suspended { io };
+                    // Its cgroup went with its processes.
+                    c.oom = None;
                     let old = c.init.pid;
                     t.retired_pids.insert(old);
                 }
@@ -1087,6 +1090,7 @@ mod tests {
             actor: ActorSpec::default(),
             own_pid_ns: true,
             cgroup: None,
+            oom: None,
             sandbox: false,
             netns: None,
             ipcns: None,

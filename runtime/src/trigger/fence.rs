@@ -110,3 +110,31 @@ async fn pass(actor: &Actor, group: &str) {
             }
         }
     }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::pass;
+    use crate::actor::Lifecycle;
+    use crate::lifecycle::tests::rig;
+
+    /// A resume whose restore outlasts the validity of the lease
+    /// confirmation it began with: the fence's next pass leaves the
+    /// RUNNING actor running (it froze it at once: the last answer had run
+    /// out, so the pass waited for none; test/vm/README.md).
+    #[tokio::test]
+    async fn the_pass_after_a_slow_resume_leaves_the_actor_running() {
+        let r = rig(&["c1"]).await;
+        r.suspended_with(Duration::from_millis(400), Duration::from_millis(300)).await;
+        assert_eq!(r.actor.resume().await.unwrap().state, Lifecycle::Running);
+        pass(&r.actor, "shim-1").await;
+        let rec = r.rec();
+        assert_eq!(rec.state, Lifecycle::Running, "{rec:?}");
+        assert!(rec.fenced.is_none());
+        // A lost lease is still acted on.
+        r.store_fails_confirm();
+        pass(&r.actor, "shim-1").await;
+        assert_eq!(r.rec().state, Lifecycle::Frozen);
+    }
+}

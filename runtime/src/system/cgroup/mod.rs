@@ -6,7 +6,7 @@
 //! | what | v2 (unified) | v1 (one hierarchy per controller) |
 //! | --- | --- | --- |
 //! | where a process is | `0::/path` in `/proc/<pid>/cgroup` | `N:memory:/path` (one line a hierarchy) |
-//! | OOM kills | `memory.events` `oom_kill` | `memory.oom_control` `oom_kill` |
+//! | OOM kills | `memory.events` `oom_kill` (watched by inotify: [`OomWatch`]) | `memory.oom_control` `oom_kill` (watched by an eventfd) |
 //! | memory | `memory.current`, `memory.max`, `memory.stat` | `memory.usage_in_bytes`, `memory.limit_in_bytes`, `memory.stat` |
 //! | CPU | `cpu.stat` (`usage_usec`, throttling) | `cpuacct.usage`, `cpu.stat` |
 //! | freeze | `cgroup.freeze`, `cgroup.events` `frozen` | `freezer.state` |
@@ -16,9 +16,11 @@
 //! tests run on recorded trees (`runtime/tests/data/cgroup/`).
 
 pub mod files;
+mod oom;
 pub mod path;
 mod stats;
 
+pub use oom::OomWatch;
 pub use stats::{Counter, Pids, Stats};
 #[cfg(test)]
 mod tests;

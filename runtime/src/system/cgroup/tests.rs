@@ -259,6 +259,62 @@ fn oom_kills_count_in_each_layout() {
     assert_eq!(oom_kills(&Cgroup::V2(PathBuf::from("/nonexistent/cgroup"))), 0);
 }
 
+/// Whether `f` holds within 5 s.
+async fn within_5s(f: impl Fn() -> bool) -> bool {
+    for _ in 0..500 {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// Waits (bounded) until `f` holds.
+async fn eventually(what: &str, f: impl Fn() -> bool) {
+    assert!(within_5s(f).await, "{what}: not within 5 s");
+}
+
+/// The systemd driver's scope is removed as soon as its last process
+/// exited: an OOM kill read at the init's exit was lost with it. The
+/// watch saw it while the cgroup lived (v2: an inotify on
+/// `memory.events`, changed here as the kernel changes it).
+#[tokio::test]
+async fn an_oom_kill_seen_while_the_cgroup_lived_outlives_it() {
+    for l in layouts().iter().filter(|l| l.hierarchy == Hierarchy::V2) {
+        let (_tmp, roots) = l.copy();
+        let cg = roots.of_path(&l.cgroups_path()).unwrap();
+        let events = cg.dir("memory").unwrap().join("memory.events");
+        let recorded = read(&events);
+        assert!(recorded.contains("oom_kill 1\n"), "{}: {recorded}", l.name);
+        std::fs::write(&events, recorded.replace("oom_kill 1\n", "oom_kill 0\n")).unwrap();
+        let watch = OomWatch::start(&cg).unwrap();
+        assert_eq!(watch.kills(), 0, "{}", l.name);
+        std::fs::write(&events, &recorded).unwrap();
+        eventually(&format!("{}: the watch to count the kill", l.name), || watch.kills() == 1).await;
+        std::fs::remove_dir_all(cg.dir("memory").unwrap()).unwrap();
+        assert_eq!(oom_kills(&cg), 0, "{}: read after the cgroup's removal, the kill is lost", l.name);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(watch.kills(), 1, "{}: the watch keeps it", l.name);
+    }
+    // v1: registered through cgroup.event_control (a plain file here: the
+    // eventfd never fires), the count read when the watch starts is kept.
+    for l in layouts().iter().filter(|l| l.hierarchy == Hierarchy::V1) {
+        let (_tmp, roots) = l.copy();
+        let cg = roots.of_path(&l.cgroups_path()).unwrap();
+        let dir = cg.dir("memory").unwrap().to_path_buf();
+        std::fs::write(dir.join("cgroup.event_control"), "").unwrap();
+        let watch = OomWatch::start(&cg).unwrap();
+        let registered = read(&dir.join("cgroup.event_control"));
+        assert_eq!(registered.split(' ').count(), 2, "{}: <eventfd> <memory.oom_control fd>: {registered:?}", l.name);
+        assert_eq!(watch.kills(), 1, "{}", l.name);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(watch.kills(), 1, "{}", l.name);
+    }
+    // Without its counter there is nothing to watch.
+    assert!(OomWatch::start(&Cgroup::V2(PathBuf::from("/nonexistent/cgroup"))).is_err());
+}
+
 #[test]
 fn the_idle_policy_reads_cpu_of_the_pids_cgroup() {
     for l in layouts() {
@@ -421,9 +477,57 @@ async fn live_cgroup_v2() {
     assert!(!cg.populated().unwrap());
     assert!(killed(pid, &mut sub).await);
     std::fs::remove_dir(&dir).unwrap();
+    // An OOM kill is counted by the watch, and kept once the cgroup is
+    // removed (as systemd removes a scope when its last process exited).
+    let oom_dir = r.join("torpor.slice/torpor-live.slice/test-oom.scope");
+    std::fs::create_dir_all(&oom_dir).unwrap();
+    std::fs::write(oom_dir.join("memory.max"), "16777216").unwrap();
+    let _ = std::fs::write(oom_dir.join("memory.swap.max"), "0");
+    let oom_cg = roots.of_path("torpor-live.slice:test:oom").unwrap();
+    let watch = OomWatch::start(&oom_cg).unwrap();
+    assert_eq!(watch.kills(), 0);
+    let procs = oom_dir.join("cgroup.procs");
+    let (hog, mut hog_sub) = spawn(Command::new("sh").arg("-c").arg(format!("echo $$ > {}; exec dd if=/dev/zero of=/dev/null bs=64M count=1", procs.display())));
+    assert!(killed(hog, &mut hog_sub).await, "the 64 MiB dd under a 16 MiB memory.max is OOM-killed");
+    eventually("the watch to count the OOM kill", || watch.kills() >= 1).await;
+    while oom_cg.populated().unwrap() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    std::fs::remove_dir(&oom_dir).unwrap();
+    assert_eq!(oom_kills(&oom_cg), 0, "gone with the cgroup");
+    assert!(watch.kills() >= 1, "kept by the watch");
     for p in parents.iter().rev() {
         std::fs::remove_dir(r.join(p)).unwrap();
     }
+}
+
+/// On a cgroup v1 host (run by hand as root with `--ignored`; this
+/// machine's tree is v1): an OOM kill in a memory cgroup of its own
+/// reaches the watch through the eventfd of `cgroup.event_control`, and
+/// is kept once the cgroup is removed. Refuses a v2 host.
+#[tokio::test]
+#[ignore = "writes to a cgroup v1 host's memory hierarchy: run as root with --ignored"]
+async fn live_cgroup_v1_oom_watch() {
+    let roots = Roots::host();
+    assert_eq!(roots.hierarchy(), Hierarchy::V1, "not a cgroup v1 host");
+    let dir = roots.cgroup.join("memory").join(format!("torpor-live-oom-{}", std::process::id()));
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("memory.limit_in_bytes"), "16777216").unwrap();
+    let cg = Cgroup::V1([("memory".to_string(), dir.clone())].into());
+    let watch = OomWatch::start(&cg).unwrap();
+    assert_eq!(watch.kills(), 0);
+    let procs = dir.join("cgroup.procs");
+    let (hog, mut sub) = spawn(Command::new("sh").arg("-c").arg(format!("echo $$ > {}; exec dd if=/dev/zero of=/dev/null bs=64M count=1", procs.display())));
+    let oom_killed = killed(hog, &mut sub).await;
+    let counted = within_5s(|| watch.kills() >= 1).await;
+    while !read(&procs).trim().is_empty() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    std::fs::remove_dir(&dir).unwrap();
+    assert!(oom_killed, "the 64 MiB dd under a 16 MiB limit is OOM-killed");
+    assert!(counted, "the watch counted the kill");
+    assert_eq!(oom_kills(&cg), 0, "gone with the cgroup");
+    assert!(watch.kills() >= 1, "kept by the watch");
 }
 
 /// This host's own tree, read only: the test process's cgroup is found
