@@ -13,7 +13,9 @@
 //! (every `resync`) and reported, not undone.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -27,8 +29,10 @@ use serde_json::Value;
 use torporctl::control::Op;
 
 use crate::error::{Error, Result};
+use crate::metrics::{self, Metrics};
 use crate::node::{self, Actor};
 use crate::report::{self, MetaPatch, Writer};
+use crate::resize::{self, Floors, Grow, LeftAlone, Restore, Shrink, REQUESTS, RESTORED};
 use crate::state::{self, Desired, Plan, APPLIED, DESIRED, MOVED_FROM, RESULT, RUNTIME_CLASS, STATE_LABEL};
 
 /// The agent's settings.
@@ -41,6 +45,11 @@ pub struct Config {
     /// How often every pod's actor is looked at (state changes made by
     /// other triggers are seen then).
     pub resync: Duration,
+    /// The requests a suspended actor's containers keep (None: requests
+    /// are not lowered; lowered ones are still restored).
+    pub shrink: Option<Floors>,
+    /// Where to serve the agent's Prometheus metrics (None: not served).
+    pub metrics_address: Option<SocketAddr>,
 }
 
 /// What the agent last reported for a pod (by uid): so that a stale copy
@@ -55,14 +64,38 @@ struct Seen {
     condition: Option<(String, String)>,
 }
 
+/// What the agent knows of a pod's requests (by uid), for its Events (one
+/// per change) and its gauges.
+#[derive(Debug, Clone, Default)]
+struct Requests {
+    /// Why the requests were left alone (reported once).
+    left_alone: Option<&'static str>,
+    /// The last resize the API server refused, and when (retried after
+    /// [`RESIZE_RETRY`]).
+    failed: Option<(String, Instant)>,
+    /// Lowered now: the requests given back (memory bytes, CPU cores).
+    released: Option<(f64, f64)>,
+    /// Awake, its requests not granted back yet: the reason's label.
+    pending: Option<&'static str>,
+}
+
+/// How long a resize the API server refused waits before it is tried again.
+const RESIZE_RETRY: Duration = Duration::from_secs(60);
+
 struct Agent {
     cfg: Config,
     writer: Writer,
     seen: HashMap<String, Seen>,
+    requests: HashMap<String, Requests>,
+    metrics: Arc<Metrics>,
 }
 
 /// Runs the agent until SIGTERM or SIGINT.
 pub async fn run(client: Client, cfg: Config) -> Result<()> {
+    let metrics = Metrics::new();
+    if let Some(addr) = cfg.metrics_address {
+        metrics::serve(metrics::bind(addr)?, metrics.clone())?;
+    }
     let api: Api<Pod> = Api::all(client.clone());
     let wc = watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node));
     let (reader, store_writer) = reflector::store::<Pod>();
@@ -87,7 +120,11 @@ pub async fn run(client: Client, cfg: Config) -> Result<()> {
         .map_err(|e| Error::Node(format!("the pod watch ended before its first list: {e}")))?;
     tracing::info!(node = %cfg.node, socket_dir = %cfg.socket_dir.display(), "watching this node's pods");
     let recorder = Recorder::new(client, Reporter { controller: state::MANAGER.into(), instance: Some(cfg.node.clone()) });
-    let mut agent = Agent { cfg, writer: Writer { api, recorder }, seen: HashMap::new() };
+    match &cfg.shrink {
+        Some(f) => tracing::info!(floors = ?f, "suspended actors' requests are lowered to these floors"),
+        None => tracing::info!("suspended actors' requests are not lowered (lowered ones are still restored)"),
+    }
+    let mut agent = Agent { cfg, writer: Writer { api, recorder }, seen: HashMap::new(), requests: HashMap::new(), metrics };
     // the first pass over every pod: what a restarted agent resyncs
     let pods = reader.state();
     agent.pass(&pods).await;
@@ -113,6 +150,8 @@ pub async fn run(client: Client, cfg: Config) -> Result<()> {
                 agent.pass(&pods).await;
                 let live: HashSet<String> = pods.iter().filter_map(|p| p.uid()).collect();
                 agent.seen.retain(|uid, _| live.contains(uid));
+                agent.requests.retain(|uid, _| live.contains(uid));
+                agent.metrics.set_density(&agent.density());
             }
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
@@ -156,6 +195,23 @@ impl Agent {
                 tracing::warn!(pod = %format!("{}/{}", pod.namespace().unwrap_or_default(), pod.name_any()), "{e}");
             }
         }
+        self.metrics.set_density(&self.density());
+    }
+
+    /// The gauges of this node's pods' requests.
+    fn density(&self) -> metrics::Density {
+        let mut d = metrics::Density::default();
+        for r in self.requests.values() {
+            if let Some((mem, cpu)) = r.released {
+                d.shrunk += 1;
+                d.released_memory_bytes += mem;
+                d.released_cpu_cores += cpu;
+            }
+            if let Some(reason) = r.pending {
+                d.not_restored.push((reason, 1));
+            }
+        }
+        d
     }
 
     async fn reconcile(&mut self, pod: &Pod, actors: &BTreeMap<String, Actor>) -> Result<()> {
@@ -187,7 +243,196 @@ impl Agent {
                 }
             }
         }
-        self.report(pod, &actor, meta, acted).await
+        let reported = self.report(pod, &actor, meta, acted).await;
+        let resized = self.requests_of(pod, &actor).await;
+        reported.and(resized)
+    }
+
+    /// Lowers the requests of a pod whose actor is suspended, restores
+    /// them when it is awake, and reports whether kubelet granted them
+    /// (see [`crate::resize`]).
+    async fn requests_of(&mut self, pod: &Pod, actor: &Actor) -> Result<()> {
+        let uid = pod.uid().unwrap_or_default();
+        let entry = self.requests.entry(uid.clone()).or_default();
+        if entry.failed.as_ref().is_some_and(|(_, at)| at.elapsed() < RESIZE_RETRY) {
+            return Ok(());
+        }
+        match actor.state() {
+            "SUSPENDED" => match self.cfg.shrink.clone() {
+                Some(floors) => self.shrink(pod, actor, &uid, &floors).await,
+                None => Ok(()),
+            },
+            // memory resident again (FROZEN: the freeze tier, a fence)
+            "RUNNING" | "FROZEN" => self.grow(pod, actor, &uid).await,
+            _ => Ok(()),
+        }
+    }
+
+    async fn shrink(&mut self, pod: &Pod, actor: &Actor, uid: &str, floors: &Floors) -> Result<()> {
+        match resize::plan_shrink(pod, floors) {
+            Shrink::Nothing => {
+                let lowered = match resize::annotated(pod) {
+                    Some(Ok(o)) => Some(resize::released(&o, &resize::spec_requests(pod))),
+                    _ => None,
+                };
+                let entry = self.requests.entry(uid.into()).or_default();
+                entry.released = lowered;
+                entry.pending = None;
+                if lowered.is_some() && resize::restored_condition(pod).is_none_or(|(s, r)| s != "False" || r != "Shrunk") {
+                    // lowered by an agent that stopped before saying so
+                    let message = format!("actor {} is suspended: its requests are lowered (the originals are in {REQUESTS})", actor.id());
+                    self.writer.put_condition(pod, RESTORED, "False", "Shrunk", &message).await?;
+                }
+                Ok(())
+            }
+            Shrink::LeftAlone(why) => {
+                let entry = self.requests.entry(uid.into()).or_default();
+                if entry.left_alone != Some(why.label()) {
+                    entry.left_alone = Some(why.label());
+                    self.metrics.left_alone(why.label());
+                    let warning = matches!(why, LeftAlone::BadAnnotation(_));
+                    let note = format!("actor {} is suspended; {}", actor.id(), why.message());
+                    tracing::info!(actor = %actor.id(), "{note}");
+                    self.writer.event(pod, warning, "RequestsKept", "Resize", note).await;
+                }
+                Ok(())
+            }
+            Shrink::Resize { originals, target, write_annotation } => {
+                if write_annotation {
+                    // persisted before acting: whoever comes next restores from it
+                    let mut meta = MetaPatch::default();
+                    meta.annotation(pod, REQUESTS, Some(&resize::annotation_value(&originals)));
+                    self.writer.patch_meta(pod, &meta).await?;
+                }
+                let now = match self.writer.resize(pod, &target).await {
+                    Ok(now) => now,
+                    Err(e) => return Err(self.resize_failed(pod, actor, uid, "shrink", e).await),
+                };
+                self.metrics.resize("shrink", true);
+                let change = resize::describe(&originals, &target);
+                let note = format!(
+                    "actor {} is suspended: its requests are lowered, giving its node back to the scheduler ({change}); limits unchanged;                      the originals, kept in {REQUESTS}, come back when it wakes",
+                    actor.id()
+                );
+                tracing::info!(actor = %actor.id(), "{note}");
+                self.writer.event(pod, false, "RequestsShrunk", "Resize", note).await;
+                let entry = self.requests.entry(uid.into()).or_default();
+                entry.failed = None;
+                entry.pending = None;
+                entry.released = Some(resize::released(&originals, &resize::spec_requests(&now)));
+                let message = format!("actor {} is suspended: requests lowered ({change})", actor.id());
+                self.writer.put_condition(&now, RESTORED, "False", "Shrunk", &message).await
+            }
+        }
+    }
+
+    async fn grow(&mut self, pod: &Pod, actor: &Actor, uid: &str) -> Result<()> {
+        let mut fresh = None;
+        match resize::plan_grow(pod) {
+            Grow::Nothing => {}
+            Grow::BadAnnotation(e) => {
+                let why = LeftAlone::BadAnnotation(e);
+                let entry = self.requests.entry(uid.into()).or_default();
+                if entry.left_alone != Some(why.label()) {
+                    entry.left_alone = Some(why.label());
+                    self.metrics.left_alone(why.label());
+                    self.writer.event(pod, true, "RequestsKept", "Resize", format!("actor {} is awake; {}", actor.id(), why.message())).await;
+                }
+                return Ok(());
+            }
+            Grow::Done => {
+                let mut meta = MetaPatch::default();
+                meta.annotation(pod, REQUESTS, None);
+                self.writer.patch_meta(pod, &meta).await?;
+            }
+            Grow::Resize { target } => {
+                let before = resize::spec_requests(pod);
+                let now = match self.writer.resize(pod, &target).await {
+                    Ok(now) => now,
+                    Err(e) => return Err(self.resize_failed(pod, actor, uid, "grow", e).await),
+                };
+                self.metrics.resize("grow", true);
+                let note = format!("actor {} is awake: its requests are asked back ({})", actor.id(), resize::describe(&before, &target));
+                tracing::info!(actor = %actor.id(), "{note}");
+                self.writer.event(pod, false, "RequestsRestoring", "Resize", note).await;
+                // the spec has them: the annotation has done its work
+                let mut meta = MetaPatch::default();
+                meta.annotation(&now, REQUESTS, None);
+                self.writer.patch_meta(&now, &meta).await?;
+                fresh = Some(now);
+            }
+        }
+        let entry = self.requests.entry(uid.into()).or_default();
+        entry.failed = None;
+        entry.released = None;
+        let p = fresh.as_ref().unwrap_or(pod);
+        // Follow a resize up until kubelet granted it: it was just asked,
+        // or the pod says it is not granted yet.
+        let following = fresh.is_some() || resize::restored_condition(p).is_some_and(|(s, _)| s != "True");
+        if !following {
+            entry.pending = None;
+            return Ok(());
+        }
+        match resize::restore_status(p) {
+            Restore::Restored => {
+                entry.pending = None;
+                if resize::restored_condition(p).is_none_or(|(s, _)| s != "True") {
+                    let note = format!("actor {} is awake and kubelet runs it with its own requests again", actor.id());
+                    self.writer.event(pod, false, "RequestsRestored", "Resize", note.clone()).await;
+                    self.writer.put_condition(p, RESTORED, "True", "Restored", &note).await?;
+                }
+                Ok(())
+            }
+            Restore::Pending { reason, message } => {
+                let label = Restore::label(reason);
+                let was = entry.pending.replace(label);
+                let on_pod = resize::restored_condition(p);
+                if was == Some(label) && on_pod.as_ref().is_some_and(|(s, r)| s == "False" && r == reason) {
+                    return Ok(());
+                }
+                let note = format!(
+                    "actor {} is awake and keeps running on its lowered requests: its requests back are {} by kubelet{}",
+                    actor.id(),
+                    match reason {
+                        "Deferred" => "deferred (the node has no room for them now; kubelet retries)",
+                        "Infeasible" => "infeasible (the node can never fit them)",
+                        "Error" => "failing",
+                        "InProgress" => "being applied",
+                        _ => "not taken yet",
+                    },
+                    if message.is_empty() { String::new() } else { format!(": {message}") }
+                );
+                if was != Some(label) && matches!(reason, "Deferred" | "Infeasible" | "Error") {
+                    tracing::warn!(actor = %actor.id(), "{note}");
+                    let ev = match reason {
+                        "Deferred" => "ResizeDeferred",
+                        "Infeasible" => "ResizeInfeasible",
+                        _ => "ResizeFailed",
+                    };
+                    self.writer.event(pod, true, ev, "Resize", note.clone()).await;
+                }
+                if on_pod.is_none_or(|(s, r)| s != "False" || r != reason) {
+                    self.writer.put_condition(p, RESTORED, "False", reason, &note).await?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A resize the API server refused: counted, said once per distinct
+    /// error (a Warning Event), tried again after [`RESIZE_RETRY`].
+    async fn resize_failed(&mut self, pod: &Pod, actor: &Actor, uid: &str, direction: &'static str, e: Error) -> Error {
+        self.metrics.resize(direction, false);
+        let msg = e.to_string();
+        let entry = self.requests.entry(uid.into()).or_default();
+        let repeated = entry.failed.as_ref().is_some_and(|(m, _)| *m == msg);
+        entry.failed = Some((msg.clone(), Instant::now()));
+        if !repeated {
+            let what = if direction == "shrink" { "lowering the requests of the suspended" } else { "restoring the requests of the awake" };
+            let note = format!("{what} actor {} failed (tried again in {} s): {msg}", actor.id(), RESIZE_RETRY.as_secs());
+            self.writer.event(pod, true, "ResizeFailed", "Resize", note).await;
+        }
+        e
     }
 
     /// Runs the operations that take `actor` to `d`. Some((result, whether

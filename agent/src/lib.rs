@@ -11,9 +11,11 @@
 pub mod agent;
 pub mod error;
 pub mod install;
+pub mod metrics;
 pub mod node;
 pub mod plugin;
 pub mod report;
+pub mod resize;
 pub mod state;
 
 pub use error::Error;

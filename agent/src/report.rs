@@ -103,9 +103,15 @@ impl Writer {
         if condition(pod).is_some_and(|(s, r)| s == status && r == reason) {
             return Ok(());
         }
+        self.put_condition(pod, CONDITION, status, &reason, message).await
+    }
+
+    /// Sets the pod condition `type_` (strategic merge on the status
+    /// subresource: the pod's other conditions stay).
+    pub async fn put_condition(&self, pod: &Pod, type_: &str, status: &str, reason: &str, message: &str) -> Result<()> {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let body = json!({"status": {"conditions": [{
-            "type": CONDITION,
+            "type": type_,
             "status": status,
             "reason": reason,
             "message": message,
@@ -118,6 +124,18 @@ impl Writer {
             .await
             .map_err(Error::kube(format!("patch status of pod {}/{name}", pod.namespace().unwrap_or_default())))?;
         Ok(())
+    }
+
+    /// Resizes the pod's requests to `target` through the `pods/resize`
+    /// subresource (in-place pod resize; limits untouched): the pod as the
+    /// API server has it after.
+    pub async fn resize(&self, pod: &Pod, target: &crate::resize::Requests) -> Result<Pod> {
+        let name = pod.name_any();
+        let pp = PatchParams { field_manager: Some(state::MANAGER.into()), ..Default::default() };
+        self.api_of(pod)
+            .patch_subresource("resize", &name, &pp, &Patch::Strategic(&crate::resize::resize_patch(target)))
+            .await
+            .map_err(Error::kube(format!("resize pod {}/{name} (pods/resize)", pod.namespace().unwrap_or_default())))
     }
 
     /// Publishes an Event on the pod (failures are logged: an Event is not

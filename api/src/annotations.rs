@@ -23,6 +23,11 @@ pub const SNAPSHOT: &str = "torpor.dev/snapshot";
 /// writes it with the `Moved` Event, once).
 pub const MOVED_FROM: &str = "torpor.dev/moved-from";
 
+/// The resource requests the agent lowered while the pod's actor sleeps
+/// (JSON: container name → resource → quantity, as the pod had them),
+/// written before the pod is resized down and removed once they are back.
+pub const REQUESTS: &str = "torpor.dev/requests";
+
 /// Every annotation of the agent and the plugin: what they report and what
 /// they are asked. The shim reads none of them.
-pub const AGENT_KEYS: [&str; 5] = [DESIRED, APPLIED, RESULT, SNAPSHOT, MOVED_FROM];
+pub const AGENT_KEYS: [&str; 6] = [DESIRED, APPLIED, RESULT, SNAPSHOT, MOVED_FROM, REQUESTS];

@@ -643,3 +643,208 @@ fn the_agent_container_is_unprivileged_and_has_no_host_root() {
         assert!(std::path::Path::new(&format!("{root}{dir}")).is_dir(), "{}: the agent has its shims' dir {dir}", n.name);
     }
 }
+
+// ------------------------------------------------------------------ issue 42
+
+const REQUESTS: &str = "torpor.dev/requests";
+const RESTORED: &str = "torpor.dev/RequestsRestored";
+
+/// A counter pod of RuntimeClass torpor on `node` with these resources.
+fn pod_with_resources(name: &str, node: &str, resources: Value) -> String {
+    let mut p: Value = serde_json::from_str(&pod(name, node, "torpor", json!({}))).unwrap_or_else(|e| panic!("{e}"));
+    p["spec"]["containers"][0]["resources"] = resources;
+    p.to_string()
+}
+
+/// The pod's condition `type_` (Null when it has none).
+fn condition_of(p: &Value, type_: &str) -> Value {
+    p["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == type_).cloned().unwrap_or(Value::Null)
+}
+
+/// Waits until the pod's spec asks `requests` for its container; the pod then.
+#[track_caller]
+fn wait_requests(ns: &Namespace, pod: &str, requests: &Value) -> Value {
+    wait_until(&format!("{}/{pod} requesting {requests}", ns.name), LIVENESS, || {
+        let p = ns.pod(pod);
+        (p["spec"]["containers"][0]["resources"]["requests"] == *requests).then_some(p)
+    })
+}
+
+/// Waits until kubelet reports the container running with `cpu` requested
+/// (`status.containerStatuses[].resources`, what the runtime says it
+/// applied: CRI's UpdateContainerResources went through the shim) and no
+/// resize is pending or in progress.
+#[track_caller]
+fn wait_actuated(ns: &Namespace, pod: &str, cpu: &str) -> Value {
+    wait_until(&format!("kubelet runs {}/{pod} with cpu request {cpu}", ns.name), LIVENESS, || {
+        let p = ns.pod(pod);
+        let busy = ["PodResizePending", "PodResizeInProgress"].iter().any(|t| condition_of(&p, t)["status"] == "True");
+        (p["status"]["containerStatuses"][0]["resources"]["requests"]["cpu"] == cpu && !busy).then_some(p)
+    })
+}
+
+/// The container's id (without `containerd://`).
+#[track_caller]
+fn container_id(p: &Value) -> String {
+    let id = p["status"]["containerStatuses"][0]["containerID"].as_str().unwrap_or_else(|| panic!("no container id: {}", p["status"]));
+    id.rsplit("://").next().unwrap_or(id).to_string()
+}
+
+/// CPU millicores of a quantity (`2`, `1500m`).
+fn millicores(q: &str) -> i64 {
+    match q.strip_suffix('m') {
+        Some(m) => m.parse().unwrap_or_else(|e| panic!("{q}: {e}")),
+        None => (q.parse::<f64>().unwrap_or_else(|e| panic!("{q}: {e}")) * 1000.0) as i64,
+    }
+}
+
+/// Issue 42 #1, #2: a suspended actor's pod gives its requests back to the
+/// scheduler (read back from the API: lowered to the agent's floors, limits
+/// as they were, the originals in the agent's annotation, kubelet applies
+/// it to the suspended container through the shim's Update) and gets them
+/// back when it wakes, with its state.
+#[test]
+fn requests_of_a_suspended_actor_shrink_and_come_back() {
+    installed();
+    let ns = Namespace::new("native-requests");
+    let limits = json!({"cpu": "1", "memory": "256Mi"});
+    let original = json!({"cpu": "200m", "memory": "64Mi"});
+    ns.apply(&pod_with_resources("sleeper", "node-a", json!({"requests": original, "limits": limits})));
+    let p = ns.wait_ready("sleeper");
+    assert_eq!(p["status"]["qosClass"], "Burstable");
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "1");
+    wait_label(&ns, "sleeper", "running");
+    assert!(condition_of(&p, RESTORED).is_null(), "nothing lowered yet");
+
+    suspend_by_annotation(&ns, "sleeper", "node-a");
+    let p = wait_requests(&ns, "sleeper", &json!({"cpu": "10m", "memory": "4Mi"}));
+    assert_eq!(p["spec"]["containers"][0]["resources"]["limits"], limits, "limits are not touched");
+    let kept: Value = serde_json::from_str(p["metadata"]["annotations"][REQUESTS].as_str().unwrap_or("null")).unwrap_or(Value::Null);
+    assert_eq!(kept, json!({"actor": original}), "the originals, kept by the agent");
+    let e = wait_event(&ns, "sleeper", "RequestsShrunk");
+    let msg = e["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("cpu 200m -> 10m") && msg.contains("memory 64Mi -> 4Mi"), "{e}");
+    let c = wait_until("condition RequestsRestored=False Shrunk", LIVENESS, || {
+        let c = condition_of(&ns.pod("sleeper"), RESTORED);
+        (c["reason"] == "Shrunk").then_some(c)
+    });
+    assert_eq!(c["status"], "False", "{c}");
+    // kubelet resized the suspended container (CRI UpdateContainerResources -> the shim)
+    let p = wait_actuated(&ns, "sleeper", "10m");
+    assert_eq!(p["status"]["containerStatuses"][0]["restartCount"], 0);
+    assert!(pod_is_ready(&p), "Ready while asleep and resized");
+    assert_eq!(actor(&ns, "sleeper", "node-a")["state"], "SUSPENDED", "the resize did not wake it");
+    // the shim kept the new resources for the restore (config.json of its bundle)
+    let node = cluster().node("node-a");
+    let cid = container_id(&p);
+    let bundle = format!("{}/containerd/io.containerd.runtime.v2.task/k8s.io/{cid}/config.json", node.state_dir());
+    let spec: Value = serde_json::from_str(&std::fs::read_to_string(&bundle).unwrap_or_else(|e| panic!("{bundle}: {e}"))).unwrap_or(Value::Null);
+    assert_eq!(spec["linux"]["resources"]["cpu"]["shares"], 10, "{}", spec["linux"]["resources"]);
+
+    resume_by_annotation(&ns, "sleeper", "node-a", "1");
+    let p = wait_requests(&ns, "sleeper", &original);
+    assert_eq!(p["spec"]["containers"][0]["resources"]["limits"], limits);
+    wait_until("the agent's annotation removed", LIVENESS, || ns.pod("sleeper")["metadata"]["annotations"][REQUESTS].is_null().then_some(()));
+    let p = wait_actuated(&ns, "sleeper", "200m");
+    let c = wait_until("condition RequestsRestored=True", LIVENESS, || {
+        let c = condition_of(&ns.pod("sleeper"), RESTORED);
+        (c["status"] == "True").then_some(c)
+    });
+    assert_eq!(c["reason"], "Restored", "{c}");
+    wait_event(&ns, "sleeper", "RequestsRestored");
+    // the running container's cgroup has its CPU share back (200m: 204 shares)
+    let shares = format!("{}/{}/cpu.shares", node.pod_cgroup("cpu", &p), container_id(&p));
+    wait_until(&format!("{shares} = 204"), LIVENESS, || (cgroup_u64(&shares) == 204).then_some(()));
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "2", "awake, with its state");
+    assert_eq!(ns.pod("sleeper")["status"]["containerStatuses"][0]["restartCount"], 0);
+}
+
+/// Issue 42 #1: a Guaranteed pod (requests equal to limits) keeps its
+/// requests while its actor sleeps, and the agent says why in an Event.
+#[test]
+fn requests_of_a_guaranteed_pod_are_kept_with_an_event() {
+    installed();
+    let ns = Namespace::new("native-guaranteed");
+    let fixed = json!({"cpu": "100m", "memory": "64Mi"});
+    ns.apply(&pod_with_resources("fixed", "node-b", json!({"requests": fixed, "limits": fixed})));
+    let p = ns.wait_ready("fixed");
+    assert_eq!(p["status"]["qosClass"], "Guaranteed");
+    wait_label(&ns, "fixed", "running");
+    suspend_by_annotation(&ns, "fixed", "node-b");
+    let e = wait_event(&ns, "fixed", "RequestsKept");
+    let msg = e["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("Guaranteed") && msg.contains("QoS"), "{e}");
+    // later passes (every 2 s) neither resize it nor say it again
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    let p = ns.pod("fixed");
+    assert_eq!(p["spec"]["containers"][0]["resources"]["requests"], fixed);
+    assert!(p["metadata"]["annotations"][REQUESTS].is_null());
+    assert!(condition_of(&p, RESTORED).is_null());
+    assert!(events(&ns, "fixed", "RequestsShrunk").is_empty());
+    assert_eq!(events(&ns, "fixed", "RequestsKept").len(), 1);
+    resume_by_annotation(&ns, "fixed", "node-b", "0");
+}
+
+/// Issue 42 #3: when the node filled up while the actor slept, its requests
+/// back are deferred by kubelet: the actor runs anyway, and the agent says
+/// so (condition RequestsRestored False Deferred, a Warning Event); once
+/// room is made, kubelet grants them and the condition turns True.
+#[test]
+fn requests_back_deferred_when_the_node_filled_up() {
+    installed();
+    let ns = Namespace::new("native-deferred");
+    let original = json!({"cpu": "400m", "memory": "64Mi"});
+    ns.apply(&pod_with_resources("late", "node-b", json!({"requests": original, "limits": {"cpu": "1", "memory": "256Mi"}})));
+    let p = ns.wait_ready("late");
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "1");
+    wait_label(&ns, "late", "running");
+    suspend_by_annotation(&ns, "late", "node-b");
+    wait_requests(&ns, "late", &json!({"cpu": "10m", "memory": "4Mi"}));
+    wait_actuated(&ns, "late", "10m");
+
+    // fill the node's CPU up to 100m short of what it can allocate
+    let node = kubectl_json(&["get", "node", "node-b"]);
+    let allocatable = millicores(node["status"]["allocatable"]["cpu"].as_str().unwrap_or("0"));
+    let pods = kubectl_json(&["get", "pods", "-A", "--field-selector", "spec.nodeName=node-b,status.phase!=Succeeded,status.phase!=Failed"]);
+    let used: i64 = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["spec"]["containers"].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["resources"]["requests"]["cpu"].as_str().map(millicores))
+        .sum();
+    let filler = allocatable - used - 100;
+    assert!(filler > 0, "node-b: allocatable {allocatable}m, requested {used}m");
+    let fill = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "filler"}, "spec": {
+        "nodeName": "node-b", "dnsPolicy": "Default", "enableServiceLinks": false, "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "c", "image": ACTOR_IMAGE, "imagePullPolicy": "Never", "command": ["/actor"], "args": ["sleep"],
+            "resources": {"requests": {"cpu": format!("{filler}m")}}}],
+    }});
+    ns.apply(&fill.to_string());
+    ns.wait_ready("filler");
+
+    // it wakes (a request), its requests back do not fit
+    let p = ns.pod("late");
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "2", "a request woke it: it runs on its lowered requests");
+    let c = wait_until("condition RequestsRestored=False Deferred", LIVENESS, || {
+        let c = condition_of(&ns.pod("late"), RESTORED);
+        (c["reason"] == "Deferred").then_some(c)
+    });
+    assert_eq!(c["status"], "False", "{c}");
+    let e = wait_event(&ns, "late", "ResizeDeferred");
+    assert_eq!(e["type"], "Warning", "{e}");
+    let p = ns.pod("late");
+    assert_eq!(p["spec"]["containers"][0]["resources"]["requests"], original, "asked back");
+    assert_eq!(condition_of(&p, "PodResizePending")["reason"], "Deferred");
+    assert_eq!(actor(&ns, "late", "node-b")["state"], "RUNNING");
+
+    // room again: kubelet grants them
+    ns.kubectl_ok(&["delete", "pod", "filler", "--wait=true"]);
+    wait_actuated(&ns, "late", "400m");
+    let c = wait_until("condition RequestsRestored=True", LIVENESS, || {
+        let c = condition_of(&ns.pod("late"), RESTORED);
+        (c["status"] == "True").then_some(c)
+    });
+    assert_eq!(c["reason"], "Restored", "{c}");
+    assert_eq!(counter(&format!("{}:8080", ip(&ns.pod("late"))), "inc"), "3");
+}

@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::Parser;
 use torpor_agent::agent::{self, Config};
 use torpor_agent::install::{self, Intent};
+use torpor_agent::resize::Floors;
 use torpor_agent::Error;
 
 #[derive(Parser)]
@@ -31,6 +32,22 @@ struct Cli {
     /// other triggers, such as a request waking an actor, show then).
     #[arg(long, env = "TORPOR_AGENT_RESYNC_S", default_value_t = 5)]
     resync_s: u64,
+    /// Lower the CPU and memory requests of pods whose actor is suspended
+    /// (pods/resize), so the scheduler can use what they do not; they are
+    /// restored when the actor wakes. `false`: requests are left as they
+    /// are (lowered ones are still restored).
+    #[arg(long, env = "TORPOR_AGENT_SHRINK", default_value_t = true, action = clap::ArgAction::Set)]
+    shrink: bool,
+    /// The CPU request a suspended actor's container keeps (a Kubernetes quantity).
+    #[arg(long, env = "TORPOR_AGENT_CPU_FLOOR", default_value = torpor_agent::resize::Floors::CPU)]
+    cpu_floor: String,
+    /// The memory request a suspended actor's container keeps (a Kubernetes quantity).
+    #[arg(long, env = "TORPOR_AGENT_MEMORY_FLOOR", default_value = torpor_agent::resize::Floors::MEMORY)]
+    memory_floor: String,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9465) at
+    /// /metrics; empty: not served.
+    #[arg(long, env = "TORPOR_AGENT_METRICS_ADDRESS", default_value = "")]
+    metrics_address: String,
 }
 
 /// The node pod's install steps (deploy/kubernetes/image/node.sh). Exit
@@ -81,6 +98,17 @@ fn run(cli: Cli) -> Result<(), Error> {
     if cli.node.is_empty() {
         return Err(Error::Usage("--node (NODE_NAME) is empty".into()));
     }
+    let shrink = match cli.shrink {
+        true => Some(Floors::new(&cli.cpu_floor, &cli.memory_floor).map_err(Error::Usage)?),
+        false => None,
+    };
+    let metrics_address = match cli.metrics_address.trim() {
+        "" => None,
+        a => Some(
+            a.parse::<std::net::SocketAddr>()
+                .map_err(|e| Error::Usage(format!("--metrics-address (TORPOR_AGENT_METRICS_ADDRESS) {a:?}: not an address and port: {e}")))?,
+        ),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -88,7 +116,7 @@ fn run(cli: Cli) -> Result<(), Error> {
         .map_err(|source| Error::Io { what: "start the async runtime".into(), source })?;
     rt.block_on(async {
         let client = kube::Client::try_default().await.map_err(|e| Error::Config(e.to_string()))?;
-        let cfg = Config { node: cli.node, socket_dir: cli.socket_dir, resync: Duration::from_secs(cli.resync_s.max(1)) };
+        let cfg = Config { node: cli.node, socket_dir: cli.socket_dir, resync: Duration::from_secs(cli.resync_s.max(1)), shrink, metrics_address };
         agent::run(client, cfg).await
     })
 }

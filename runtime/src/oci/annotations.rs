@@ -482,6 +482,7 @@ mod tests {
             ("torpor.dev/applied-result", "ok: suspend in 1032 ms"),
             ("torpor.dev/snapshot", "team-a/web-0@3"),
             ("torpor.dev/moved-from", "node-a (SUSPENDED)"),
+            ("torpor.dev/requests", r#"{"app":{"cpu":"500m","memory":"512Mi"}}"#),
             (IDLE_AFTER, "5m"),
         ]))
         .unwrap();

@@ -44,7 +44,7 @@ use tracing::{debug, warn};
 use crate::error::{Error, IoContext, Result};
 use crate::system::runc::{ProcessStdio, RestoreFrom, FIRST_INHERITED_FD};
 use crate::system::cgroup::{self, files};
-use crate::system::{criu, criu_launcher, mounts, reaper};
+use crate::system::{criu, criu_launcher, mounts, reaper, resources};
 
 /// The template's file in the bundle.
 const TEMPLATE: &str = "torpor-restore-template.json";
@@ -167,6 +167,37 @@ fn write_private(path: &Path, bytes: &[u8]) -> Result<()> {
     written
 }
 
+/// Carries an update of the resources of the suspended container in
+/// `bundle` (containerd's `Update`, [`resources::RuncUpdate`]) into its
+/// template, if it has one: the cgroup values the direct restore writes
+/// and runc's configuration in the state it leaves. An update the template
+/// cannot carry (realtime CPU, CPU burst, unified values) removes it: the
+/// restore is then runc's, from `config.json`, which has the update.
+/// Returns whether a template was there and carries the update.
+pub fn update_template(bundle: &Path, update: &resources::RuncUpdate) -> Result<bool> {
+    let file = bundle.join(TEMPLATE);
+    let bytes = match std::fs::read(&file) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e).io_context(|| format!("read {file:?}")),
+    };
+    let carried = serde_json::from_slice::<Template>(&bytes)
+        .map_err(|e| format!("it does not parse: {e}"))
+        .and_then(|mut t| t.apply(update).map(|()| t));
+    match carried {
+        Ok(t) => {
+            let bytes = serde_json::to_vec(&t).map_err(|source| Error::Json { context: "encode the restore template".into(), source })?;
+            write_private(&file, &bytes)?;
+            Ok(true)
+        }
+        Err(why) => {
+            warn!(file = %file.display(), "restore template removed (the next restore is runc's, from config.json): {why}");
+            discard_template(bundle);
+            Ok(false)
+        }
+    }
+}
+
 /// The template for a direct restore of container `id` in `bundle`, if
 /// there is one it can be used for; `None` (the restore is runc's) with
 /// the reason logged otherwise.
@@ -231,6 +262,28 @@ impl Template {
         // filter (eBPF) are left to runc.
         if !paths.iter().any(|(ctrl, _)| ctrl == "memory") {
             return Err("the container has no cgroup v1 memory controller (a cgroup v2 host)".into());
+        }
+        Ok(())
+    }
+
+    /// Takes `update` into the cgroup values and runc's configuration.
+    fn apply(&mut self, update: &resources::RuncUpdate) -> std::result::Result<(), String> {
+        for (ctrl, file, value) in resources::cgroup_v1_values(update)? {
+            let Some(values) = self.cgroup.get_mut(ctrl) else {
+                // a controller the container has no cgroup of (runc's
+                // restore would not write it either)
+                continue;
+            };
+            // memsw only where the kernel accounts swap (the file was read)
+            if file == "memory.memsw.limit_in_bytes" && !values.contains_key(file) {
+                continue;
+            }
+            values.insert(file.to_string(), value);
+        }
+        if let Some(cfg) = self.state["config"]["cgroups"].as_object_mut() {
+            for (key, v) in resources::runc_config_values(update) {
+                cfg.insert(key.to_string(), v);
+            }
         }
         Ok(())
     }
@@ -936,6 +989,37 @@ mod tests {
         assert_eq!(clean_destination("/etc/hosts", r).unwrap(), "/etc/hosts");
         assert_eq!(clean_destination("/b/rootfs/dev/null", r).unwrap(), "/dev/null");
         assert_eq!(clean_destination("/../../etc/./x", r).unwrap(), "/etc/x");
+    }
+
+    #[test]
+    fn an_update_while_suspended_is_carried_into_the_template() {
+        let b = tempfile::tempdir().unwrap();
+        let state = serde_json::json!({"id": "c", "cgroup_paths": {"memory": "/sys/fs/cgroup/memory/pod/c", "cpu": "/sys/fs/cgroup/cpu/pod/c"},
+            "config": {"rootfs": "/b/rootfs", "cgroups": {"Systemd": false, "cpu_shares": 512, "memory": 134217728, "devices": []}}});
+        let cgroup: BTreeMap<String, BTreeMap<String, String>> = serde_json::from_value(serde_json::json!({
+            "cpu": {"cpu.shares": "512\n", "cpu.cfs_period_us": "100000\n", "cpu.cfs_quota_us": "50000\n"},
+            "memory": {"memory.limit_in_bytes": "134217728\n", "memory.soft_limit_in_bytes": "9223372036854771712\n"}
+        }))
+        .unwrap();
+        let t = Template { state, cgroup, oom_kill_disable: false };
+        std::fs::write(b.path().join(TEMPLATE), serde_json::to_vec(&t).unwrap()).unwrap();
+        let u = resources::RuncUpdate::parse(br#"{"cpu":{"shares":10,"quota":50000,"period":100000},"memory":{"limit":134217728,"swap":134217728},"devices":[]}"#).unwrap();
+        assert!(update_template(b.path(), &u).unwrap());
+        let t: Template = serde_json::from_slice(&std::fs::read(b.path().join(TEMPLATE)).unwrap()).unwrap();
+        assert_eq!(t.cgroup["cpu"]["cpu.shares"], "10");
+        assert_eq!(t.cgroup["cpu"]["cpu.cfs_quota_us"], "50000");
+        assert_eq!(t.cgroup["memory"]["memory.limit_in_bytes"], "134217728");
+        assert!(!t.cgroup["memory"].contains_key("memory.memsw.limit_in_bytes"), "no swap accounting, no memsw");
+        assert!(!t.cgroup.contains_key("cpuset"), "no cgroup of a controller the container had none of");
+        assert_eq!(t.state["config"]["cgroups"]["cpu_shares"], 10);
+        assert_eq!(t.state["config"]["cgroups"]["memory_swap"], 134217728);
+        assert_eq!(t.state["config"]["cgroups"]["devices"], serde_json::json!([]), "the rest stays");
+
+        // One it cannot carry: the template goes, the restore is runc's.
+        let rt = resources::RuncUpdate::parse(br#"{"cpu":{"realtimeRuntime":1000}}"#).unwrap();
+        assert!(!update_template(b.path(), &rt).unwrap());
+        assert!(!b.path().join(TEMPLATE).exists());
+        assert!(!update_template(b.path(), &u).unwrap(), "no template, nothing to carry");
     }
 
     #[test]

@@ -12,6 +12,8 @@
 //!   runc's state;
 //! - [`cgroup`]: a container's cgroup on v1 or v2, under either runc driver:
 //!   OOM kills, memory and CPU use, the freezer, killing what is left;
+//! - [`resources`]: an update's resources (containerd's `Update`) kept
+//!   for a suspended container: its `config.json`, its restore template;
 //! - [`stdio`]: containerd's FIFOs ↔ a process's pipes or pty;
 //! - [`rootfs`]: a container's rootfs changes as an OCI layer changeset;
 //! - [`tmpfs`]: the container's own tmpfs mounts, carried beside CRIU's
@@ -41,6 +43,7 @@ pub mod mounts;
 pub mod netns;
 pub mod pidfd;
 pub mod reaper;
+pub mod resources;
 pub mod rootfs;
 pub mod runc;
 pub mod runc_options;

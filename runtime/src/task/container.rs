@@ -10,6 +10,19 @@ use crate::system::runc::Runc;
 use crate::system::stdio::ProcessIo;
 use crate::task::process::{ExecState, Process, Status};
 
+/// What an update of a container's resources applies to
+/// ([`ContainerState::update_target`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdateTarget {
+    /// runc's container (`runc update`).
+    Live,
+    /// What its restore starts from (no runc container, no cgroup).
+    Checkpointed,
+    /// A transition under way: after it.
+    Busy,
+    Stopped,
+}
+
 /// Where a container is. Every external command that changes a container
 /// (runc create/start/pause/resume, a dump, a restore) first moves it into
 /// a *transitional* state (`Creating`, `Starting`, `Pausing`, `Thawing`,
@@ -71,6 +84,17 @@ impl ContainerState {
     /// not an exit, and stats are zero.
     pub fn checkpointed(&self) -> bool {
         matches!(self, ContainerState::Dumping { .. } | ContainerState::Suspended { .. } | ContainerState::Restoring { .. })
+    }
+
+    /// What an update of the container's resources applies to.
+    pub fn update_target(&self) -> UpdateTarget {
+        use ContainerState::*;
+        match self {
+            Created | Running | Paused => UpdateTarget::Live,
+            Suspended { .. } | RestorePending { .. } => UpdateTarget::Checkpointed,
+            Stopped => UpdateTarget::Stopped,
+            Creating | Starting | Pausing | Thawing | Dumping { .. } | Restoring { .. } => UpdateTarget::Busy,
+        }
     }
 
     /// A short name, for errors and logs.
@@ -144,6 +168,11 @@ pub struct Container {
     /// in): its init's exit waits until the sender is dropped (see
     /// [`crate::task::ExitHold`]).
     pub exit_hold: Option<tokio::sync::watch::Receiver<()>>,
+    /// Held by an update of its resources, and by a dump or a restore
+    /// from before it takes or reads the restore template until it is
+    /// settled: an update is applied either to the running container or
+    /// to what its restore starts from, never lost in between.
+    pub resources: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Container {

@@ -22,12 +22,13 @@ use crate::oci::bundle;
 use crate::system::cgroup;
 use crate::system::criu_restore;
 use crate::system::reaper;
+use crate::system::resources;
 use crate::system::runc::{self, CheckpointOpts, RestoreFrom, Runc};
 use crate::system::runc_options::RuncOptions;
 use crate::system::stdio::{self, ProcessIo, StdioConfig};
 use crate::system::sysv_ipc;
 use crate::system::tmpfs;
-use crate::task::container::{Container, ContainerState, Exec};
+use crate::task::container::{Container, ContainerState, Exec, UpdateTarget};
 use crate::task::process::{ExecState, ExitInfo, Process, Status};
 
 /// What the runtime reports to the shim, to be published to containerd.
@@ -324,6 +325,7 @@ impl Tasks {
             ipcns: new.ipcns,
             rootfs_upper: new.rootfs_upper,
             exit_hold: None,
+            resources: Arc::default(),
         };
         {
             let mut t = self.lock();
@@ -451,7 +453,7 @@ impl Tasks {
     /// suspended) from `from`, into its bundle; RUNNING after.
     pub async fn restore(&self, id: &str, from: &RestoreFrom) -> Result<i32> {
         let started = std::time::Instant::now();
-        let (runc, bundle, stdio) = self.with(id, |c| {
+        let (runc, bundle, stdio, resources_lock) = self.with(id, |c| {
             let back = match std::mem::replace(&mut c.state, ContainerState::Stopped) {
                 s @ (ContainerState::Suspended { .. } | ContainerState::RestorePending { .. }) => s,
                 other => {
@@ -461,8 +463,10 @@ impl Tasks {
                 }
             };
             c.state = ContainerState::Restoring { back: Box::new(back) };
-            Ok((c.runc.clone(), c.bundle.clone(), c.init.stdio.clone()))
+            Ok((c.runc.clone(), c.bundle.clone(), c.init.stdio.clone(), c.resources.clone()))
         })?;
+        // an update under way ends first: the restore starts from it
+        let _resources = resources_lock.lock().await;
         let work = &from.work;
         let pid_file = bundle.join("init.pid");
         let (runc_ref, b, pf) = (&runc, &bundle, &pid_file);
@@ -553,7 +557,7 @@ impl Tasks {
     /// (`torpor.dev/on-restore-failure: cold-start`). To containerd it was
     /// RUNNING all along; it goes on RUNNING with a new init.
     pub async fn cold_start(&self, id: &str) -> Result<i32> {
-        let (runc, bundle, stdio) = self.with(id, |c| {
+        let (runc, bundle, stdio, resources_lock) = self.with(id, |c| {
             let back = match std::mem::replace(&mut c.state, ContainerState::Stopped) {
                 s @ ContainerState::Suspended { .. } => s,
                 other => {
@@ -563,8 +567,9 @@ impl Tasks {
                 }
             };
             c.state = ContainerState::Restoring { back: Box::new(back) };
-            Ok((c.runc.clone(), c.bundle.clone(), c.init.stdio.clone()))
+            Ok((c.runc.clone(), c.bundle.clone(), c.init.stdio.clone(), c.resources.clone()))
         })?;
+        let _resources = resources_lock.lock().await;
         let pid_file = bundle.join("init.pid");
         let (runc_ref, b, pf) = (&runc, &bundle, &pid_file);
         let launched = async {
@@ -639,7 +644,7 @@ impl Tasks {
     /// ends as the dump completes, which is not an exit; it is SUSPENDED
     /// after (RUNNING to containerd, its stdio held).
     pub async fn dump(&self, id: &str, opts: &CheckpointOpts) -> Result<()> {
-        let (runc, bundle, ipcns) = self.with(id, |c| {
+        let (runc, bundle, ipcns, resources_lock) = self.with(id, |c| {
             if c.has_live_execs() {
                 return Err(Error::FailedPrecondition(format!("container {id} has exec sessions running")));
             }
@@ -652,8 +657,10 @@ impl Tasks {
                 }
             };
             c.state = ContainerState::Dumping { back: Box::new(back) };
-            Ok((c.runc.clone(), c.bundle.clone(), c.ipcns.clone()))
+            Ok((c.runc.clone(), c.bundle.clone(), c.ipcns.clone(), c.resources.clone()))
         })?;
+        // an update under way ends first: its values are in the template
+        let _resources = resources_lock.lock().await;
         if runc.plain() {
             criu_restore::save_template(&runc.state_dir(id), &bundle);
         }
@@ -916,9 +923,43 @@ impl Tasks {
         self.with(id, |c| c.process(exec_id)?.io.resize(width, height))
     }
 
+    /// containerd's Update (kubelet's in-place resize through CRI's
+    /// UpdateContainerResources): as runc-v2, `runc update` of a created,
+    /// running or paused container; a suspended one (or one created from a
+    /// checkpoint, not started yet) has no runc container to update, so
+    /// the update is kept for its restore ([`resources`]): in its
+    /// `config.json` and in its restore template. A running container's
+    /// update is written into `config.json` as well, for a later restore
+    /// by runc. A stopped container is refused, as runc-v2 does.
     pub async fn update(&self, id: &str, resources_json: &[u8]) -> Result<()> {
-        let (runc, bundle) = self.with(id, |c| Ok((c.runc.clone(), c.bundle.clone())))?;
-        runc.update(id, resources_json, &bundle).await
+        let update = resources::RuncUpdate::parse(resources_json)?;
+        loop {
+            self.settled(id).await;
+            let lock = self.with(id, |c| Ok(c.resources.clone()))?;
+            let _held = lock.lock().await;
+            let (runc, bundle, state) = self.with(id, |c| Ok((c.runc.clone(), c.bundle.clone(), c.state.update_target())))?;
+            match state {
+                // a pause, thaw, create or start under way: after it
+                UpdateTarget::Busy => continue,
+                UpdateTarget::Stopped => {
+                    return Err(Error::FailedPrecondition(format!("container {id} is stopped: its resources cannot be updated")))
+                }
+                UpdateTarget::Live => {
+                    runc.update(id, resources_json, &bundle).await?;
+                    if let Err(e) = keep_update(&bundle, &update) {
+                        // Applied; only a later restore by runc would miss it.
+                        warn!(container = id, "resources updated, but not written into config.json for a restore by runc: {e}");
+                    }
+                    return Ok(());
+                }
+                UpdateTarget::Checkpointed => {
+                    keep_update(&bundle, &update)?;
+                    let carried = criu_restore::update_template(&bundle, &update)?;
+                    info!(container = id, template = carried, "resources of the suspended container updated: kept for its restore");
+                    return Ok(());
+                }
+            }
+        }
     }
 
     /// The container's cgroup stats, read in this process (no runc).
@@ -1068,6 +1109,17 @@ async fn remove_dumped_ipc_objects(id: &str, ns: PathBuf) {
     }
 }
 
+/// Writes an update of the resources into the bundle's `config.json`,
+/// what a restore by runc (or a cold start) creates the container from.
+fn keep_update(bundle: &Path, update: &resources::RuncUpdate) -> Result<()> {
+    if update.is_empty() {
+        return Ok(());
+    }
+    let mut spec = crate::oci::spec::read_spec_json(bundle)?;
+    resources::merge_into_spec(&mut spec, update).map_err(|e| e.context(&format!("config.json of bundle {}", bundle.display())))?;
+    crate::oci::spec::write_spec_json(bundle, &spec)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1096,9 +1148,123 @@ mod tests {
             ipcns: None,
             rootfs_upper: None,
             exit_hold: None,
+            resources: Arc::default(),
         };
         tasks.lock().containers.insert("app".into(), c);
         (tasks, rx)
+    }
+
+    /// A table with one app container in `state`, its bundle `bundle`
+    /// (a `config.json` with resources in it) and runc `runc`.
+    fn table_in(bundle: &Path, runc: &Path, state: ContainerState) -> Tasks {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let tasks = Tasks::new("test", tx);
+        std::fs::write(
+            bundle.join("config.json"),
+            br#"{"ociVersion":"1.2.0","linux":{"resources":{"devices":[{"allow":false,"access":"rwm"}],"cpu":{"shares":512,"quota":50000,"period":100000},"memory":{"limit":134217728}}}}"#,
+        )
+        .unwrap();
+        let mut init = Process::new("", StdioConfig::default());
+        init.pid = 4545;
+        let c = Container {
+            id: "app".into(),
+            runc: Runc::new(runc, bundle.join("runc-root"), bundle),
+            bundle: bundle.to_path_buf(),
+            init,
+            state,
+            execs: HashMap::new(),
+            actor: ActorSpec::default(),
+            own_pid_ns: true,
+            cgroup: None,
+            sandbox: false,
+            netns: None,
+            ipcns: None,
+            rootfs_upper: None,
+            exit_hold: None,
+            resources: Arc::default(),
+        };
+        tasks.lock().containers.insert("app".into(), c);
+        tasks
+    }
+
+    const RESIZE: &[u8] = br#"{"cpu":{"shares":10,"quota":50000,"period":100000},"memory":{"limit":134217728},"devices":[]}"#;
+
+    fn spec_resources(bundle: &Path) -> serde_json::Value {
+        crate::oci::spec::read_spec_json(bundle).unwrap()["linux"]["resources"].clone()
+    }
+
+    /// A suspended container has no runc container: the update goes into
+    /// its config.json and its restore template, runc is not run (it does
+    /// not exist here), and the update succeeds. Without the fix, `runc
+    /// update` of the checkpointed container failed.
+    #[tokio::test]
+    async fn an_update_of_a_suspended_container_is_kept_for_its_restore() {
+        let b = tempfile::tempdir().unwrap();
+        let tasks = table_in(b.path(), Path::new("/nonexistent/runc"), ContainerState::Suspended { io: ProcessIo::null() });
+        tasks.update("app", RESIZE).await.unwrap();
+        let r = spec_resources(b.path());
+        assert_eq!(r["cpu"]["shares"], 10);
+        assert_eq!(r["memory"]["limit"], 134217728);
+        assert_eq!(r["devices"].as_array().map(Vec::len), Some(1), "the device rules are not the update's");
+        assert_eq!(tasks.status("app"), Some(Status::Running), "still RUNNING to containerd");
+        // with a template: carried into it
+        std::fs::write(
+            b.path().join("torpor-restore-template.json"),
+            br#"{"state":{"id":"app","config":{"cgroups":{"cpu_shares":512}}},"cgroup":{"cpu":{"cpu.shares":"512\n"}},"oom_kill_disable":false}"#,
+        )
+        .unwrap();
+        tasks.update("app", br#"{"cpu":{"shares":20}}"#).await.unwrap();
+        let t: serde_json::Value = serde_json::from_slice(&std::fs::read(b.path().join("torpor-restore-template.json")).unwrap()).unwrap();
+        assert_eq!(t["cgroup"]["cpu"]["cpu.shares"], "20");
+        assert_eq!(t["state"]["config"]["cgroups"]["cpu_shares"], 20);
+        assert_eq!(spec_resources(b.path())["cpu"]["shares"], 20);
+        let e = tasks.update("app", b"{not json").await.unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e}");
+    }
+
+    /// A running container is updated by `runc update` (as runc-v2 does),
+    /// and its config.json keeps the update for a later restore by runc.
+    #[tokio::test]
+    async fn an_update_of_a_running_container_is_runcs_and_kept() {
+        let b = tempfile::tempdir().unwrap();
+        let fake = b.path().join("runc");
+        let log = b.path().join("runc-args");
+        std::fs::write(&fake, format!("#!/bin/sh\necho \"$@\" >> {}\nexit 0\n", log.display())).unwrap();
+        std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let tasks = table_in(b.path(), &fake, ContainerState::Running);
+        tasks.update("app", RESIZE).await.unwrap();
+        let args = std::fs::read_to_string(&log).unwrap();
+        assert!(args.contains(" update --resources ") && args.trim_end().ends_with(" app"), "{args}");
+        assert_eq!(spec_resources(b.path())["cpu"]["shares"], 10);
+        // a failing runc update fails the update
+        std::fs::write(&fake, "#!/bin/sh\necho '{\"level\":\"error\",\"msg\":\"no such container\"}' >&2\nexit 1\n").unwrap();
+        assert!(tasks.update("app", br#"{"cpu":{"shares":30}}"#).await.is_err());
+        assert_eq!(spec_resources(b.path())["cpu"]["shares"], 10, "not kept when not applied");
+    }
+
+    #[tokio::test]
+    async fn a_stopped_container_is_not_updated() {
+        let b = tempfile::tempdir().unwrap();
+        let tasks = table_in(b.path(), Path::new("/nonexistent/runc"), ContainerState::Stopped);
+        let e = tasks.update("app", RESIZE).await.unwrap_err();
+        assert!(matches!(e, Error::FailedPrecondition(_)), "{e}");
+        assert!(tasks.update("nope", RESIZE).await.is_err());
+    }
+
+    /// An update that comes while a dump runs waits for it and then goes
+    /// where the container is: here, suspended.
+    #[tokio::test]
+    async fn an_update_during_a_dump_waits_for_it() {
+        let b = tempfile::tempdir().unwrap();
+        let tasks = table_in(b.path(), Path::new("/nonexistent/runc"), ContainerState::Dumping { back: Box::new(ContainerState::Running) });
+        let t2 = tasks.clone();
+        let update = tokio::spawn(async move { t2.update("app", RESIZE).await });
+        settle_tasks().await;
+        assert!(!update.is_finished(), "it waits for the dump");
+        assert_eq!(spec_resources(b.path())["cpu"]["shares"], 512);
+        tasks.settle("app", |c| c.state = ContainerState::Suspended { io: ProcessIo::null() });
+        update.await.unwrap().unwrap();
+        assert_eq!(spec_resources(b.path())["cpu"]["shares"], 10);
     }
 
     /// Lets every spawned task run as far as it can.
