@@ -1182,6 +1182,7 @@ mod tests {
             rootfs_upper: None,
             exit_hold: None,
             resources: Arc::default(),
+            oom: None,
         };
         tasks.lock().containers.insert("app".into(), c);
         tasks
