@@ -204,6 +204,19 @@ fn helm_installs_on_the_labelled_node_only_and_upgrades_and_uninstalls_around_a_
     assert!(kubectl(&["-n", NS, "get", "daemonset", "torpor-node"]).success(), "nothing deleted");
     assert_eq!(node_label("node-a", READY_LABEL).as_deref(), Some("true"));
     assert_eq!(a.actor_state(&ns.actor("web")), "SUSPENDED");
+    // Helm records the release as `uninstalling` before it runs the
+    // pre-delete hook, and keeps it so when the hook refuses; an upgrade
+    // then finds "no deployed releases". A rollback to the installed
+    // revision makes it deployed again (README, the cluster section).
+    let status = helm(&["status", RELEASE, "-n", NS, "-o", "json"]);
+    let v: Value = serde_json::from_str(&status.clone().ok()).unwrap_or(Value::Null);
+    assert_eq!(v["info"]["status"], "uninstalling", "{status}");
+    let revision = v["version"].as_u64().unwrap_or_else(|| panic!("no revision in helm status: {v}")).to_string();
+    let out = helm(&["rollback", RELEASE, &revision, "-n", NS, "--wait", "--timeout", "300s"]);
+    assert!(out.success(), "{out}");
+    let v: Value = serde_json::from_str(&helm(&["status", RELEASE, "-n", NS, "-o", "json"]).ok()).unwrap_or(Value::Null);
+    assert_eq!(v["info"]["status"], "deployed", "{v}");
+    assert_eq!(a.actor_state(&ns.actor("web")), "SUSPENDED");
 
     // 5. upgrade while it sleeps: a new tag rolls node-a's pod
     build_node_image("h2");
