@@ -273,8 +273,11 @@ case "$MODE" in
 install) install ;;
 uninstall) uninstall ;;
 prestop)
-	# a hook's output is nobody's: into the container's log
-	exec 2>/proc/1/fd/2
+	# a hook's output is nobody's: into the container's log where the
+	# container's stderr can be opened again (it cannot everywhere: EACCES
+	# seen on the cluster rig; a failed redirection of exec would end the
+	# hook before it uninstalls). Else kubelet logs it if the hook fails.
+	if (: 2>/proc/1/fd/2) 2>/dev/null; then exec 2>/proc/1/fd/2; fi
 	# First: no new torpor pod is scheduled here (the RuntimeClass's nodeSelector).
 	/torpor/bin/torpor-agent node-unready || log "$MODE" "WARNING: could not remove the node's label torpor.dev/ready"
 	left="torpor stays installed on this node ($TORPOR_CONTAINERD_DROPIN, $BIN, $TORPOR_DATA_DIRS); to remove it: install again and run kubectl torpor uninstall, or node.sh uninstall in this image on the node"
