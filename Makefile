@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PREFIX ?= /usr/local
 CARGO ?= cargo
 
-.PHONY: all deps deps-demo build install uninstall demo test unit-test vm-test vm-node-test integration-test bench fuzz clean
+.PHONY: all deps deps-demo build install uninstall demo test unit-test deploy-test vm-test vm-node-test integration-test bench fuzz clean
 
 all: build
 
@@ -43,11 +43,16 @@ demo: deps-demo build
 	scripts/demo.sh
 
 ## test: everything the tests need (make deps: a check when cached), unit tests,
-## the cgroup v2 guest, then the integration tests against a private containerd
-test: deps unit-test vm-test integration-test
+## the deploy checks, the cgroup v2 guest, then the integration tests against a private containerd
+test: deps unit-test deploy-test vm-test integration-test
 
 unit-test:
 	$(CARGO) test --release -p torpor-api -p torpor-store -p torpor-runtime -p torpor-shim -p torporctl -p torpor-snapshotter -p torpor-agent
+
+## deploy-test: the alerts (promtool check/test rules), the Helm chart with its
+## observability values off and on (helm template, lint), the kustomize base
+deploy-test:
+	test/deploy-checks.sh
 
 ## vm-test: the cgroup unit tests and a live cgroup v2 test on a real cgroup v2
 ## kernel, in a qemu guest (test/vm/run.sh; this host's tree is v1)

@@ -12,6 +12,7 @@ use tracing::info;
 
 use crate::actor::identity::Identity;
 use crate::actor::record::Record;
+use crate::actor::report::Trigger;
 use crate::actor::store_client::SnapshotStore;
 use crate::error::{Error, Result};
 use crate::lifecycle::{self, adopt, Actor};
@@ -296,12 +297,12 @@ impl Runtime {
 
     /// SUSPENDED (see [`crate::lifecycle::suspend`]).
     pub async fn suspend(&self) -> Result<Record> {
-        self.actor.suspend().await
+        self.actor.suspend(Trigger::Api).await
     }
 
     /// RUNNING again (see [`crate::lifecycle::resume`]).
     pub async fn resume_actor(&self) -> Result<Record> {
-        self.actor.resume().await
+        self.actor.resume(Trigger::Api).await
     }
 
     /// FROZEN (see [`crate::lifecycle::freeze`]).

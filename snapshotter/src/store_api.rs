@@ -462,6 +462,7 @@ impl api::Store for StoreService {
                 phases: req.phases.iter().map(|p| (p.name.as_str(), p.seconds)).collect(),
                 state: &req.state,
                 dropped: req.dropped,
+                trigger: &req.trigger,
             });
         }
         Ok(api::Empty::new())

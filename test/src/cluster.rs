@@ -764,10 +764,17 @@ impl KubeNode {
     }
 
     /// The installer's settings for this node (deploy/kubernetes/node-env.yaml):
-    /// the rig node's paths, and its kubelet's config (the cgroup driver).
+    /// the rig node's paths, its kubelet's config (the cgroup driver), and
+    /// its metrics ports: the rig's nodes share the host's network, so the
+    /// install's defaults (127.0.0.1:9464 and :9465) would collide.
     pub fn node_env(&self) -> String {
         let st = self.state_dir();
         let shims = self.shim_socket_dir();
+        let metrics = crate::metrics::address_in(&format!("{st}/snapshotter.toml"));
+        let agent_metrics = match metrics.rsplit_once(':').and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?))) {
+            Some((host, port)) => format!("{host}:{}", port + 100),
+            None => panic!("{st}/snapshotter.toml: metrics_address {metrics:?} is not host:port"),
+        };
         format!(
             "{}TORPOR_PREFIX={st}/torpor-node\n\
              TORPOR_CONTAINERD_DROPIN={st}/conf.d/torpor.toml\n\
@@ -777,6 +784,8 @@ impl KubeNode {
              TORPOR_STORE_SOCKET={st}/torpor/store.sock\n\
              TORPOR_SHIM_SOCKET_DIR={shims}\n\
              TORPOR_KUBELET_CONFIG={}/kubelet-{}.yaml\n\
+             TORPOR_METRICS_ADDRESS={metrics}\n\
+             TORPOR_AGENT_METRICS_ADDRESS={agent_metrics}\n\
              export AWS_ACCESS_KEY_ID={}\n\
              export AWS_SECRET_ACCESS_KEY={}\n",
             self.host_pid_setting(),

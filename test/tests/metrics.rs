@@ -1,9 +1,11 @@
 //! The node daemon's Prometheus metrics (docs/METRICS.md), scraped from the
 //! rig's torpor-snapshotter (`metrics_address` in its config, written by
 //! test/rig/up.sh): a suspend and a resume (from the object tier, after
-//! an upload and an eviction) move the lifecycle histograms, the byte
-//! counters and the actors by state; the exposition passes `promtool
-//! check metrics` (built by `make deps`, scripts/deps.sh promtool).
+//! an upload and an eviction) move the lifecycle histograms (the whole
+//! operation's by `trigger`, its phases in a histogram of their own), the
+//! byte counters and the actors by state; a resume woken by a connection
+//! counts as `trigger="connection"`; the exposition passes `promtool check
+//! metrics` (built by `make deps`, scripts/deps.sh promtool).
 //!
 //! The daemon is the node's: other tests' actors count too, so every check
 //! is that a number went up (or that at least one actor is in a state),
@@ -29,7 +31,9 @@ fn suspend_and_resume_move_the_metrics_and_promtool_accepts_them() {
     let promtool = "/usr/local/bin/promtool";
     assert!(std::path::Path::new(promtool).exists(), "{promtool} missing: make deps (scripts/deps.sh promtool) builds it");
     let before = scrape(&addr);
-    let count = |phase: &str, what: &str| format!("torpor_{what}_duration_seconds_count{{phase=\"{phase}\"}}");
+    // The whole operation's count, by trigger; a phase's count.
+    let total = |what: &str, trigger: &str| format!("torpor_{what}_duration_seconds_count{{trigger=\"{trigger}\"}}");
+    let count = |phase: &str, what: &str| format!("torpor_{what}_phase_duration_seconds_count{{phase=\"{phase}\"}}");
 
     // Memory of its own pattern (--seed, a number): chunks no other
     // snapshot has, so that the upload sends them.
@@ -42,7 +46,7 @@ fn suspend_and_resume_move_the_metrics_and_promtool_accepts_them() {
     // The shim's reports arrive on their own (fire-and-forget): waited for.
     let after_suspend = wait_for("the suspend to show in the metrics", LIVENESS, || {
         let m = scrape(&addr);
-        let moved = value(&m, &count("total", "suspend")) > value(&before, &count("total", "suspend"))
+        let moved = value(&m, &total("suspend", "api")) > value(&before, &total("suspend", "api"))
             && value(&m, &count("dump", "suspend")) > value(&before, &count("dump", "suspend"))
             && value(&m, &count("commit", "suspend")) > value(&before, &count("commit", "suspend"))
             && value(&m, r#"torpor_actors{state="suspended"}"#) >= 1.0;
@@ -70,8 +74,8 @@ fn suspend_and_resume_move_the_metrics_and_promtool_accepts_them() {
     // resume's answer.
     let after = wait_for("the resume and its fetch to show in the metrics", LIVENESS, || {
         let m = scrape(&addr);
-        let moved = value(&m, &count("total", "resume")) > value(&before, &count("total", "resume"))
-            && value(&m, &count("total", "fetch")) > value(&before, &count("total", "fetch"))
+        let moved = value(&m, &total("resume", "api")) > value(&before, &total("resume", "api"))
+            && value(&m, "torpor_fetch_duration_seconds_count") > value(&before, "torpor_fetch_duration_seconds_count")
             && value(&m, r#"torpor_actors{state="running"}"#) >= 1.0;
         moved.then_some(m)
     });
@@ -79,7 +83,7 @@ fn suspend_and_resume_move_the_metrics_and_promtool_accepts_them() {
         (count("fetch", "resume"), "the resume's checkout"),
         (count("criu_restore", "resume"), "the resume's restore"),
         (count("upload", "suspend"), "the store's upload"),
-        (count("total", "fetch"), "the store's fetch"),
+        ("torpor_fetch_duration_seconds_count".into(), "the store's fetch"),
         ("torpor_store_uploaded_bytes_total".into(), "bytes uploaded"),
         ("torpor_store_uploaded_chunks_total".into(), "chunks uploaded"),
         ("torpor_store_fetched_bytes_total".into(), "bytes fetched"),
@@ -93,8 +97,17 @@ fn suspend_and_resume_move_the_metrics_and_promtool_accepts_them() {
         assert!(after.contains_key(key), "{key} is exposed: {after:?}");
     }
 
+
+    // Asleep again, woken by a connection: the trigger says so.
+    c.suspend();
+    assert_eq!(c.inc(), 3, "a connection woke it");
+    wait_for("the resume by a connection to show in the metrics", LIVENESS, || {
+        (value(&scrape(&addr), &total("resume", "connection")) > value(&after, &total("resume", "connection"))).then_some(())
+    });
+
     // Never an actor id (or a pod, a snapshot) in a label.
     let (_, text) = get(&addr, "/metrics", None);
+    assert!(!text.contains("phase=\"total\""), "a total is never a phase:\n{text}");
     for id in [c.actor.as_str(), c.shim(), name.as_str()] {
         assert!(!text.contains(id), "{id} appears in the exposition:\n{text}");
     }

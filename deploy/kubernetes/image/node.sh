@@ -61,7 +61,8 @@ TORPOR_CGROUP_DRIVER=                            # systemd|cgroupfs (default: ru
 TORPOR_KUBELET_CONFIG=/var/lib/kubelet/config.yaml
 TORPOR_DATA_DIRS=/var/lib/torpor                 # what an uninstall leaves (snapshot store, actors' state), removed with TORPOR_UNINSTALL_WIPE=1
 TORPOR_UNINSTALL_WIPE=0
-TORPOR_METRICS_ADDRESS="${TORPOR_METRICS_ADDRESS:-}"  # the daemon's metrics_address (the pod's environment; default: the config's)
+TORPOR_METRICS_ADDRESS="${TORPOR_METRICS_ADDRESS:-}"  # the daemon's metrics_address (the pod's environment, 127.0.0.1:9464 in the install; empty: the config's)
+TORPOR_AGENT_METRICS_ADDRESS="${TORPOR_AGENT_METRICS_ADDRESS:-}"  # the agent's --metrics-address (the pod's environment, 127.0.0.1:9465 in the install; empty: off)
 for f in "$IMG/etc/torpor-node/default.env" "$IMG/etc/torpor-node/${NODE_NAME:-}.env"; do
 	if [ -f "$f" ]; then
 		# shellcheck disable=SC1090
@@ -377,6 +378,8 @@ agent)
 	# same path (read-only) and nothing else of the host.
 	awk -v d="$TORPOR_SHIM_SOCKET_DIR" '$5 == d { found = 1 } END { exit !found }' /proc/self/mountinfo ||
 		die "$TORPOR_SHIM_SOCKET_DIR (TORPOR_SHIM_SOCKET_DIR) is not mounted in the agent's container: mount the host's directory at that path (volume shims in daemonset.yaml)"
+	# (a node's own TORPOR_AGENT_METRICS_ADDRESS, from its env file, wins)
+	export TORPOR_AGENT_METRICS_ADDRESS
 	exec /torpor/bin/torpor-agent --socket-dir "$TORPOR_SHIM_SOCKET_DIR"
 	;;
 *) echo "usage: node.sh install|uninstall|prestop|snapshotter|lifecycle|ready|agent" >&2; exit 2 ;;

@@ -70,6 +70,61 @@ impl Op {
     }
 }
 
+/// What started a suspend or a resume: the `trigger` label of the daemon's
+/// `torpor_suspend_duration_seconds` and `torpor_resume_duration_seconds`
+/// (a fixed set, docs/METRICS.md; never an actor or a pod).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// `torporctl`, the kubectl plugin, the agent: the shim's control API.
+    Api,
+    /// A real inbound connection to a held port or a frozen listener.
+    Connection,
+    /// An exec into the suspended or frozen actor (`kubectl exec`, `crictl exec`).
+    Exec,
+    /// The lease fence: its lease confirmed again, a fenced actor is thawed.
+    Fence,
+    /// The idle policy (`torpor.dev/idle-after`).
+    Idle,
+    /// The actor's own request (`/run/torpor/request`).
+    Request,
+    /// The stop of the actor's pod (`torpor.dev/on-stop: suspend`; a thaw of
+    /// the freeze tier for a stop).
+    Stop,
+    /// The end of the freeze tier's window (`torpor.dev/freeze-first`).
+    FreezeWindow,
+    /// The node's memory pressure while in the freeze tier.
+    Pressure,
+}
+
+impl Trigger {
+    /// Every trigger, as the daemon takes them.
+    pub const ALL: [Trigger; 9] = [
+        Trigger::Api,
+        Trigger::Connection,
+        Trigger::Exec,
+        Trigger::Fence,
+        Trigger::Idle,
+        Trigger::Request,
+        Trigger::Stop,
+        Trigger::FreezeWindow,
+        Trigger::Pressure,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Trigger::Api => "api",
+            Trigger::Connection => "connection",
+            Trigger::Exec => "exec",
+            Trigger::Fence => "fence",
+            Trigger::Idle => "idle",
+            Trigger::Request => "request",
+            Trigger::Stop => "stop",
+            Trigger::FreezeWindow => "freeze_window",
+            Trigger::Pressure => "pressure",
+        }
+    }
+}
+
 /// The daemon's name of a state.
 pub fn state_name(s: Lifecycle) -> &'static str {
     match s {
@@ -130,6 +185,28 @@ pub fn phase(name: &'static str) {
 /// refused because the actor is not in a state it starts from (nothing
 /// was done) reports the state only.
 pub async fn operation<T>(store: &Arc<dyn Snapshots>, op: Op, record: impl Fn() -> Option<Record>, run: impl Future<Output = Result<T>>) -> Result<T> {
+    reported(store, op, None, record, run).await
+}
+
+/// [`operation`] of a suspend or a resume, started by `trigger` (told to
+/// the daemon with the outcome).
+pub async fn triggered<T>(
+    store: &Arc<dyn Snapshots>,
+    op: Op,
+    trigger: Trigger,
+    record: impl Fn() -> Option<Record>,
+    run: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    reported(store, op, Some(trigger), record, run).await
+}
+
+async fn reported<T>(
+    store: &Arc<dyn Snapshots>,
+    op: Op,
+    trigger: Option<Trigger>,
+    record: impl Fn() -> Option<Record>,
+    run: impl Future<Output = Result<T>>,
+) -> Result<T> {
     let before = record();
     if let Some((rec, s)) = before.as_ref().and_then(|r| Some((r, op.under_way(r.state)?))) {
         send(store, report(&rec.actor, s));
@@ -145,6 +222,7 @@ pub async fn operation<T>(store: &Arc<dyn Snapshots>, op: Op, record: impl Fn() 
     let after = record();
     let Some(rec) = after.as_ref().or(before.as_ref()) else { return result };
     let mut r = report(&rec.actor, after.as_ref().map_or("", |a| state_name(a.state)));
+    r.trigger = trigger.map_or("", Trigger::name).into();
     match &result {
         Err(Error::WrongState(_)) => {}
         Err(e) => {
@@ -215,6 +293,15 @@ fn report(actor: &str, state: &str) -> api::LifecycleReport {
     r
 }
 
+/// One report in flight (counted in [`IN_FLIGHT`] until dropped).
+struct InFlight;
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Sends `r` from a task of its own (fire-and-forget, see the module doc).
 fn send(store: &Arc<dyn Snapshots>, mut r: api::LifecycleReport) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -228,10 +315,13 @@ fn send(store: &Arc<dyn Snapshots>, mut r: api::LifecycleReport) {
         return;
     }
     let store = store.clone();
+    // Given back when the task ends, and when it never runs to its end (its
+    // runtime shut down first: the tests' runtimes, one per test).
+    let in_flight = InFlight;
     rt.spawn(async move {
         r.dropped = DROPPED.swap(0, Ordering::Relaxed);
         let sent = tokio::time::timeout(DEADLINE, store.report_lifecycle(&r)).await;
-        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+        drop(in_flight);
         let failed = match sent {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e.to_string()),

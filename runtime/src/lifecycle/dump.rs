@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use tracing::{info, warn};
 
 use crate::actor::record::{self, FreezeTier, Lifecycle, Record, StagingRecord};
-use crate::actor::report::{self, Op};
+use crate::actor::report::{self, Op, Trigger};
 use crate::actor::seal;
 use crate::actor::store_client::{SnapshotRef, Staging};
 use crate::error::{Error, IoContext, Result, StoreErrorKind};
@@ -43,8 +43,9 @@ impl Actor {
     /// SUSPENDED: checkpoint every app container and free its memory. With
     /// `only_in`, only while the actor is still in that freeze-tier window
     /// (its end, memory pressure); `WrongState` if it left it meanwhile.
-    pub(crate) async fn checkpoint(&self, only_in: Option<FreezeTier>) -> Result<Record> {
-        report::operation(&self.store, Op::Suspend, || self.record(), self.checkpoint_unreported(only_in)).await
+    /// `trigger`: what asked for it.
+    pub(crate) async fn checkpoint(&self, only_in: Option<FreezeTier>, trigger: Trigger) -> Result<Record> {
+        report::triggered(&self.store, Op::Suspend, trigger, || self.record(), self.checkpoint_unreported(only_in)).await
     }
 
     async fn checkpoint_unreported(&self, only_in: Option<FreezeTier>) -> Result<Record> {

@@ -10,7 +10,7 @@ use std::time::Instant;
 use tracing::{info, warn};
 
 use crate::actor::record::{self, Lifecycle, Record};
-use crate::actor::report::{self, Op};
+use crate::actor::report::{self, Op, Trigger};
 use crate::actor::store_client::{Checkout, SnapshotRef};
 use crate::error::{Error, Result, StoreErrorKind};
 use crate::failpoint;
@@ -21,9 +21,9 @@ use crate::lifecycle::{lock, name_of, Actor};
 use crate::task::{ExitHold, Status};
 
 impl Actor {
-    /// RUNNING again (see the module doc).
-    pub async fn resume(&self) -> Result<Record> {
-        report::operation(&self.store, Op::Resume, || self.record(), self.resume_unreported()).await
+    /// RUNNING again (see the module doc), woken by `trigger`.
+    pub async fn resume(&self, trigger: Trigger) -> Result<Record> {
+        report::triggered(&self.store, Op::Resume, trigger, || self.record(), self.resume_unreported()).await
     }
 
     async fn resume_unreported(&self) -> Result<Record> {
@@ -50,7 +50,7 @@ impl Actor {
             _ => return Ok(()),
         };
         if matches!(state, Lifecycle::Suspended | Lifecycle::Frozen) {
-            self.resume().await?;
+            self.resume(Trigger::Exec).await?;
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::actor::record::{self, FreezeTier, Lifecycle, Record};
-use crate::actor::report::{self, Op};
+use crate::actor::report::{self, Op, Trigger};
 use crate::error::{Error, Result};
 use crate::lifecycle::{lock, Actor};
 
@@ -18,12 +18,13 @@ impl Actor {
     /// A suspend (the idle policy, the actor's request, `torporctl`): with
     /// `torpor.dev/freeze-first`, a RUNNING actor goes to the freeze tier
     /// first ([`crate::lifecycle::freeze`]) and one already there is
-    /// checkpointed at once; otherwise the checkpoint.
-    pub async fn suspend(&self) -> Result<Record> {
+    /// checkpointed at once; otherwise the checkpoint. `trigger`: what
+    /// asked for it (the daemon's metrics).
+    pub async fn suspend(&self, trigger: Trigger) -> Result<Record> {
         if let Some(rec) = self.suspend_to_freeze_tier().await? {
             return Ok(rec);
         }
-        self.checkpoint(None).await
+        self.checkpoint(None, trigger).await
     }
 
     /// The stop of app container `id` (SIGTERM) of an actor with
@@ -38,7 +39,7 @@ impl Actor {
             // A frozen process does not take the signal: an actor in the
             // freeze tier is thawed for its stop.
             if self.record().is_some_and(|r| r.in_freeze_tier()) {
-                let thaw = report::operation(&self.store, Op::Resume, || self.record(), self.thaw_freeze_tier());
+                let thaw = report::triggered(&self.store, Op::Resume, Trigger::Stop, || self.record(), self.thaw_freeze_tier());
                 if let Err(e) = thaw.await {
                     warn!(container = id, "thaw of the freeze tier for a stop: {e}");
                 }
@@ -51,7 +52,7 @@ impl Actor {
             return;
         }
         // A checkpoint, never the freeze tier: the pod is going away.
-        match self.checkpoint(None).await {
+        match self.checkpoint(None, Trigger::Stop).await {
             Ok(rec) => info!(actor = rec.actor.as_str(), container = id, generation = rec.generation, "suspended on stop (torpor.dev/on-stop: suspend)"),
             Err(e) => warn!(container = id, "suspend on stop failed, the container stops without it: {e}"),
         }

@@ -19,6 +19,7 @@ use torpor_api::store as api;
 use super::{lock, Actor, Config};
 use crate::actor::identity::Identity;
 use crate::actor::record::{Lifecycle, Record, StagingRecord, Store};
+use crate::actor::report::Trigger;
 use crate::actor::snapshots::Snapshots;
 use crate::actor::store_client::{Checkout, Grant, SnapshotRef, Staging, StreamDone};
 use crate::error::{Error, Result, StoreErrorKind};
@@ -207,6 +208,8 @@ pub(crate) struct StubStore {
     validity: Mutex<Duration>,
     /// Lease confirmations answered.
     confirms: Mutex<usize>,
+    /// Lifecycle reports received: (op, outcome, trigger).
+    reports: Mutex<Vec<(String, String, String)>>,
 }
 
 impl StubStore {
@@ -217,6 +220,7 @@ impl StubStore {
             fail: Mutex::default(),
             validity: Mutex::new(Duration::from_secs(60)),
             confirms: Mutex::default(),
+            reports: Mutex::default(),
         })
     }
 
@@ -321,7 +325,10 @@ impl Snapshots for StubStore {
     async fn remove_all_logged(&self, actor: &str) {
         lock(&self.held).snapshots.retain(|(s, _)| s.actor != actor);
     }
-    async fn report_lifecycle(&self, _report: &api::LifecycleReport) -> Result<()> {
+    async fn report_lifecycle(&self, report: &api::LifecycleReport) -> Result<()> {
+        if !report.op.is_empty() {
+            lock(&self.reports).push((report.op.clone(), report.outcome.clone(), report.trigger.clone()));
+        }
         Ok(())
     }
 }
@@ -364,7 +371,7 @@ impl Rig {
     /// `restore_takes`, and the lease confirmations from now on say the
     /// lease holds for `validity`.
     pub(crate) async fn suspended_with(&self, restore_takes: Duration, validity: Duration) {
-        self.actor.suspend().await.unwrap();
+        self.actor.suspend(Trigger::Api).await.unwrap();
         self.actor.wait_commit().await.unwrap();
         *lock(&self.tasks.takes) = restore_takes;
         *lock(&self.store.validity) = validity;
@@ -383,7 +390,7 @@ impl Rig {
 #[tokio::test]
 async fn a_suspend_dumps_every_container_and_a_resume_restores_them() {
     let r = rig(&["c1", "c2"]).await;
-    let rec = r.actor.suspend().await.unwrap();
+    let rec = r.actor.suspend(Trigger::Api).await.unwrap();
     assert_eq!(rec.state, Lifecycle::Suspended);
     assert_eq!(rec.generation, 1);
     assert_eq!(r.tasks.calls("dump"), ["dump:c1", "dump:c2"]);
@@ -393,7 +400,7 @@ async fn a_suspend_dumps_every_container_and_a_resume_restores_them() {
     let rec = r.rec();
     assert!(rec.snapshot.is_some() && rec.staging.is_none(), "{rec:?}");
 
-    let rec = r.actor.resume().await.unwrap();
+    let rec = r.actor.resume(Trigger::Api).await.unwrap();
     assert_eq!(rec.state, Lifecycle::Running);
     assert_eq!(r.tasks.calls("restore"), ["restore:c1", "restore:c2"]);
     assert!(!r.tasks.is_suspended("c1") && !r.tasks.is_suspended("c2"));
@@ -409,9 +416,9 @@ async fn a_suspend_dumps_every_container_and_a_resume_restores_them() {
 async fn a_resume_before_the_commit_restores_from_the_staging() {
     let r = rig(&["c1"]).await;
     r.store.fail("commit");
-    r.actor.suspend().await.unwrap();
+    r.actor.suspend(Trigger::Api).await.unwrap();
     assert!(r.actor.wait_commit().await.is_err(), "the commit fails (and is retried)");
-    let rec = r.actor.resume().await.unwrap();
+    let rec = r.actor.resume(Trigger::Api).await.unwrap();
     assert_eq!(rec.state, Lifecycle::Running);
     let staging = lock(&r.store.held).stagings.values().next().cloned().unwrap();
     assert_eq!(*lock(&r.tasks.restored_from), [staging.join("c1")], "a view of the staging");
@@ -421,7 +428,7 @@ async fn a_resume_before_the_commit_restores_from_the_staging() {
 async fn a_suspend_without_the_store_is_refused_and_touches_nothing() {
     let r = rig(&["c1"]).await;
     r.store.fail("begin_staging");
-    let e = r.actor.suspend().await.unwrap_err();
+    let e = r.actor.suspend(Trigger::Api).await.unwrap_err();
     assert!(e.is_store(StoreErrorKind::Unavailable), "{e}");
     let rec = r.rec();
     assert_eq!(rec.state, Lifecycle::Running);
@@ -434,7 +441,7 @@ async fn a_suspend_without_the_store_is_refused_and_touches_nothing() {
 async fn a_failed_dump_rolls_the_suspend_back() {
     let r = rig(&["c1", "c2"]).await;
     r.tasks.fail("dump:c2");
-    let e = r.actor.suspend().await.unwrap_err();
+    let e = r.actor.suspend(Trigger::Api).await.unwrap_err();
     assert!(e.to_string().contains("dump:c2"), "{e}");
     let rec = r.rec();
     assert_eq!(rec.state, Lifecycle::Running);
@@ -454,7 +461,7 @@ async fn a_frozen_actor_whose_dump_fails_is_frozen_again() {
     let r = rig(&["c1"]).await;
     r.actor.freeze().await.unwrap();
     r.tasks.fail("dump:c1");
-    r.actor.suspend().await.unwrap_err();
+    r.actor.suspend(Trigger::Api).await.unwrap_err();
     assert_eq!(r.rec().state, Lifecycle::Frozen);
     assert_eq!(r.tasks.status_of("c1"), (Status::Paused, false));
 }
@@ -462,10 +469,10 @@ async fn a_frozen_actor_whose_dump_fails_is_frozen_again() {
 #[tokio::test]
 async fn a_resume_without_the_lease_is_refused_and_the_actor_stays_suspended() {
     let r = rig(&["c1"]).await;
-    r.actor.suspend().await.unwrap();
+    r.actor.suspend(Trigger::Api).await.unwrap();
     r.actor.wait_commit().await.unwrap();
     r.store.fail("confirm");
-    let e = r.actor.resume().await.unwrap_err();
+    let e = r.actor.resume(Trigger::Api).await.unwrap_err();
     assert!(e.is_store(StoreErrorKind::LeaseLost), "{e}");
     let rec = r.rec();
     assert_eq!(rec.state, Lifecycle::Suspended);
@@ -473,16 +480,16 @@ async fn a_resume_without_the_lease_is_refused_and_the_actor_stays_suspended() {
     assert!(r.tasks.calls("restore").is_empty());
     // Once the lease is confirmed again, the resume goes through.
     r.store.heal("confirm");
-    assert_eq!(r.actor.resume().await.unwrap().state, Lifecycle::Running);
+    assert_eq!(r.actor.resume(Trigger::Api).await.unwrap().state, Lifecycle::Running);
 }
 
 #[tokio::test]
 async fn a_resume_from_an_unreachable_snapshot_is_refused() {
     let r = rig(&["c1"]).await;
-    r.actor.suspend().await.unwrap();
+    r.actor.suspend(Trigger::Api).await.unwrap();
     r.actor.wait_commit().await.unwrap();
     r.store.fail("checkout");
-    let e = r.actor.resume().await.unwrap_err();
+    let e = r.actor.resume(Trigger::Api).await.unwrap_err();
     assert!(e.to_string().contains("from snapshot ns/a@"), "{e}");
     let rec = r.rec();
     assert_eq!(rec.state, Lifecycle::Suspended);
@@ -493,11 +500,11 @@ async fn a_resume_from_an_unreachable_snapshot_is_refused() {
 #[tokio::test]
 async fn images_that_do_not_match_their_seal_are_never_restored() {
     let r = rig(&["c1"]).await;
-    let rec = r.actor.suspend().await.unwrap();
+    let rec = r.actor.suspend(Trigger::Api).await.unwrap();
     r.actor.wait_commit().await.unwrap();
     let snap_dir = r.store.path_of(r.rec().snapshot.as_ref().unwrap()).unwrap();
     std::fs::write(snap_dir.join("c1").join("inventory.img"), "tampered").unwrap();
-    let e = r.actor.resume().await.unwrap_err();
+    let e = r.actor.resume(Trigger::Api).await.unwrap_err();
     assert!(matches!(e, Error::Corrupt(_)) || e.to_string().contains("seal"), "{e}");
     let after = r.rec();
     assert_eq!(after.state, Lifecycle::Suspended);
@@ -509,10 +516,10 @@ async fn images_that_do_not_match_their_seal_are_never_restored() {
 #[tokio::test]
 async fn a_failed_restore_suspends_the_restored_containers_again() {
     let r = rig(&["c1", "c2"]).await;
-    r.actor.suspend().await.unwrap();
+    r.actor.suspend(Trigger::Api).await.unwrap();
     r.actor.wait_commit().await.unwrap();
     r.tasks.fail("restore:c2");
-    r.actor.resume().await.unwrap_err();
+    r.actor.resume(Trigger::Api).await.unwrap_err();
     let rec = r.rec();
     assert_eq!(rec.state, Lifecycle::Suspended);
     assert!(rec.last_error.unwrap().contains("restore:c2"));
@@ -526,10 +533,10 @@ async fn a_failed_restore_suspends_the_restored_containers_again() {
 async fn a_failed_restore_starts_cold_when_the_actor_asks() {
     let spec = ActorSpec { actor: Some(ACTOR.into()), on_restore_failure: OnRestoreFailure::ColdStart, ..Default::default() };
     let r = rig_with(&["c1"], spec, None).await;
-    r.actor.suspend().await.unwrap();
+    r.actor.suspend(Trigger::Api).await.unwrap();
     r.actor.wait_commit().await.unwrap();
     r.tasks.fail("restore:c1");
-    let rec = r.actor.resume().await.unwrap();
+    let rec = r.actor.resume(Trigger::Api).await.unwrap();
     assert_eq!(rec.state, Lifecycle::Running);
     assert!(rec.last_error.unwrap().starts_with("restore failed, started cold"));
     assert_eq!(r.tasks.calls("cold_start"), ["cold_start:c1"]);
@@ -543,7 +550,7 @@ async fn a_freeze_pauses_and_a_resume_thaws() {
     assert_eq!(r.tasks.status_of("c1").0, Status::Paused);
     let e = r.actor.freeze().await.unwrap_err();
     assert!(matches!(e, Error::WrongState(_)), "a frozen actor is not frozen again: {e}");
-    let rec = r.actor.resume().await.unwrap();
+    let rec = r.actor.resume(Trigger::Api).await.unwrap();
     assert_eq!(rec.state, Lifecycle::Running);
     assert_eq!(r.tasks.status_of("c2").0, Status::Running);
     assert!(r.tasks.calls("restore").is_empty(), "a thaw, no restore");
@@ -564,20 +571,20 @@ async fn a_freeze_that_cannot_pause_every_container_thaws_the_others() {
 async fn the_freeze_tier_thaws_on_a_resume_and_checkpoints_on_a_second_suspend() {
     let spec = ActorSpec { actor: Some(ACTOR.into()), freeze_first: Some(Duration::from_secs(30)), ..Default::default() };
     let r = rig_with(&["c1"], spec, None).await;
-    let rec = r.actor.suspend().await.unwrap();
+    let rec = r.actor.suspend(Trigger::Api).await.unwrap();
     assert_eq!(rec.state, Lifecycle::Frozen);
     let tier = r.actor.freeze_tier().expect("in the freeze tier");
     assert!(r.actor.frozen_in_tier("c1"));
     assert!(r.tasks.calls("dump").is_empty());
     // A resume within the window is a thaw.
-    assert_eq!(r.actor.resume().await.unwrap().state, Lifecycle::Running);
+    assert_eq!(r.actor.resume(Trigger::Api).await.unwrap().state, Lifecycle::Running);
     assert!(r.actor.freeze_tier().is_none());
     // The window that ended is no longer the actor's: its checkpoint is refused.
-    let e = r.actor.checkpoint(Some(tier)).await.unwrap_err();
+    let e = r.actor.checkpoint(Some(tier), Trigger::FreezeWindow).await.unwrap_err();
     assert!(matches!(e, Error::WrongState(_)), "{e}");
     // Frozen again; a second suspend checkpoints at once.
-    r.actor.suspend().await.unwrap();
-    let rec = r.actor.suspend().await.unwrap();
+    r.actor.suspend(Trigger::Api).await.unwrap();
+    let rec = r.actor.suspend(Trigger::Api).await.unwrap();
     assert_eq!(rec.state, Lifecycle::Suspended);
     assert!(rec.freeze_tier.is_none());
     assert_eq!(r.tasks.calls("dump"), ["dump:c1"]);
@@ -587,10 +594,10 @@ async fn the_freeze_tier_thaws_on_a_resume_and_checkpoints_on_a_second_suspend()
 async fn a_failed_checkpoint_of_the_freeze_tier_leaves_the_actor_thawed_and_running() {
     let spec = ActorSpec { actor: Some(ACTOR.into()), freeze_first: Some(Duration::from_secs(30)), ..Default::default() };
     let r = rig_with(&["c1"], spec, None).await;
-    r.actor.suspend().await.unwrap();
+    r.actor.suspend(Trigger::Api).await.unwrap();
     let tier = r.actor.freeze_tier().unwrap();
     r.store.fail("begin_staging");
-    r.actor.checkpoint(Some(tier)).await.unwrap_err();
+    r.actor.checkpoint(Some(tier), Trigger::FreezeWindow).await.unwrap_err();
     let rec = r.rec();
     assert_eq!(rec.state, Lifecycle::Running);
     assert!(rec.freeze_tier.is_none());
@@ -611,7 +618,7 @@ async fn a_stop_suspends_an_actor_that_asks_for_it() {
 async fn a_stop_thaws_the_freeze_tier_of_an_actor_that_does_not_suspend_on_stop() {
     let spec = ActorSpec { actor: Some(ACTOR.into()), freeze_first: Some(Duration::from_secs(30)), ..Default::default() };
     let r = rig_with(&["c1"], spec, None).await;
-    r.actor.suspend().await.unwrap();
+    r.actor.suspend(Trigger::Api).await.unwrap();
     r.actor.suspend_on_stop("c1").await;
     assert_eq!(r.rec().state, Lifecycle::Running);
     assert_eq!(r.tasks.status_of("c1").0, Status::Running, "a frozen process would not take the signal");
@@ -632,7 +639,7 @@ async fn new_pod(store: &Arc<StubStore>) -> Rig {
 #[tokio::test]
 async fn a_new_pod_adopts_the_actors_snapshot() {
     let old = rig(&["c1"]).await;
-    old.actor.suspend().await.unwrap();
+    old.actor.suspend(Trigger::Api).await.unwrap();
     old.actor.wait_commit().await.unwrap();
     let snap = old.rec().snapshot.unwrap();
 
@@ -661,7 +668,7 @@ async fn a_new_pod_adopts_the_actors_snapshot() {
 #[tokio::test]
 async fn an_adoption_whose_snapshot_cannot_be_checked_out_fails_the_create_and_asks_again() {
     let old = rig(&["c1"]).await;
-    old.actor.suspend().await.unwrap();
+    old.actor.suspend(Trigger::Api).await.unwrap();
     old.actor.wait_commit().await.unwrap();
     let new = new_pod(&old.store).await;
     let identity = Identity { actor: ACTOR.into(), container: "c1".into() };
@@ -737,7 +744,7 @@ async fn a_restore_slower_than_the_leases_validity_confirms_it_again() {
     let r = rig(&["c1"]).await;
     r.suspended_with(Duration::from_millis(400), Duration::from_millis(300)).await;
     let before = r.confirms();
-    let rec = r.actor.resume().await.unwrap();
+    let rec = r.actor.resume(Trigger::Api).await.unwrap();
     assert_eq!(rec.state, Lifecycle::Running);
     assert_eq!(r.confirms() - before, 2, "confirmed at the start and again after the slow restore");
     let left = r.actor.lease_valid_until().unwrap().saturating_sub(crate::actor::record::now_ms());
@@ -745,7 +752,7 @@ async fn a_restore_slower_than_the_leases_validity_confirms_it_again() {
     // A fast resume asks once.
     r.suspended_with(Duration::ZERO, Duration::from_secs(60)).await;
     let before = r.confirms();
-    r.actor.resume().await.unwrap();
+    r.actor.resume(Trigger::Api).await.unwrap();
     assert_eq!(r.confirms() - before, 1);
 }
 
@@ -756,6 +763,38 @@ async fn a_thaw_slower_than_the_leases_validity_confirms_it_again() {
     *lock(&r.tasks.takes) = Duration::from_millis(400);
     *lock(&r.store.validity) = Duration::from_millis(300);
     let before = r.confirms();
-    assert_eq!(r.actor.resume().await.unwrap().state, Lifecycle::Running);
+    assert_eq!(r.actor.resume(Trigger::Api).await.unwrap().state, Lifecycle::Running);
     assert_eq!(r.confirms() - before, 2);
+}
+
+/// Each suspend and resume tells the daemon what started it (the
+/// `trigger` label of its metrics): the caller's, whichever path it took.
+#[tokio::test]
+async fn suspends_and_resumes_report_their_trigger() {
+    let r = rig(&["c1"]).await;
+    r.actor.suspend(Trigger::Idle).await.unwrap();
+    r.actor.wait_commit().await.unwrap();
+    r.actor.resume(Trigger::Connection).await.unwrap();
+    r.actor.suspend(Trigger::Request).await.unwrap();
+    r.actor.wait_commit().await.unwrap();
+    // An exec into a suspended actor wakes it.
+    r.actor.ensure_running("c1").await.unwrap();
+    assert_eq!(r.rec().state, Lifecycle::Running);
+    let want = [("suspend", "idle"), ("resume", "connection"), ("suspend", "request"), ("resume", "exec")];
+    // The reports travel from tasks of their own.
+    let mut got = Vec::new();
+    for _ in 0..200 {
+        got = lock(&r.store.reports).iter().filter(|(op, outcome, _)| outcome == "ok" && op != "commit").cloned().collect::<Vec<_>>();
+        if got.len() >= want.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    got.sort();
+    let mut want: Vec<(String, String, String)> = want.iter().map(|(op, t)| (op.to_string(), "ok".to_string(), t.to_string())).collect();
+    want.sort();
+    assert_eq!(got, want);
+    // Every trigger has a name of its own.
+    let names: HashSet<&str> = Trigger::ALL.iter().map(|t| t.name()).collect();
+    assert_eq!(names.len(), Trigger::ALL.len());
 }

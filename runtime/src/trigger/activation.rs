@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+use crate::actor::report::Trigger;
 use crate::error::Error;
 use crate::lifecycle::Actor;
 
@@ -25,7 +26,7 @@ pub fn start(actor: &Actor, mut wake: mpsc::UnboundedReceiver<()>) {
         let mut backoff = FIRST_BACKOFF;
         while wake.recv().await.is_some() {
             loop {
-                match actor.resume().await {
+                match actor.resume(Trigger::Connection).await {
                     Ok(_) => {
                         info!("actor resumed by an inbound connection");
                         backoff = FIRST_BACKOFF;

@@ -24,6 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tracing::{debug, info, warn};
 
+use crate::actor::report::Trigger;
 use crate::actor::Lifecycle;
 use crate::error::{Error, StoreErrorKind};
 use crate::lifecycle::Actor;
@@ -80,7 +81,7 @@ async fn pass(actor: &Actor, group: &str) {
             Ok(None) => {}
             Ok(Some(_)) => {
                 if fenced {
-                    match actor.resume().await {
+                    match actor.resume(Trigger::Fence).await {
                         Ok(_) => info!(actor = rec.actor.as_str(), "lease confirmed again: actor thawed"),
                         Err(e) => warn!(actor = rec.actor.as_str(), "lease confirmed again, but the thaw failed: {e}"),
                     }
@@ -116,6 +117,7 @@ mod tests {
     use std::time::Duration;
 
     use super::pass;
+    use crate::actor::report::Trigger;
     use crate::actor::Lifecycle;
     use crate::lifecycle::tests::rig;
 
@@ -127,7 +129,7 @@ mod tests {
     async fn the_pass_after_a_slow_resume_leaves_the_actor_running() {
         let r = rig(&["c1"]).await;
         r.suspended_with(Duration::from_millis(400), Duration::from_millis(300)).await;
-        assert_eq!(r.actor.resume().await.unwrap().state, Lifecycle::Running);
+        assert_eq!(r.actor.resume(Trigger::Api).await.unwrap().state, Lifecycle::Running);
         pass(&r.actor, "shim-1").await;
         let rec = r.rec();
         assert_eq!(rec.state, Lifecycle::Running, "{rec:?}");

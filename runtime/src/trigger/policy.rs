@@ -73,6 +73,7 @@ use std::time::{Duration, Instant};
 use tracing::{debug, error, info, warn};
 
 use crate::actor::record::{now_ms, FreezeTier, Record};
+use crate::actor::report::Trigger;
 use crate::actor::Lifecycle;
 use crate::error::{Error, Result};
 use crate::failpoint;
@@ -204,7 +205,7 @@ pub fn start(actor: &Actor, group: String) {
                 };
                 if let Some(req) = take_request(&group) {
                     match req {
-                        Request::Suspend => match rt.suspend().await {
+                        Request::Suspend => match rt.suspend(Trigger::Request).await {
                             Ok(_) => info!(actor = rec.actor.as_str(), "suspended at the actor's request"),
                             Err(e) => warn!(actor = rec.actor.as_str(), "the actor's suspend request failed: {e}"),
                         },
@@ -231,7 +232,7 @@ pub fn start(actor: &Actor, group: String) {
                 if busy {
                     quiet_since = Instant::now();
                 } else if quiet_since.elapsed() >= idle_after {
-                    match rt.suspend().await {
+                    match rt.suspend(Trigger::Idle).await {
                         Ok(_) => info!(actor = rec.actor.as_str(), idle_after = ?idle_after, "suspended: idle"),
                         Err(e) => warn!(actor = rec.actor.as_str(), "idle suspend failed: {e}"),
                     }
@@ -355,20 +356,20 @@ fn meminfo_kib(text: &str, key: &str) -> Option<u64> {
 }
 
 /// What the window timer does now with the freeze tier `tier` at `now_ms`:
-/// wait (how long at most), or checkpoint (why).
+/// wait (how long at most), or checkpoint (what triggers it, why).
 #[derive(Debug, PartialEq)]
 enum WindowStep {
     Wait(Duration),
-    Checkpoint(String),
+    Checkpoint(Trigger, String),
 }
 
 fn window_step(tier: FreezeTier, now_ms: u64, pressure: impl FnOnce() -> Option<String>) -> WindowStep {
     let left = tier.left(now_ms);
     if left.is_zero() {
-        return WindowStep::Checkpoint("the freeze-first window ended".into());
+        return WindowStep::Checkpoint(Trigger::FreezeWindow, "the freeze-first window ended".into());
     }
     match pressure() {
-        Some(why) => WindowStep::Checkpoint(format!("{why}: checkpointed before the freeze-first window ended")),
+        Some(why) => WindowStep::Checkpoint(Trigger::Pressure, format!("{why}: checkpointed before the freeze-first window ended")),
         None => WindowStep::Wait(left.min(PRESSURE_POLL)),
     }
 }
@@ -392,7 +393,7 @@ fn start_freeze_window(actor: &Actor, group: String, pressure: Pressure) {
                         _ = tokio::time::sleep(d) => {}
                     }
                 }
-                WindowStep::Checkpoint(why) => match end_freeze_tier(&rt, tier, &why).await {
+                WindowStep::Checkpoint(trigger, why) => match end_freeze_tier(&rt, tier, trigger, &why).await {
                     Ok(rec) => info!(actor = rec.actor.as_str(), why = why.as_str(), "freeze tier: checkpointed"),
                     Err(Error::WrongState(m)) => debug!("freeze tier: nothing to checkpoint: {m}"),
                     Err(e) => {
@@ -406,11 +407,11 @@ fn start_freeze_window(actor: &Actor, group: String, pressure: Pressure) {
 }
 
 /// The checkpoint that ends the freeze tier window `tier` (its end, or
-/// memory pressure: `why`). `WrongState` when the actor left that window
-/// meanwhile (thawed, checkpointed).
-async fn end_freeze_tier(actor: &Actor, tier: FreezeTier, why: &str) -> Result<Record> {
+/// memory pressure: `trigger`, `why`). `WrongState` when the actor left
+/// that window meanwhile (thawed, checkpointed).
+async fn end_freeze_tier(actor: &Actor, tier: FreezeTier, trigger: Trigger, why: &str) -> Result<Record> {
     info!(why, "freeze tier: checkpointing the frozen actor");
-    actor.checkpoint(Some(tier)).await
+    actor.checkpoint(Some(tier), trigger).await
 }
 
 /// CPU of the actor's containers and its pod network's activity, now:
@@ -504,14 +505,16 @@ mod tests {
         assert_eq!(window_step(tier, 12_000, || None), WindowStep::Wait(Duration::from_millis(500)));
         // Its end, even under pressure; pressure before it.
         match window_step(tier, 12_500, || panic!("pressure is not read once the window ended")) {
-            WindowStep::Checkpoint(why) => assert!(why.contains("window ended"), "{why}"),
+            WindowStep::Checkpoint(trigger, why) => assert!(trigger == Trigger::FreezeWindow && why.contains("window ended"), "{why}"),
             w => panic!("{w:?}"),
         }
         match window_step(tier, 10_001, || Some("memory pressure: x".into())) {
-            WindowStep::Checkpoint(why) => assert!(why.starts_with("memory pressure: x") && why.contains("before"), "{why}"),
+            WindowStep::Checkpoint(trigger, why) => {
+                assert!(trigger == Trigger::Pressure && why.starts_with("memory pressure: x") && why.contains("before"), "{why}")
+            }
             w => panic!("{w:?}"),
         }
-        assert!(matches!(window_step(tier, 99_999, || None), WindowStep::Checkpoint(_)));
+        assert!(matches!(window_step(tier, 99_999, || None), WindowStep::Checkpoint(Trigger::FreezeWindow, _)));
     }
 
     #[test]

@@ -1,7 +1,9 @@
-//! What the shims report (`ReportLifecycle`): the durations of each phase
-//! of a suspend, resume or restore, the outcome of every lifecycle
-//! operation and the class of its failure, and each actor's last known
-//! state, from which `torpor_actors{state}` is counted at each scrape.
+//! What the shims report (`ReportLifecycle`): how long each suspend,
+//! resume or restore took (by what started it: `trigger`) and each of its
+//! phases (a histogram of their own: a sum over phases never counts the
+//! total twice), the outcome of every lifecycle operation and the class of
+//! its failure, and each actor's last known state, from which
+//! `torpor_actors{state}` is counted at each scrape.
 //!
 //! Reports arrive fire-and-forget and possibly out of order (each is sent
 //! from a task of its own): a state older (by the shim's sequence number)
@@ -42,10 +44,16 @@ pub const REASONS: &[&str] = &[
     "not_found",
     "other",
 ];
-/// The phases each histogram takes (anything else is ignored).
-const SUSPEND_PHASES: &[&str] = &["prepare", "freeze", "dump", "fsync", "commit", "upload", "total"];
-const RESUME_PHASES: &[&str] = &["prepare", "fetch", "criu_restore", "handover", "total"];
-const RESTORE_PHASES: &[&str] = &["fetch", "criu_restore", "total"];
+/// What started a suspend or a resume (`trigger`; the shim's
+/// `torpor_runtime::actor::report::Trigger`). Unknown or not told: `other`.
+pub const TRIGGERS: &[&str] = &["api", "connection", "exec", "fence", "idle", "request", "stop", "freeze_window", "pressure", "other"];
+/// The phases each phase histogram takes (anything else is ignored; a
+/// report's `total` goes to the operation's own histogram).
+pub const SUSPEND_PHASES: &[&str] = &["prepare", "freeze", "dump", "fsync", "commit", "upload"];
+pub const RESUME_PHASES: &[&str] = &["prepare", "fetch", "criu_restore", "handover"];
+pub const RESTORE_PHASES: &[&str] = &["fetch", "criu_restore"];
+/// The phase whose duration is the whole operation's.
+const TOTAL: &str = "total";
 /// At most this many actors are tracked (a node runs far fewer); reports
 /// of further ones are counted as refused.
 pub const MAX_ACTORS: usize = 65_536;
@@ -55,6 +63,11 @@ const MAX_SECONDS: f64 = 30.0 * 24.0 * 3600.0;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabels {
     phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TriggerLabels {
+    trigger: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -75,6 +88,7 @@ struct ReportLabels {
 }
 
 type Histograms = Family<PhaseLabels, Histogram, fn() -> Histogram>;
+type ByTrigger = Family<TriggerLabels, Histogram, fn() -> Histogram>;
 
 /// Buckets from 5 ms to ~82 s (doubling), and +Inf: a freeze takes
 /// milliseconds, a dump or a fetch of a large actor tens of seconds.
@@ -94,6 +108,7 @@ pub struct Report<'a> {
     pub phases: Vec<(&'a str, f64)>,
     pub state: &'a str,
     pub dropped: u64,
+    pub trigger: &'a str,
 }
 
 #[derive(Debug)]
@@ -142,10 +157,13 @@ impl Collector for ActorTable {
 /// The lifecycle metrics (see the module doc).
 #[derive(Debug)]
 pub struct Lifecycle {
-    suspend: Histograms,
-    resume: Histograms,
-    restore: Histograms,
-    fetch: Histograms,
+    suspend: ByTrigger,
+    suspend_phases: Histograms,
+    resume: ByTrigger,
+    resume_phases: Histograms,
+    restore: Histogram,
+    restore_phases: Histograms,
+    fetch: Histogram,
     ops: Family<OpLabels, Counter>,
     failures: Family<FailureLabels, Counter>,
     reports: Family<ReportLabels, Counter>,
@@ -162,39 +180,62 @@ impl Lifecycle {
     /// The metrics, registered in `registry`.
     pub fn new(registry: &mut Registry) -> Lifecycle {
         let h = || Histograms::new_with_constructor(duration_histogram as fn() -> Histogram);
+        let t = || ByTrigger::new_with_constructor(duration_histogram as fn() -> Histogram);
         let l = Lifecycle {
-            suspend: h(),
-            resume: h(),
-            restore: h(),
-            fetch: h(),
+            suspend: t(),
+            suspend_phases: h(),
+            resume: t(),
+            resume_phases: h(),
+            restore: duration_histogram(),
+            restore_phases: h(),
+            fetch: duration_histogram(),
             ops: Family::default(),
             failures: Family::default(),
             reports: Family::default(),
             dropped: Counter::default(),
             actors: Default::default(),
         };
+        let seconds = || prometheus_client::registry::Unit::Seconds;
         registry.register_with_unit(
             "torpor_suspend_duration",
-            "Duration of the phases of successful suspends (total: until the memory is freed; commit and upload run after, in the background)",
-            prometheus_client::registry::Unit::Seconds,
+            "Duration of successful suspends (until the memory is freed), by what started them",
+            seconds(),
             l.suspend.clone(),
         );
         registry.register_with_unit(
+            "torpor_suspend_phase_duration",
+            "Duration of the phases of successful suspends (commit and upload run after the suspend, in the background)",
+            seconds(),
+            l.suspend_phases.clone(),
+        );
+        registry.register_with_unit(
             "torpor_resume_duration",
-            "Duration of the phases of successful resumes of suspended or frozen actors",
-            prometheus_client::registry::Unit::Seconds,
+            "Duration of successful resumes of suspended or frozen actors, by what woke them",
+            seconds(),
             l.resume.clone(),
         );
         registry.register_with_unit(
+            "torpor_resume_phase_duration",
+            "Duration of the phases of successful resumes of suspended actors",
+            seconds(),
+            l.resume_phases.clone(),
+        );
+        registry.register_with_unit(
             "torpor_restore_duration",
-            "Duration of the phases of successful restores of a kept snapshot into a new pod",
-            prometheus_client::registry::Unit::Seconds,
+            "Duration of successful restores of a kept snapshot into a new pod, per container",
+            seconds(),
             l.restore.clone(),
+        );
+        registry.register_with_unit(
+            "torpor_restore_phase_duration",
+            "Duration of the phases of successful restores of a kept snapshot into a new pod",
+            seconds(),
+            l.restore_phases.clone(),
         );
         registry.register_with_unit(
             "torpor_fetch_duration",
             "Duration of fetches of a snapshot from the object tier into the local tier",
-            prometheus_client::registry::Unit::Seconds,
+            seconds(),
             l.fetch.clone(),
         );
         registry.register("torpor_lifecycle_operations", "Lifecycle operations the shims reported, by operation and outcome", l.ops.clone());
@@ -213,12 +254,24 @@ impl Lifecycle {
         l
     }
 
-    fn histograms(&self, op: &str) -> Option<(&Histograms, &'static [&'static str])> {
+    /// The phase histogram of `op` and its phases.
+    fn phase_histograms(&self, op: &str) -> Option<(&Histograms, &'static [&'static str])> {
         match op {
-            "suspend" | "commit" => Some((&self.suspend, SUSPEND_PHASES)),
-            "resume" => Some((&self.resume, RESUME_PHASES)),
-            "restore" => Some((&self.restore, RESTORE_PHASES)),
+            "suspend" | "commit" => Some((&self.suspend_phases, SUSPEND_PHASES)),
+            "resume" => Some((&self.resume_phases, RESUME_PHASES)),
+            "restore" => Some((&self.restore_phases, RESTORE_PHASES)),
             _ => None,
+        }
+    }
+
+    /// A successful `op`'s whole duration (a report's `total`), started by `trigger`.
+    fn observe_total(&self, op: &str, trigger: &str, secs: f64) {
+        let trigger = known(trigger, TRIGGERS, "other");
+        match op {
+            "suspend" => self.suspend.get_or_create(&TriggerLabels { trigger }).observe(secs),
+            "resume" => self.resume.get_or_create(&TriggerLabels { trigger }).observe(secs),
+            "restore" => self.restore.observe(secs),
+            _ => {}
         }
     }
 
@@ -239,10 +292,14 @@ impl Lifecycle {
             self.failures.get_or_create(&FailureLabels { op, reason }).inc();
             return;
         }
-        let Some((h, phases)) = self.histograms(op) else { return };
+        let Some((h, phases)) = self.phase_histograms(op) else { return };
         for (name, secs) in &r.phases {
-            let Some(phase) = phases.iter().copied().find(|p| p == name) else { continue };
-            if secs.is_finite() && *secs >= 0.0 && *secs <= MAX_SECONDS {
+            if !(secs.is_finite() && *secs >= 0.0 && *secs <= MAX_SECONDS) {
+                continue;
+            }
+            if *name == TOTAL {
+                self.observe_total(op, r.trigger, *secs);
+            } else if let Some(phase) = phases.iter().copied().find(|p| p == name) {
                 h.get_or_create(&PhaseLabels { phase }).observe(*secs);
             }
         }
@@ -297,10 +354,10 @@ impl Lifecycle {
 
 impl torpor_store::Observer for Lifecycle {
     fn uploaded(&self, took: Duration) {
-        self.suspend.get_or_create(&PhaseLabels { phase: "upload" }).observe(took.as_secs_f64());
+        self.suspend_phases.get_or_create(&PhaseLabels { phase: "upload" }).observe(took.as_secs_f64());
     }
 
     fn fetched(&self, took: Duration) {
-        self.fetch.get_or_create(&PhaseLabels { phase: "total" }).observe(took.as_secs_f64());
+        self.fetch.observe(took.as_secs_f64());
     }
 }

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::lifecycle::Report;
+use super::lifecycle::{Report, TRIGGERS};
 use super::*;
 use torpor_store::{self as st, ActorName, Observer};
 
@@ -26,6 +26,7 @@ fn lifecycle_reports_become_histograms_counters_and_states() {
     let l = m.lifecycle();
     let mut r = report("ns/a", "shim-1", 1, "suspend", "suspended");
     r.phases = vec![("freeze", 0.01), ("dump", 0.3), ("fsync", 0.02), ("total", 0.4), ("bogus", 1.0), ("dump", f64::NAN)];
+    r.trigger = "idle";
     l.ingest(&r);
     l.ingest(&report("ns/b", "shim-2", 1, "", "running"));
     l.ingest(&Report { reason: "runc", outcome: "failed", ..report("ns/b", "shim-2", 2, "suspend", "running") });
@@ -35,10 +36,17 @@ fn lifecycle_reports_become_histograms_counters_and_states() {
     let text = m.encode(Format::OpenMetrics).unwrap();
     assert!(text.ends_with("# EOF\n"), "{text}");
     assert!(text.contains("# TYPE torpor_suspend_duration_seconds histogram\n# UNIT torpor_suspend_duration_seconds seconds\n"), "{text}");
-    assert_eq!(sample(&text, r#"torpor_suspend_duration_seconds_count{phase="dump"}"#), Some(1.0), "NaN is not observed\n{text}");
-    assert_eq!(sample(&text, r#"torpor_suspend_duration_seconds_sum{phase="dump"}"#), Some(0.3));
-    assert_eq!(sample(&text, r#"torpor_suspend_duration_seconds_bucket{le="0.32",phase="dump"}"#), Some(1.0), "{text}");
-    assert_eq!(sample(&text, r#"torpor_suspend_duration_seconds_bucket{le="0.16",phase="dump"}"#), Some(0.0));
+    assert!(text.contains("# TYPE torpor_suspend_phase_duration_seconds histogram\n# UNIT torpor_suspend_phase_duration_seconds seconds\n"), "{text}");
+    let phase = |p: &str, what: &str| sample(&text, &format!("torpor_suspend_phase_duration_seconds_{what}{{phase=\"{p}\"}}"));
+    assert_eq!(phase("dump", "count"), Some(1.0), "NaN is not observed\n{text}");
+    assert_eq!(phase("dump", "sum"), Some(0.3));
+    assert_eq!(sample(&text, r#"torpor_suspend_phase_duration_seconds_bucket{le="0.32",phase="dump"}"#), Some(1.0), "{text}");
+    assert_eq!(sample(&text, r#"torpor_suspend_phase_duration_seconds_bucket{le="0.16",phase="dump"}"#), Some(0.0));
+    // The total is the operation's own histogram, by trigger: never a phase.
+    assert_eq!(phase("total", "count"), None, "{text}");
+    assert_eq!(sample(&text, r#"torpor_suspend_duration_seconds_count{trigger="idle"}"#), Some(1.0), "{text}");
+    assert_eq!(sample(&text, r#"torpor_suspend_duration_seconds_sum{trigger="idle"}"#), Some(0.4));
+    assert!(!text.contains("torpor_suspend_duration_seconds_count{phase"), "{text}");
     assert!(!text.contains("bogus"), "an unknown phase is not a label\n{text}");
     assert_eq!(sample(&text, r#"torpor_lifecycle_operations_total{op="suspend",outcome="ok"}"#), Some(1.0));
     assert_eq!(sample(&text, r#"torpor_lifecycle_operations_total{op="suspend",outcome="failed"}"#), Some(1.0));
@@ -124,8 +132,8 @@ fn store_numbers_and_api_errors_are_exposed_in_both_formats() {
     assert_eq!(sample(&text, "torpor_store_pending_uploads"), Some(0.0));
     assert_eq!(sample(&text, "torpor_store_actor_leases"), Some(1.0));
     assert_eq!(sample(&text, "torpor_store_disk_pressure"), Some(0.0));
-    assert_eq!(sample(&text, r#"torpor_suspend_duration_seconds_count{phase="upload"}"#), Some(2.0), "the store told of its uploads\n{text}");
-    assert_eq!(sample(&text, r#"torpor_fetch_duration_seconds_count{phase="total"}"#), Some(1.0));
+    assert_eq!(sample(&text, r#"torpor_suspend_phase_duration_seconds_count{phase="upload"}"#), Some(2.0), "the store told of its uploads\n{text}");
+    assert_eq!(sample(&text, "torpor_fetch_duration_seconds_count"), Some(1.0));
     assert_eq!(sample(&text, r#"torpor_store_api_errors_total{op="view_staging",kind="not_found"}"#), Some(1.0), "{text}");
     assert_eq!(sample(&text, r#"torpor_store_api_errors_total{op="list",kind="shutting_down"}"#), Some(1.0));
     assert_eq!(sample(&text, r#"torpor_store_api_errors_total{op="other",kind="internal"}"#), Some(1.0));
@@ -219,4 +227,176 @@ fn a_port_in_use_is_a_clear_error() {
     let addr = taken.local_addr().unwrap();
     let e = http::bind(addr).unwrap_err().to_string();
     assert!(e.contains("metrics_address") && e.contains(&addr.to_string()), "{e}");
+}
+
+#[test]
+fn totals_go_by_trigger_and_phases_apart() {
+    let m = Metrics::new(None);
+    let l = m.lifecycle();
+    let resume = |seq: u64, trigger: &'static str, phases: Vec<(&'static str, f64)>| Report { trigger, phases, ..report("ns/a", "shim-1", seq, "resume", "running") };
+    l.ingest(&resume(1, "connection", vec![("prepare", 0.001), ("fetch", 0.02), ("criu_restore", 0.05), ("handover", 0.002), ("total", 0.08)]));
+    l.ingest(&resume(2, "connection", vec![("total", 0.004)])); // a thaw: its total only
+    l.ingest(&resume(3, "exec", vec![("total", 0.1)]));
+    l.ingest(&resume(4, "made-up", vec![("total", 0.1)]));
+    l.ingest(&resume(5, "", vec![("total", 0.1)])); // an older shim tells none
+    l.ingest(&resume(6, "fence", vec![("total", -1.0), ("total", f64::INFINITY)]));
+    // A failed resume is counted, never observed.
+    l.ingest(&Report { outcome: "failed", reason: "runc", ..resume(7, "api", vec![("total", 0.5)]) });
+    l.ingest(&Report { phases: vec![("fetch", 0.2), ("criu_restore", 0.1), ("total", 0.4)], ..report("ns/b", "shim-2", 1, "restore", "running") });
+
+    let text = m.encode(Format::Text).unwrap();
+    let count = |key: &str| sample(&text, key);
+    assert_eq!(count(r#"torpor_resume_duration_seconds_count{trigger="connection"}"#), Some(2.0), "{text}");
+    assert_eq!(count(r#"torpor_resume_duration_seconds_bucket{trigger="connection",le="0.005"}"#), Some(1.0), "{text}");
+    assert_eq!(count(r#"torpor_resume_duration_seconds_count{trigger="exec"}"#), Some(1.0));
+    assert_eq!(count(r#"torpor_resume_duration_seconds_count{trigger="other"}"#), Some(2.0), "unknown and untold: other\n{text}");
+    assert_eq!(count(r#"torpor_resume_duration_seconds_count{trigger="fence"}"#), None, "no valid duration, no sample\n{text}");
+    assert_eq!(count(r#"torpor_resume_duration_seconds_count{trigger="api"}"#), None, "failed: not observed\n{text}");
+    assert!(!text.contains("made-up"), "{text}");
+    for p in ["prepare", "fetch", "criu_restore", "handover"] {
+        assert_eq!(count(&format!("torpor_resume_phase_duration_seconds_count{{phase=\"{p}\"}}")), Some(1.0), "{p}\n{text}");
+    }
+    assert!(!text.contains(r#"phase="total""#), "total is never a phase\n{text}");
+    // The phases of one resume add up to no more than its total.
+    let phases: f64 = ["prepare", "fetch", "criu_restore", "handover"]
+        .iter()
+        .filter_map(|p| count(&format!("torpor_resume_phase_duration_seconds_sum{{phase=\"{p}\"}}")))
+        .sum();
+    assert!(phases <= 0.08 + 1e-9, "{phases}");
+    assert_eq!(count("torpor_restore_duration_seconds_count"), Some(1.0), "{text}");
+    assert_eq!(count(r#"torpor_restore_phase_duration_seconds_count{phase="criu_restore"}"#), Some(1.0));
+    // Every trigger the shims name is a label value; nothing else is.
+    for t in TRIGGERS {
+        assert!(t.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'), "{t}");
+    }
+}
+
+/// Every metric family the daemon exports (`# TYPE` lines of the
+/// exposition, with their type), once each has a sample.
+fn exported_families() -> Vec<String> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let store = rt.block_on(async {
+        let mut cfg = st::StoreConfig::new(tmp.path().join("store"));
+        cfg.background = false;
+        let remote = st::Remote::from_store(Arc::new(object_store::memory::InMemory::new()), "", "memory://").unwrap();
+        st::Store::open_with_remote(cfg, remote).await.unwrap()
+    });
+    let m = Metrics::new(Some(&store));
+    // A family is exposed once it has a sample: one of each.
+    let l = m.lifecycle();
+    for (op, phases) in [
+        ("suspend", vec![("freeze", 0.1), ("total", 0.2)]),
+        ("resume", vec![("fetch", 0.1), ("total", 0.2)]),
+        ("restore", vec![("criu_restore", 0.1), ("total", 0.2)]),
+    ] {
+        l.ingest(&Report { phases, trigger: "api", ..report("a", "s", 1, op, "running") });
+    }
+    l.ingest(&Report { outcome: "failed", reason: "runc", dropped: 1, ..report("a", "s", 2, "resume", "") });
+    l.uploaded(Duration::from_millis(1));
+    l.fetched(Duration::from_millis(1));
+    m.api_error("begin", &st::Error::ShuttingDown);
+    let text = m.encode(Format::Text).unwrap();
+    rt.block_on(store.shutdown());
+    text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(str::to_string).collect()
+}
+
+/// The series names a query may use: a histogram's `_bucket`, `_sum`,
+/// `_count`, a counter's `_total`, a gauge's name.
+fn exported_names() -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for f in exported_families() {
+        let (name, kind) = f.split_once(' ').unwrap();
+        match kind {
+            "histogram" => names.extend(["_bucket", "_sum", "_count"].map(|s| format!("{name}{s}"))),
+            "counter" => {
+                names.insert(format!("{}_total", name.trim_end_matches("_total")));
+            }
+            _ => {
+                names.insert(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn exported_metric_families_are_listed() {
+    let families = exported_families();
+    for want in [
+        "torpor_resume_duration_seconds histogram",
+        "torpor_resume_phase_duration_seconds histogram",
+        "torpor_suspend_duration_seconds histogram",
+        "torpor_suspend_phase_duration_seconds histogram",
+        "torpor_lifecycle_operations_total counter",
+        "torpor_store_local_bytes gauge",
+        "torpor_store_local_budget_bytes gauge",
+        "torpor_actors gauge",
+    ] {
+        assert!(families.iter().any(|f| f == want), "{want} not in {families:?}");
+    }
+    let names = exported_names();
+    assert!(names.contains("torpor_resume_duration_seconds_bucket") && names.contains("torpor_lifecycle_failures_total"), "{names:?}");
+    assert!(!names.contains("torpor_resume_duration_seconds"), "a histogram's own name is no series");
+}
+
+/// The metric names in PromQL `expr` that the daemon does not export.
+fn unknown_metrics(expr: &str, exported: &std::collections::BTreeSet<String>) -> Vec<String> {
+    let re = regex::Regex::new(r"[A-Za-z_:][A-Za-z0-9_:]*").unwrap();
+    // Label values and strings are no metric names.
+    let unquoted = regex::Regex::new(r#""(?:[^"\\]|\\.)*""#).unwrap().replace_all(expr, "\"\"");
+    re.find_iter(&unquoted).map(|m| m.as_str()).filter(|n| n.starts_with("torpor_") && !exported.contains(*n)).map(str::to_string).collect()
+}
+
+/// The deploy's alerts (deploy/observability/torpor-rules.yaml) and
+/// dashboard (torpor-dashboard.json) query only series the daemon exports.
+#[test]
+fn deploy_queries_use_exported_metrics() {
+    let exported = exported_names();
+    // The check itself: a made-up name and a histogram's bare name are caught.
+    assert_eq!(unknown_metrics(r#"rate(torpor_nope_total{op="torpor_x"}[5m]) + torpor_actors"#, &exported), ["torpor_nope_total"]);
+    assert_eq!(unknown_metrics("torpor_resume_duration_seconds", &exported), ["torpor_resume_duration_seconds"]);
+
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/observability");
+    let mut exprs: Vec<(String, String)> = Vec::new();
+
+    // Rules: every `expr:` (one line, or a block scalar's lines).
+    let rules = std::fs::read_to_string(dir.join("torpor-rules.yaml")).unwrap();
+    let lines: Vec<&str> = rules.lines().collect();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(rest) = line.trim_start().strip_prefix("expr:") else { continue };
+        let indent = line.len() - line.trim_start().len();
+        let expr = match rest.trim() {
+            "|" | ">" | "|-" | ">-" => lines[i + 1..].iter().take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent).copied().collect::<Vec<_>>().join("\n"),
+            e => e.to_string(),
+        };
+        exprs.push((format!("torpor-rules.yaml:{}", i + 1), expr));
+    }
+    assert!(exprs.len() >= 4, "{exprs:?}");
+
+    // Dashboard: every target's expr and every templating query.
+    let dash: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("torpor-dashboard.json")).unwrap()).unwrap();
+    fn walk(v: &serde_json::Value, at: &str, out: &mut Vec<(String, String)>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    match (k.as_str(), v) {
+                        ("expr" | "definition", serde_json::Value::String(e)) => out.push((format!("{at}.{k}"), e.clone())),
+                        _ => walk(v, &format!("{at}.{k}"), out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().enumerate().for_each(|(i, v)| walk(v, &format!("{at}[{i}]"), out)),
+            _ => {}
+        }
+    }
+    let before = exprs.len();
+    walk(&dash, "dashboard", &mut exprs);
+    assert!(exprs.len() - before >= 10, "the dashboard's queries: {exprs:?}");
+
+    for (at, expr) in &exprs {
+        assert!(expr.contains("torpor_"), "{at}: no torpor metric in {expr:?}");
+        let unknown = unknown_metrics(expr, &exported);
+        assert!(unknown.is_empty(), "{at}: {unknown:?} not exported by the daemon (exported: {exported:?}) in {expr}");
+    }
 }
