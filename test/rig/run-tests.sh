@@ -118,7 +118,7 @@ start_cluster() {
 run_cluster_tests() { # cargo args...
 	start_cluster || return $?
 	echo "rig/run-tests: end-to-end tests through kubectl, 1 test thread" >&2
-	cargo test -p torpor-tests --release "$@" -- --test-threads=1 "${test_args[@]}"
+	cargo test -p torpor-tests --release --no-fail-fast "$@" -- --test-threads=1 "${test_args[@]}"
 }
 
 echo "rig/run-tests: runtime under test: $TORPOR_TEST_RUNTIME, $THREADS test threads" >&2
@@ -129,7 +129,7 @@ if [ "${#cargo_args[@]}" = 0 ]; then
 		t="$(basename "$f" .rs)"
 		[ "$t" = "$CLUSTER_TEST" ] || [ "$t" = "$WORKLOAD_TEST" ] || [ "$t" = "$TENANCY_TEST" ] || [ "$t" = "$NATIVE_TEST" ] || [ "$t" = "$INSTALL_TEST" ] || targets+=(--test "$t")
 	done
-	cargo test -p torpor-tests --release "${targets[@]}" -- --test-threads="$THREADS" "${test_args[@]}"
+	cargo test -p torpor-tests --release --no-fail-fast "${targets[@]}" -- --test-threads="$THREADS" "${test_args[@]}"
 	rc=$?
 	if [ "${TORPOR_TEST_CLUSTER:-1}" != 0 ]; then
 		run_cluster_tests --test "$CLUSTER_TEST" --test "$WORKLOAD_TEST" --test "$TENANCY_TEST"
