@@ -468,8 +468,13 @@ fn the_agent_cannot_touch_another_nodes_pods() {
     // it may patch nodes (RBAC), but only its own node's torpor.dev/ready label
     let own = kubectl_as(&kc, &["label", "node", "node-a", "--overwrite", &format!("{READY_LABEL}=true")]);
     assert!(own.success(), "the agent labels its own node: {own}");
-    let other = kubectl_as(&kc, &["label", "node", "node-b", "--overwrite", &format!("{READY_LABEL}=true")]);
+    // (a change of node-b's label: kubectl sends nothing when the value is
+    // the one it has, as when torpor is ready there too)
+    let before = node_label("node-b", READY_LABEL);
+    let change = if before.is_some() { format!("{READY_LABEL}-") } else { format!("{READY_LABEL}=true") };
+    let other = kubectl_as(&kc, &["label", "node", "node-b", "--overwrite", &change]);
     assert!(!other.success() && other.stderr.contains("torpor-agent may only label its own node (node-a), not node-b"), "{other}");
+    assert_eq!(node_label("node-b", READY_LABEL), before, "node-b's label is untouched");
     let label = kubectl_as(&kc, &["label", "node", "node-a", "--overwrite", "torpor.dev/probe=1"]);
     assert!(!label.success() && label.stderr.contains("only set or remove the label torpor.dev/ready"), "{label}");
     assert_eq!(node_label("node-a", "torpor.dev/probe"), None);
