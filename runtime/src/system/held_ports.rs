@@ -151,6 +151,14 @@ pub fn v6_only(a: SocketAddr) -> SocketAddr {
 /// IPv6-only is marked so ([`is_v6_only`]). Sorted, no duplicates.
 pub fn listeners_for(pid: Option<i32>, declared: Option<&[u16]>) -> Vec<SocketAddr> {
     let mut live = pid.map(listening_ports).unwrap_or_default();
+    // The table is the whole namespace's: this shim's spare listeners are
+    // in it, and are never the actor's (held as the actor's, they were not
+    // held — the spare has the address — and each suspend's listeners
+    // differed from the last, so no hold took over the rules left in).
+    {
+        let spare = spare_addrs();
+        live.retain(|a| !spare.contains(a));
+    }
     if let Some(pid) = pid.filter(|_| live.iter().any(SocketAddr::is_ipv6)) {
         match v6_only_listeners(pid) {
             Ok(only) => {
@@ -682,6 +690,8 @@ fn bind_retrying(addr: SocketAddr, v6_only: bool, retry: Duration) -> std::io::R
 /// as the rules naming their ports.
 struct Spare {
     ports: [Option<u16>; 2],
+    /// Its listeners' addresses, in [`SPARE_ADDRS`] while it lives.
+    addrs: Vec<SocketAddr>,
     /// `Some` once the actor listens again: how to reach it.
     ready: watch::Sender<Option<Transparent>>,
     task: tokio::task::JoinHandle<()>,
@@ -690,7 +700,21 @@ struct Spare {
 impl Drop for Spare {
     fn drop(&mut self) {
         self.task.abort();
+        let mut all = spare_addrs();
+        for a in &self.addrs {
+            if let Some(i) = all.iter().position(|x| x == a) {
+                all.swap_remove(i);
+            }
+        }
     }
+}
+
+/// The addresses of this shim's live spare listeners (in its pod's
+/// network namespace), which [`listeners_for`] leaves out.
+static SPARE_ADDRS: std::sync::Mutex<Vec<SocketAddr>> = std::sync::Mutex::new(Vec::new());
+
+fn spare_addrs() -> std::sync::MutexGuard<'static, Vec<SocketAddr>> {
+    SPARE_ADDRS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Spare {
@@ -724,9 +748,11 @@ impl Spare {
             ports[usize::from(addr.is_ipv6())] = Some(addr.port());
             listeners.push((l, addr));
         }
+        let addrs: Vec<SocketAddr> = listeners.iter().map(|(_, a)| *a).collect();
+        spare_addrs().extend(addrs.iter().copied());
         let (ready, ready_rx) = watch::channel(None);
         let task = tokio::spawn(serve_spare(netns.to_path_buf(), listen.to_vec(), listeners, ready_rx, limit));
-        Some(Spare { ports, ready, task })
+        Some(Spare { ports, addrs, ready, task })
     }
 }
 
@@ -1723,6 +1749,22 @@ mod tests {
 
     /// An IPv6-only listener of the actor is held IPv6-only: an IPv4
     /// connection is refused, as it is while the actor runs.
+    /// A spare listener of this shim is in the namespace's table, never in
+    /// the actor's listeners (each suspend found the last one's spares and
+    /// could not hold them: `activation: not held: 127.0.0.1:<port>`).
+    #[test]
+    fn a_spare_listener_is_not_the_actors() {
+        let actor = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let spare = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let (actor, spare) = (actor.local_addr().unwrap(), spare.local_addr().unwrap());
+        let me = Some(std::process::id() as i32);
+        assert!(listeners_for(me, None).contains(&spare));
+        spare_addrs().push(spare);
+        let found = listeners_for(me, None);
+        spare_addrs().retain(|a| *a != spare);
+        assert!(found.contains(&actor) && !found.contains(&spare), "{found:?}");
+    }
+
     #[tokio::test]
     async fn an_ipv6_only_listener_is_held_ipv6_only() {
         // Found IPv6-only in a live process.
