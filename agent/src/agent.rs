@@ -30,6 +30,7 @@ use torporctl::control::Op;
 
 use crate::error::{Error, Result};
 use crate::metrics::{self, Metrics};
+use crate::moves;
 use crate::node::{self, Actor};
 use crate::report::{self, MetaPatch, Writer};
 use crate::resize::{self, Floors, Grow, LeftAlone, Restore, Shrink, REQUESTS, RESTORED};
@@ -50,6 +51,10 @@ pub struct Config {
     pub shrink: Option<Floors>,
     /// Where to serve the agent's Prometheus metrics (None: not served).
     pub metrics_address: Option<SocketAddr>,
+    /// How long a woken actor's requests back may stay pending for lack
+    /// of room before a pod with `torpor.dev/on-no-room: move` moves
+    /// (see [`crate::moves`]).
+    pub move_after: Duration,
 }
 
 /// What the agent last reported for a pod (by uid): so that a stale copy
@@ -75,8 +80,12 @@ struct Requests {
     failed: Option<(String, Instant)>,
     /// Lowered now: the requests given back (memory bytes, CPU cores).
     released: Option<(f64, f64)>,
-    /// Awake, its requests not granted back yet: the reason's label.
+    /// Awake, its requests not granted back yet: the reason's label, and
+    /// since when it is pending for that reason.
     pending: Option<&'static str>,
+    pending_since: Option<Instant>,
+    /// Why its asked-for move cannot be done (said once).
+    not_moved: Option<String>,
 }
 
 /// How long a resize the API server refused waits before it is tried again.
@@ -376,6 +385,7 @@ impl Agent {
         match resize::restore_status(p) {
             Restore::Restored => {
                 entry.pending = None;
+                entry.pending_since = None;
                 if resize::restored_condition(p).is_none_or(|(s, _)| s != "True") {
                     let note = format!("actor {} is awake and kubelet runs it with its own requests again", actor.id());
                     self.writer.event(pod, false, "RequestsRestored", "Resize", note.clone()).await;
@@ -386,9 +396,13 @@ impl Agent {
             Restore::Pending { reason, message } => {
                 let label = Restore::label(reason);
                 let was = entry.pending.replace(label);
+                if was != Some(label) || entry.pending_since.is_none() {
+                    entry.pending_since = Some(Instant::now());
+                }
+                let since = entry.pending_since.unwrap_or_else(Instant::now);
                 let on_pod = resize::restored_condition(p);
                 if was == Some(label) && on_pod.as_ref().is_some_and(|(s, r)| s == "False" && r == reason) {
-                    return Ok(());
+                    return self.move_if_asked(p, actor, uid, reason, since).await;
                 }
                 let note = format!(
                     "actor {} is awake and keeps running on its lowered requests: its requests back are {} by kubelet{}",
@@ -414,9 +428,58 @@ impl Agent {
                 if on_pod.is_none_or(|(s, r)| s != "False" || r != reason) {
                     self.writer.put_condition(p, RESTORED, "False", reason, &note).await?;
                 }
-                Ok(())
+                self.move_if_asked(p, actor, uid, reason, since).await
             }
         }
+    }
+
+    /// The `torpor.dev/on-no-room` policy of an awake actor whose requests
+    /// back have been pending for `reason` since `since` (see
+    /// [`crate::moves`]): suspend it, then delete its pod for its
+    /// controller to create it again where the scheduler finds room.
+    async fn move_if_asked(&mut self, pod: &Pod, actor: &Actor, uid: &str, reason: &str, since: Instant) -> Result<()> {
+        let controller = match moves::plan(pod, reason, since.elapsed(), self.cfg.move_after) {
+            moves::Plan::Stay | moves::Plan::NotYet => return Ok(()),
+            moves::Plan::Cannot(why) => {
+                let entry = self.requests.entry(uid.into()).or_default();
+                if entry.not_moved.as_deref() != Some(why.as_str()) {
+                    entry.not_moved = Some(why.clone());
+                    self.metrics.moved("refused");
+                    let note = format!("actor {} has no room for its requests here; {why}", actor.id());
+                    tracing::warn!(actor = %actor.id(), "{note}");
+                    self.writer.event(pod, true, "NotMoved", "Move", note).await;
+                }
+                return Ok(());
+            }
+            moves::Plan::Move { controller } => controller,
+        };
+        let note = format!(
+            "actor {} is awake but node {} has no room for its requests ({reason} for {} s): suspending it and deleting its pod; {controller} creates it again where the scheduler finds room, and it continues there from its snapshot",
+            actor.id(),
+            self.cfg.node,
+            since.elapsed().as_secs()
+        );
+        tracing::info!(actor = %actor.id(), "{note}");
+        self.writer.event(pod, false, "Moving", "Move", note).await;
+        let t0 = Instant::now();
+        if let Err(e) = node::call(actor, Op::Suspend).await {
+            self.metrics.moved("failed");
+            let note = format!("move of actor {}: its suspend failed, it keeps running here: {e}", actor.id());
+            self.writer.event(pod, true, "MoveFailed", "Move", note.clone()).await;
+            return Err(Error::Node(note));
+        }
+        let suspended_ms = t0.elapsed().as_millis();
+        // suspended: whatever happens to the pod now, its state is kept
+        if let Err(e) = self.writer.delete(pod).await {
+            self.metrics.moved("failed");
+            let note = format!("move of actor {}: suspended here in {suspended_ms} ms, but deleting its pod failed (it stays suspended here): {e}", actor.id());
+            self.writer.event(pod, true, "MoveFailed", "Move", note).await;
+            return Err(e);
+        }
+        self.metrics.moved("moved");
+        tracing::info!(actor = %actor.id(), suspended_ms, %controller, "suspended and its pod deleted: moving");
+        self.requests.remove(uid);
+        Ok(())
     }
 
     /// A resize the API server refused: counted, said once per distinct

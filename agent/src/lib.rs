@@ -12,6 +12,7 @@ pub mod agent;
 pub mod error;
 pub mod install;
 pub mod metrics;
+pub mod moves;
 pub mod node;
 pub mod plugin;
 pub mod report;

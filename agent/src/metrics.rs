@@ -50,6 +50,12 @@ pub struct Metrics {
     released_memory: Gauge<f64, AtomicU64>,
     released_cpu: Gauge<f64, AtomicU64>,
     not_restored: Family<ReasonLabels, Gauge>,
+    moves: Family<OutcomeLabels, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -114,12 +120,26 @@ impl Metrics {
         for reason in PENDING_REASONS {
             let _ = not_restored.get_or_create(&ReasonLabels { reason });
         }
-        Arc::new(Metrics { registry, resizes, left_alone, shrunk, released_memory, released_cpu, not_restored })
+        let moves = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "torpor_agent_moves",
+            "Awake actors with no room for their requests on this node and torpor.dev/on-no-room: move, by outcome: moved (suspended, their pod deleted for its controller to create again), failed (the suspend or the delete failed), refused (the pod has no controller, or a bad value)",
+            moves.clone(),
+        );
+        for outcome in ["moved", "failed", "refused"] {
+            let _ = moves.get_or_create(&OutcomeLabels { outcome });
+        }
+        Arc::new(Metrics { registry, resizes, left_alone, shrunk, released_memory, released_cpu, not_restored, moves })
     }
 
     /// A resize (`shrink`, `grow`) that the API server took (`ok`) or refused.
     pub fn resize(&self, direction: &'static str, ok: bool) {
         self.resizes.get_or_create(&ResizeLabels { direction, outcome: if ok { "ok" } else { "failed" } }).inc();
+    }
+
+    /// A move (`moved`, `failed`, `refused`: see [`crate::moves`]).
+    pub fn moved(&self, outcome: &'static str) {
+        self.moves.get_or_create(&OutcomeLabels { outcome }).inc();
     }
 
     /// A pod left alone (see [`crate::resize::LeftAlone::label`]).
@@ -263,6 +283,7 @@ mod tests {
         m.resize("shrink", true);
         m.resize("grow", false);
         m.left_alone("guaranteed");
+        m.moved("moved");
         m.set_density(&Density {
             shrunk: 3,
             released_memory_bytes: 1.5e9,
@@ -274,6 +295,8 @@ mod tests {
         assert_eq!(sample(&text, r#"torpor_agent_resizes_total{direction="grow",outcome="failed"}"#), Some(1.0));
         assert_eq!(sample(&text, r#"torpor_agent_shrink_skipped_total{reason="guaranteed"}"#), Some(1.0));
         assert_eq!(sample(&text, "torpor_agent_pods_shrunk"), Some(3.0));
+        assert_eq!(sample(&text, r#"torpor_agent_moves_total{outcome="moved"}"#), Some(1.0));
+        assert_eq!(sample(&text, r#"torpor_agent_moves_total{outcome="refused"}"#), Some(0.0));
         assert_eq!(sample(&text, "torpor_agent_released_memory_request_bytes"), Some(1.5e9));
         assert_eq!(sample(&text, "torpor_agent_released_cpu_request_cores"), Some(1.47));
         assert_eq!(sample(&text, r#"torpor_agent_requests_not_restored{reason="deferred"}"#), Some(2.0));

@@ -3,7 +3,7 @@
 //! and Events.
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 use serde_json::{json, Map, Value};
@@ -136,6 +136,18 @@ impl Writer {
             .patch_subresource("resize", &name, &pp, &Patch::Strategic(&crate::resize::resize_patch(target)))
             .await
             .map_err(Error::kube(format!("resize pod {}/{name} (pods/resize)", pod.namespace().unwrap_or_default())))
+    }
+
+    /// Deletes the pod, this pod alone (a precondition on its uid: never a
+    /// pod of the same name made since).
+    pub async fn delete(&self, pod: &Pod) -> Result<()> {
+        let name = pod.name_any();
+        let dp = DeleteParams { preconditions: Some(Preconditions { uid: pod.uid(), resource_version: None }), ..Default::default() };
+        self.api_of(pod)
+            .delete(&name, &dp)
+            .await
+            .map_err(Error::kube(format!("delete pod {}/{name}", pod.namespace().unwrap_or_default())))?;
+        Ok(())
     }
 
     /// Publishes an Event on the pod (failures are logged: an Event is not

@@ -28,6 +28,13 @@ pub const MOVED_FROM: &str = "torpor.dev/moved-from";
 /// written before the pod is resized down and removed once they are back.
 pub const REQUESTS: &str = "torpor.dev/requests";
 
+/// What the agent does when a woken actor's requests do not fit its node
+/// any more (kubelet defers or refuses the resize up): `stay` (the
+/// default: it keeps running on its lowered requests) or `move` (it is
+/// suspended and its pod deleted, for its controller to create it again
+/// where the scheduler finds room; it continues there from its snapshot).
+pub const ON_NO_ROOM: &str = "torpor.dev/on-no-room";
+
 /// Every annotation of the agent and the plugin: what they report and what
 /// they are asked. The shim reads none of them.
-pub const AGENT_KEYS: [&str; 6] = [DESIRED, APPLIED, RESULT, SNAPSHOT, MOVED_FROM, REQUESTS];
+pub const AGENT_KEYS: [&str; 7] = [DESIRED, APPLIED, RESULT, SNAPSHOT, MOVED_FROM, REQUESTS, ON_NO_ROOM];

@@ -413,6 +413,11 @@ fn agent_kubeconfig(bound_pod: Option<&Value>) -> String {
     path
 }
 
+/// A kubeconfig with a token of torpor-agent's ServiceAccount bound to no pod.
+fn unbound_kc() -> String {
+    agent_kubeconfig(None)
+}
+
 fn kubectl_as(kubeconfig: &str, args: &[&str]) -> Out {
     let c = cluster();
     let mut all = vec!["--kubeconfig", kubeconfig];
@@ -449,12 +454,20 @@ fn the_agent_cannot_touch_another_nodes_pods() {
         assert!(out.stderr.contains("torpor-agent may only change pods of its own node (node-a), not of node node-b"), "{out}");
     }
     assert_eq!(ns.pod("on-b")["metadata"]["annotations"]["torpor.dev/probe"], Value::Null, "node-b's pod is untouched");
+    // it may delete pods (RBAC: the torpor.dev/on-no-room: move policy),
+    // its own node's alone
+    let out = kubectl_as(&kc, &["-n", &ns.name, "delete", "pod", "on-b", "--wait=false"]);
+    assert!(!out.success(), "refused on node-b's pod: {out}");
+    assert!(out.stderr.contains("torpor-agent may only change pods of its own node (node-a), not of node node-b"), "{out}");
+    assert!(ns.pod("on-b")["metadata"]["deletionTimestamp"].is_null(), "node-b's pod is not deleted");
+    let out = kubectl_as(&unbound_kc(), &["-n", &ns.name, "delete", "pod", "on-a", "--wait=false"]);
+    assert!(!out.success() && out.stderr.contains("its token names no node"), "{out}");
     // a token of the agent that names no node may change no pod
-    let unbound = agent_kubeconfig(None);
+    let unbound = unbound_kc();
     let out = annotate_as(&unbound, "on-a");
     assert!(!out.success() && out.stderr.contains("its token names no node"), "{out}");
     // and RBAC gives it nothing else
-    for (verb, res, sub) in [("delete", "pods", ""), ("create", "pods", ""), ("get", "secrets", ""), ("patch", "nodes", "status"), ("create", "pods", "exec"), ("delete", "daemonsets", "")] {
+    for (verb, res, sub) in [("create", "pods", ""), ("get", "secrets", ""), ("patch", "nodes", "status"), ("create", "pods", "exec"), ("delete", "daemonsets", "")] {
         let subresource = format!("--subresource={sub}");
         let mut args = vec!["auth", "can-i", verb, res, "-A"];
         if !sub.is_empty() {
@@ -478,6 +491,8 @@ fn the_agent_cannot_touch_another_nodes_pods() {
     let label = kubectl_as(&kc, &["label", "node", "node-a", "--overwrite", "torpor.dev/probe=1"]);
     assert!(!label.success() && label.stderr.contains("only set or remove the label torpor.dev/ready"), "{label}");
     assert_eq!(node_label("node-a", "torpor.dev/probe"), None);
+    let out = kubectl_as(&kc, &["-n", &ns.name, "delete", "pod", "on-a", "--wait=false"]);
+    assert!(out.success(), "the agent deletes its own node's pods: {out}");
 }
 
 #[test]
@@ -852,4 +867,204 @@ fn requests_back_deferred_when_the_node_filled_up() {
     });
     assert_eq!(c["reason"], "Restored", "{c}");
     assert_eq!(counter(&format!("{}:8080", ip(&ns.pod("late"))), "inc"), "3");
+}
+
+/// Bytes of a memory quantity (`4Gi`, `512Mi`, `7Mi`, `1G`, `123456`).
+fn bytes(q: &str) -> i64 {
+    let units = [("Ki", 1i64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("Ti", 1 << 40), ("k", 1000), ("M", 1_000_000), ("G", 1_000_000_000)];
+    for (suffix, mult) in units {
+        if let Some(n) = q.strip_suffix(suffix) {
+            return n.parse::<i64>().unwrap_or_else(|e| panic!("{q}: {e}")) * mult;
+        }
+    }
+    q.parse().unwrap_or_else(|e| panic!("{q}: {e}"))
+}
+
+/// Node `node`'s allocatable memory less what its pods request (their
+/// containers' requests and the RuntimeClass overhead), in bytes: what the
+/// scheduler can still place there.
+fn free_memory(node: &str) -> i64 {
+    let n = kubectl_json(&["get", "node", node]);
+    let allocatable = bytes(n["status"]["allocatable"]["memory"].as_str().unwrap_or("0"));
+    let sel = format!("spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed");
+    let pods = kubectl_json(&["get", "pods", "-A", "--field-selector", &sel]);
+    let used: i64 = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            let containers: i64 = p["spec"]["containers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["resources"]["requests"]["memory"].as_str().map(bytes))
+                .sum();
+            containers + p["spec"]["overhead"]["memory"].as_str().map(bytes).unwrap_or(0)
+        })
+        .sum();
+    allocatable - used
+}
+
+/// A StatefulSet of `replicas` counter actors (all started at once:
+/// `Parallel`), each asking `resources`, of RuntimeClass `class` (None:
+/// the node's default, runc), with `annotations` on its pods and
+/// `placement` (nodeSelector or affinity) merged into their spec.
+fn stateful_set(name: &str, replicas: u32, class: Option<&str>, resources: Value, annotations: Value, placement: Value) -> String {
+    let mut spec = json!({
+        "dnsPolicy": "Default",
+        "enableServiceLinks": false,
+        "terminationGracePeriodSeconds": 60,
+        "containers": [{"name": "actor", "image": ACTOR_IMAGE, "imagePullPolicy": "Never", "command": ["/actor"], "args": ["counter"], "resources": resources}],
+    });
+    if let Some(c) = class {
+        spec["runtimeClassName"] = json!(c);
+    }
+    for (k, v) in placement.as_object().into_iter().flatten() {
+        spec[k] = v.clone();
+    }
+    json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": name}, "spec": {
+        "replicas": replicas,
+        "serviceName": name,
+        "podManagementPolicy": "Parallel",
+        "selector": {"matchLabels": {"app": name}},
+        "template": {"metadata": {"labels": {"app": name}, "annotations": annotations}, "spec": spec},
+    }})
+    .to_string()
+}
+
+/// The pods of StatefulSet `app` (label app=`app`).
+fn pods_of(ns: &Namespace, app: &str) -> Vec<Value> {
+    kubectl_json(&["-n", &ns.name, "get", "pods", "-l", &format!("app={app}")])["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// Whether the scheduler found no room for the pod.
+fn unschedulable(p: &Value) -> bool {
+    p["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "PodScheduled" && c["reason"] == "Unschedulable")
+}
+
+/// Deletes StatefulSet `app` and waits until its pods are gone.
+fn delete_set(ns: &Namespace, app: &str) {
+    ns.kubectl_ok(&["delete", "statefulset", app, "--wait=true", "--timeout=300s"]);
+    wait_until(&format!("the pods of {}/{app} gone", ns.name), LIVENESS * 2, || pods_of(ns, app).is_empty().then_some(()));
+}
+
+/// How many actors the density test runs on the small node (env
+/// TORPOR_DENSITY_ACTORS, default 32: four times what 4 GiB holds of pods
+/// requesting 512Mi).
+fn density_actors() -> u32 {
+    std::env::var("TORPOR_DENSITY_ACTORS").ok().and_then(|v| v.parse().ok()).unwrap_or(32)
+}
+
+/// Issue 42 #4: on a small node (node-b: 4 GiB allocatable), pods
+/// requesting 512Mi each: with runc, the scheduler places what fits and
+/// leaves the rest Pending; with torpor every actor goes idle, is
+/// suspended, gives its requests back, and the next ones are placed, until
+/// all of them run there, and each answers a request (woken one after
+/// another). The counts go to $TORPOR_DENSITY_RESULTS (JSON) when set
+/// (bench/density.py: `actors_per_node`).
+#[test]
+fn density_sleeping_actors_fit_many_times_what_runc_fits() {
+    installed();
+    let node = "node-b";
+    let n = density_actors();
+    let ns = Namespace::new("native-density");
+    let allocatable = bytes(kubectl_json(&["get", "node", node])["status"]["allocatable"]["memory"].as_str().unwrap_or("0"));
+    assert!(allocatable <= 4 << 30, "{node} is the small node (test/cluster/up.sh): allocatable memory {allocatable}");
+    let free = free_memory(node);
+    let on_b = json!({"nodeSelector": {"kubernetes.io/hostname": node}});
+    let resources = json!({"requests": {"cpu": "10m", "memory": "512Mi"}, "limits": {"memory": "512Mi"}});
+
+    // runc: what fits, the rest Pending for lack of memory
+    ns.apply(&stateful_set("runc", n, None, resources.clone(), json!({}), on_b.clone()));
+    let runc = wait_until(&format!("the scheduler placed what fits of {n} runc pods"), LIVENESS, || {
+        let pods = pods_of(&ns, "runc");
+        let placed: Vec<_> = pods.iter().filter(|p| p["spec"]["nodeName"] == node).collect();
+        let pending = pods.iter().filter(|p| unschedulable(p)).count();
+        (pods.len() == n as usize && placed.len() + pending == n as usize && placed.iter().all(|p| pod_is_ready(p))).then_some(placed.len())
+    });
+    let pending = pods_of(&ns, "runc").into_iter().find(unschedulable).unwrap_or(Value::Null);
+    let why = pending["status"]["conditions"].to_string();
+    assert!(runc < n as usize && why.contains("Insufficient memory"), "runc: {runc} of {n} placed; a pending pod: {why}");
+    assert_eq!(runc as i64, free / (512 << 20), "runc: as many as {free} bytes hold");
+    delete_set(&ns, "runc");
+
+    // torpor: all of them, each suspended when idle and shrunk
+    let t0 = std::time::Instant::now();
+    ns.apply(&stateful_set("actors", n, Some("torpor"), resources, json!({"torpor.dev/idle-after": "3s"}), on_b));
+    let all = wait_until(&format!("all {n} torpor actors placed on {node} and Ready"), LIVENESS * 5, || {
+        let pods = pods_of(&ns, "actors");
+        (pods.len() == n as usize && pods.iter().all(|p| p["spec"]["nodeName"] == node && pod_is_ready(p))).then_some(pods)
+    });
+    let placed_s = t0.elapsed().as_secs_f64();
+    let shrunk = all.iter().filter(|p| p["spec"]["containers"][0]["resources"]["requests"]["memory"] == "4Mi").count();
+    assert!(shrunk >= n as usize - runc, "{shrunk} of {n} pods' requests lowered: the scheduler placed the others in what they gave back");
+    // each answers, woken one after another, with its own state
+    for i in 0..n {
+        let p = ns.pod(&format!("actors-{i}"));
+        assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "1", "actors-{i} answers");
+    }
+    let restarts: u64 = pods_of(&ns, "actors").iter().map(|p| p["status"]["containerStatuses"][0]["restartCount"].as_u64().unwrap_or(0)).sum();
+    assert_eq!(restarts, 0);
+    eprintln!("density on {node} ({allocatable} bytes allocatable, {free} free): runc {runc} pods of 512Mi, torpor all {n} in {placed_s:.1} s");
+    if let Ok(path) = std::env::var("TORPOR_DENSITY_RESULTS") {
+        let r = json!({"node": node, "allocatable_memory_bytes": allocatable, "free_memory_bytes": free, "request": "512Mi",
+            "runc": runc, "torpor": n, "torpor_all_placed": true, "torpor_placed_s": placed_s});
+        std::fs::write(&path, r.to_string()).unwrap_or_else(|e| panic!("{path}: {e}"));
+    }
+    assert!(n as usize >= 4 * runc, "torpor {n} >= 4 x runc {runc}");
+}
+
+/// Issue 42 #3, #4: an actor (`torpor.dev/on-no-room: move`) sleeps on
+/// the small node, which fills up meanwhile; woken, its requests back are
+/// deferred, so the agent suspends it and deletes its pod; its
+/// StatefulSet creates it again, the scheduler places it on the other
+/// node, and it continues there with its state.
+#[test]
+fn density_an_actor_with_no_room_moves_with_its_state() {
+    installed();
+    let ns = Namespace::new("native-nomove");
+    let prefer_b = json!({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "preference": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-b"]}]}}]}}});
+    let resources = json!({"requests": {"cpu": "10m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}});
+    ns.apply(&stateful_set("mover", 1, Some("torpor"), resources, json!({"torpor.dev/on-no-room": "move", "torpor.dev/on-stop": "suspend"}), prefer_b));
+    let p = ns.wait_ready("mover-0");
+    assert_eq!(p["spec"]["nodeName"], "node-b", "placed on the node it prefers");
+    let uid = p["metadata"]["uid"].clone();
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "1");
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "2");
+    wait_label(&ns, "mover-0", "running");
+    suspend_by_annotation(&ns, "mover-0", "node-b");
+    wait_requests(&ns, "mover-0", &json!({"cpu": "10m", "memory": "4Mi"}));
+    wait_until("kubelet applied the lowered requests", LIVENESS, || {
+        (ns.pod("mover-0")["status"]["containerStatuses"][0]["resources"]["requests"]["memory"] == "4Mi").then_some(())
+    });
+
+    // the node fills up while it sleeps: 100Mi left
+    let filler = free_memory("node-b") - (100 << 20);
+    assert!(filler > 0);
+    let fill = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "filler"}, "spec": {
+        "nodeName": "node-b", "dnsPolicy": "Default", "enableServiceLinks": false, "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "c", "image": ACTOR_IMAGE, "imagePullPolicy": "Never", "command": ["/actor"], "args": ["sleep"],
+            "resources": {"requests": {"memory": filler.to_string()}}}],
+    }});
+    ns.apply(&fill.to_string());
+    ns.wait_ready("filler");
+
+    // woken by a request: it answers at once, on its lowered requests
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "3");
+    let e = wait_event(&ns, "mover-0", "Moving");
+    let msg = e["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("node-b has no room") && msg.contains("StatefulSet/mover"), "{e}");
+    // its StatefulSet makes it again, where it fits
+    let q = wait_until("mover-0 made again and Ready", LIVENESS * 2, || {
+        let q = ns.kubectl(&["get", "pod", "mover-0", "-o", "json"]);
+        let q: Value = serde_json::from_str(&q.stdout).ok()?;
+        (q["metadata"]["uid"] != uid && pod_is_ready(&q)).then_some(q)
+    });
+    assert_eq!(q["spec"]["nodeName"], "node-a", "node-b is full: the scheduler placed it on node-a");
+    assert_eq!(q["spec"]["containers"][0]["resources"]["requests"]["memory"], "1Gi", "with its own requests");
+    assert_eq!(counter(&format!("{}:8080", ip(&q)), "inc"), "4", "it continued on node-a with its state");
+    let moved = wait_event(&ns, "mover-0", "Moved");
+    assert!(moved["message"].as_str().unwrap_or_default().contains("node-b"), "{moved}");
+    assert!(events(&ns, "mover-0", "MoveFailed").is_empty());
 }

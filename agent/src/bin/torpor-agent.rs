@@ -48,6 +48,12 @@ struct Cli {
     /// /metrics; empty: not served.
     #[arg(long, env = "TORPOR_AGENT_METRICS_ADDRESS", default_value = "")]
     metrics_address: String,
+    /// Seconds a woken actor's requests back may stay pending for lack of
+    /// room (kubelet's PodResizePending) before a pod with
+    /// `torpor.dev/on-no-room: move` is moved: suspended, and deleted for
+    /// its controller to create it again where it fits.
+    #[arg(long, env = "TORPOR_AGENT_MOVE_AFTER_S", default_value_t = 10)]
+    move_after_s: u64,
 }
 
 /// The node pod's install steps (deploy/kubernetes/image/node.sh). Exit
@@ -116,7 +122,7 @@ fn run(cli: Cli) -> Result<(), Error> {
         .map_err(|source| Error::Io { what: "start the async runtime".into(), source })?;
     rt.block_on(async {
         let client = kube::Client::try_default().await.map_err(|e| Error::Config(e.to_string()))?;
-        let cfg = Config { node: cli.node, socket_dir: cli.socket_dir, resync: Duration::from_secs(cli.resync_s.max(1)), shrink, metrics_address };
+        let cfg = Config { node: cli.node, socket_dir: cli.socket_dir, resync: Duration::from_secs(cli.resync_s.max(1)), shrink, metrics_address, move_after: Duration::from_secs(cli.move_after_s) };
         agent::run(client, cfg).await
     })
 }
