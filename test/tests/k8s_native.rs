@@ -1068,3 +1068,85 @@ fn density_an_actor_with_no_room_moves_with_its_state() {
     assert!(moved["message"].as_str().unwrap_or_default().contains("node-b"), "{moved}");
     assert!(events(&ns, "mover-0", "MoveFailed").is_empty());
 }
+
+/// kubelet's view of the memory node `node`'s pods use: the working set of
+/// its pods' cgroup (the summary API's system container `pods`), bytes.
+fn pods_working_set(node: &str) -> i64 {
+    let s: Value = serde_json::from_str(&kubectl_ok(&["get", "--raw", &format!("/api/v1/nodes/{node}/proxy/stats/summary")])).unwrap_or(Value::Null);
+    let pods = s["node"]["systemContainers"].as_array().into_iter().flatten().find(|c| c["name"] == "pods").cloned().unwrap_or(Value::Null);
+    pods["memory"]["workingSetBytes"].as_i64().unwrap_or_else(|| panic!("no working set of {node}'s pods in its summary: {}", s["node"]))
+}
+
+/// Whether node `node` reports MemoryPressure.
+fn memory_pressure(node: &str) -> bool {
+    let n = kubectl_json(&["get", "node", node]);
+    n["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "MemoryPressure" && c["status"] == "True")
+}
+
+/// Issue 42 #3: an actor woken on a node that filled up while it slept runs
+/// above its lowered requests; when the node's pods then use more memory
+/// than it can allocate, kubelet evicts it first (it exceeds its requests
+/// most). With `torpor.dev/on-stop: suspend`, kubelet's stop suspends it
+/// before its container exits: its StatefulSet creates it again on a node
+/// with room and it continues with its state. Nothing lost.
+#[test]
+fn density_an_evicted_actor_is_suspended_first() {
+    installed();
+    let node = "node-b";
+    let ns = Namespace::new("native-evict");
+    let prefer_b = json!({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "preference": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}}]}}});
+    let alloc_mib = 600;
+    let resources = json!({"requests": {"cpu": "10m", "memory": "700Mi"}, "limits": {"memory": "1Gi"}});
+    let mut set: Value = serde_json::from_str(&stateful_set("evictee", 1, Some("torpor"), resources, json!({"torpor.dev/on-stop": "suspend"}), prefer_b))
+        .unwrap_or_else(|e| panic!("{e}"));
+    set["spec"]["template"]["spec"]["containers"][0]["args"] = json!(["counter", "--alloc-mib", alloc_mib.to_string()]);
+    ns.apply(&set.to_string());
+    let p = ns.wait_ready("evictee-0");
+    assert_eq!(p["spec"]["nodeName"], node, "placed on the node it prefers");
+    let uid = p["metadata"]["uid"].clone();
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "1");
+    suspend_by_annotation(&ns, "evictee-0", node);
+    wait_until("kubelet applied the lowered requests", LIVENESS, || {
+        (ns.pod("evictee-0")["status"]["containerStatuses"][0]["resources"]["requests"]["memory"] == "4Mi").then_some(())
+    });
+
+    // While it sleeps, a Guaranteed pod takes the node's free requests
+    // (50Mi left: its requests back are deferred) and uses memory up to
+    // what leaves the woken actor's pages over kubelet's eviction
+    // threshold (allocatable less evictionHard's 100Mi; the pods' cgroup
+    // limit, 100Mi above allocatable, is not reached).
+    let allocatable = bytes(kubectl_json(&["get", "node", node])["status"]["allocatable"]["memory"].as_str().unwrap_or("0"));
+    let hog_request = free_memory(node) - (50 << 20);
+    let used_now = pods_working_set(node);
+    let hog_mib = (allocatable - (50 << 20) - used_now - ((alloc_mib + 16) << 20)) >> 20;
+    assert!(hog_mib > 0 && hog_mib << 20 <= hog_request, "node {node}: allocatable {allocatable}, pods use {used_now}, free requests {hog_request}");
+    let hog = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hog"}, "spec": {
+        "nodeName": node, "dnsPolicy": "Default", "enableServiceLinks": false, "terminationGracePeriodSeconds": 1,
+        "containers": [{"name": "c", "image": ACTOR_IMAGE, "imagePullPolicy": "Never", "command": ["/actor"],
+            "args": ["oom", "--step-mib", "16", "--max-mib", (hog_mib - hog_mib % 16).to_string()],
+            "resources": {"requests": {"cpu": "100m", "memory": hog_request.to_string()}, "limits": {"cpu": "100m", "memory": hog_request.to_string()}}}],
+    }});
+    ns.apply(&hog.to_string());
+    ns.wait_ready("hog");
+    wait_until("the hog allocated its memory", LIVENESS, || ns.kubectl(&["logs", "hog"]).stdout.contains("reached --max-mib").then_some(()));
+    assert!(!memory_pressure(node), "no pressure before the actor wakes: pods use {}", pods_working_set(node));
+
+    // it wakes (a request): its pages come back, the node is short of memory
+    assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "2");
+    let evicted = wait_until(&format!("kubelet evicts evictee-0 from {node}"), LIVENESS, || {
+        events(&ns, "evictee-0", "Evicted").into_iter().find(|e| e["involvedObject"]["uid"] == uid)
+    });
+    assert!(evicted["message"].as_str().unwrap_or_default().contains("memory"), "{evicted}");
+    // kubelet's stop suspended it: its StatefulSet makes it again, where it fits
+    let q = wait_until("evictee-0 made again and Ready", LIVENESS * 2, || {
+        let q: Value = serde_json::from_str(&ns.kubectl(&["get", "pod", "evictee-0", "-o", "json"]).stdout).ok()?;
+        (q["metadata"]["uid"] != uid && pod_is_ready(&q)).then_some(q)
+    });
+    assert_eq!(q["spec"]["nodeName"], "node-a", "{node} is full: placed on node-a");
+    assert_eq!(counter(&format!("{}:8080", ip(&q)), "inc"), "3", "it continued with its state: the eviction suspended it first");
+    assert_eq!(ns.pod("hog")["status"]["phase"], "Running", "the hog (within its requests) was not evicted");
+    // hand the node on without pressure
+    ns.kubectl_ok(&["delete", "pod", "hog", "--wait=true"]);
+    wait_until(&format!("{node} without MemoryPressure"), LIVENESS, || (!memory_pressure(node)).then_some(()));
+}
