@@ -321,10 +321,10 @@ start_kubelet() {
 	local reserved=0 total_kib
 	if [ "$n" = b ]; then
 		total_kib="$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
-		reserved=$((total_kib / 1024 - ${TORPOR_CLUSTER_B_MEMORY_MIB:-4096} - 100))
+		reserved=$((total_kib - (${TORPOR_CLUSTER_B_MEMORY_MIB:-4096} + 100) * 1024))
 		[ "$reserved" -gt 0 ] || reserved=0
 	fi
-	sed -e "s|@NODE@|$n|g" -e "s|@SYSTEM_RESERVED_MEMORY@|${reserved}Mi|g" -e "s|@ADDRESS@|$(node_ip "$n")|g" -e "s|@CONTAINERD_SOCKET@|$sock|g" -e "s|@CGROUP@|${!cg}|g" \
+	sed -e "s|@NODE@|$n|g" -e "s|@SYSTEM_RESERVED_MEMORY@|${reserved}Ki|g" -e "s|@ADDRESS@|$(node_ip "$n")|g" -e "s|@CONTAINERD_SOCKET@|$sock|g" -e "s|@CGROUP@|${!cg}|g" \
 		-e "s|@PORT@|${!port}|g" -e "s|@HEALTHZ_PORT@|${!healthz}|g" -e "s|@PKI@|$PKI|g" \
 		-e "s|@POD_LOGS@|$logs|g" -e "s|@KUBELET_ROOT@|$root|g" \
 		"$TORPOR_CLUSTER_DIR/kubelet.yaml.in" >"$TORPOR_CLUSTER_STATE/kubelet-$n.yaml"

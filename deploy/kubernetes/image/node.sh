@@ -182,6 +182,18 @@ install_file() {
 	changed=1
 }
 
+# The snapshotter's root: its config's top-level `root` (the ConfigMap's
+# snapshotter.toml if any, else the host's file), else the built-in default.
+snapshotter_root() {
+	local f="$HOST$TORPOR_SNAPSHOTTER_CONFIG" r=""
+	[ -f "$IMG/etc/torpor-node/snapshotter.toml" ] && f="$IMG/etc/torpor-node/snapshotter.toml"
+	if [ -f "$f" ]; then
+		r="$(awk '/^[[:space:]]*\[/ { exit }
+			/^[[:space:]]*root[[:space:]]*=/ { sub(/^[^=]*=[[:space:]]*/, ""); sub(/[[:space:]]*(#.*)?$/, ""); gsub(/^["\047]|["\047]$/, ""); print; exit }' "$f")"
+	fi
+	echo "${r:-/var/lib/torpor/snapshotter}"
+}
+
 dropin() {
 	cat <<TOML
 $MARK (deploy/kubernetes, image/node.sh): remove with kubectl delete -k
@@ -193,6 +205,10 @@ version = 3
   [proxy_plugins.torpor]
     type = 'snapshot'
     address = '$TORPOR_SNAPSHOTTER_SOCKET'
+    exports = { root = '$(snapshotter_root)' }
+
+[plugins.'io.containerd.cri.v1.images'.runtime_platforms.torpor]
+  snapshotter = 'torpor'
 
 [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.torpor]
   runtime_type = 'io.containerd.torpor.v1'
