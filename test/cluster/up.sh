@@ -315,16 +315,20 @@ start_kubelet() {
 	ensure_bridge "$n"
 	# node-b is a small node: TORPOR_CLUSTER_B_MEMORY_MIB (default 4096) of
 	# allocatable memory, the rest of the machine's reserved for the system
-	# (allocatable = capacity - systemReserved - evictionHard's 100Mi), so
-	# that what fits on it is counted as on a small node (issue 42's
-	# density test); node-a offers the whole machine
-	local reserved=0 total_kib
+	# (allocatable = capacity - systemReserved - evictionHard's
+	# memory.available), so that what fits on it is counted as on a small
+	# node (issue 42's density test); node-a offers the whole machine.
+	# kubelet evicts when its pods' working set comes within evictionHard
+	# of their cgroup's limit (allocatable + evictionHard): node-b's 300Mi
+	# leaves a test room to press it without the kernel's OOM killer.
+	local reserved=0 total_kib eviction_mib=100
 	if [ "$n" = b ]; then
+		eviction_mib=300
 		total_kib="$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
-		reserved=$((total_kib - (${TORPOR_CLUSTER_B_MEMORY_MIB:-4096} + 100) * 1024))
+		reserved=$((total_kib - (${TORPOR_CLUSTER_B_MEMORY_MIB:-4096} + eviction_mib) * 1024))
 		[ "$reserved" -gt 0 ] || reserved=0
 	fi
-	sed -e "s|@NODE@|$n|g" -e "s|@SYSTEM_RESERVED_MEMORY@|${reserved}Ki|g" -e "s|@ADDRESS@|$(node_ip "$n")|g" -e "s|@CONTAINERD_SOCKET@|$sock|g" -e "s|@CGROUP@|${!cg}|g" \
+	sed -e "s|@NODE@|$n|g" -e "s|@SYSTEM_RESERVED_MEMORY@|${reserved}Ki|g" -e "s|@EVICTION_MEMORY@|${eviction_mib}Mi|g" -e "s|@ADDRESS@|$(node_ip "$n")|g" -e "s|@CONTAINERD_SOCKET@|$sock|g" -e "s|@CGROUP@|${!cg}|g" \
 		-e "s|@PORT@|${!port}|g" -e "s|@HEALTHZ_PORT@|${!healthz}|g" -e "s|@PKI@|$PKI|g" \
 		-e "s|@POD_LOGS@|$logs|g" -e "s|@KUBELET_ROOT@|$root|g" \
 		"$TORPOR_CLUSTER_DIR/kubelet.yaml.in" >"$TORPOR_CLUSTER_STATE/kubelet-$n.yaml"

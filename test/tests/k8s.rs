@@ -354,6 +354,21 @@ fn suspended_memory_leaves_the_pod_cgroup_and_a_request_wakes_it() {
     let usage = format!("{}/memory.usage_in_bytes", node.pod_cgroup("memory", &p));
     let before = cgroup_u64(&usage);
     assert!(before >= 64 * MIB, "the pod cgroup holds the 64 MiB before the suspend: {before} bytes ({usage})");
+    // kubelet's stats summary (node-pressure eviction, kubectl top, the
+    // HPA) reads the torpor pod: its container's memory and the filesystem
+    // of its writable layer (CRI finds it through the snapshotter's
+    // exported root; without it the whole node's summary failed)
+    let raw = kubectl_ok(&["get", "--raw", &format!("/api/v1/nodes/{}/proxy/stats/summary", node.name)]);
+    let summary: Value = serde_json::from_str(&raw).unwrap_or_else(|e| panic!("stats summary: not JSON ({e}): {raw}"));
+    let stats = summary["pods"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["podRef"]["name"] == "actor" && s["podRef"]["namespace"] == ns.name.as_str())
+        .unwrap_or_else(|| panic!("no stats of the pod in {}'s summary", node.name));
+    let c = &stats["containers"][0];
+    assert!(c["memory"]["workingSetBytes"].as_u64().unwrap_or(0) >= 64 * MIB, "{c}");
+    assert!(c["rootfs"]["capacityBytes"].as_u64().unwrap_or(0) > 0, "its writable layer's filesystem: {c}");
 
     node.suspend(&actor);
     let after = wait_until("the pod cgroup's memory to be freed", LIVENESS, || {

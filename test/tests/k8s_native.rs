@@ -1113,13 +1113,15 @@ fn density_an_evicted_actor_is_suspended_first() {
 
     // While it sleeps, a Guaranteed pod takes the node's free requests
     // (50Mi left: its requests back are deferred) and uses memory up to
-    // what leaves the woken actor's pages over kubelet's eviction
-    // threshold (allocatable less evictionHard's 100Mi; the pods' cgroup
-    // limit, 100Mi above allocatable, is not reached).
+    // what puts the woken actor's pages over kubelet's eviction threshold:
+    // kubelet evicts when the pods' working set comes within evictionHard's
+    // memory.available (300Mi on node-b) of their cgroup's limit,
+    // allocatable + 300Mi. Aimed at the middle: allocatable + 150Mi, 150Mi
+    // short of the limit, where the kernel's OOM killer would act.
     let allocatable = bytes(kubectl_json(&["get", "node", node])["status"]["allocatable"]["memory"].as_str().unwrap_or("0"));
     let hog_request = free_memory(node) - (50 << 20);
     let used_now = pods_working_set(node);
-    let hog_mib = (allocatable - (50 << 20) - used_now - ((alloc_mib + 16) << 20)) >> 20;
+    let hog_mib = (allocatable + (150 << 20) - used_now - ((alloc_mib + 16) << 20)) >> 20;
     assert!(hog_mib > 0 && hog_mib << 20 <= hog_request, "node {node}: allocatable {allocatable}, pods use {used_now}, free requests {hog_request}");
     let hog = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hog"}, "spec": {
         "nodeName": node, "dnsPolicy": "Default", "enableServiceLinks": false, "terminationGracePeriodSeconds": 1,
@@ -1131,10 +1133,16 @@ fn density_an_evicted_actor_is_suspended_first() {
     ns.wait_ready("hog");
     wait_until("the hog allocated its memory", LIVENESS, || ns.kubectl(&["logs", "hog"]).stdout.contains("reached --max-mib").then_some(()));
     assert!(!memory_pressure(node), "no pressure before the actor wakes: pods use {}", pods_working_set(node));
+    eprintln!("{node}: allocatable {allocatable}, pods used {used_now} before the hog's {hog_mib} MiB, {} now", pods_working_set(node));
 
     // it wakes (a request): its pages come back, the node is short of memory
     assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "2");
+    let mut polls = 0u32;
     let evicted = wait_until(&format!("kubelet evicts evictee-0 from {node}"), LIVENESS, || {
+        polls += 1;
+        if polls % 20 == 1 {
+            eprintln!("{node}: pods use {} of {allocatable} bytes, MemoryPressure {}", pods_working_set(node), memory_pressure(node));
+        }
         events(&ns, "evictee-0", "Evicted").into_iter().find(|e| e["involvedObject"]["uid"] == uid)
     });
     assert!(evicted["message"].as_str().unwrap_or_default().contains("memory"), "{evicted}");
