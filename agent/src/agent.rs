@@ -462,6 +462,8 @@ impl Agent {
         tracing::info!(actor = %actor.id(), "{note}");
         self.writer.event(pod, false, "Moving", "Move", note).await;
         let t0 = Instant::now();
+        // a failed move is tried again after another move_after, not on every pass
+        self.requests.entry(uid.into()).or_default().pending_since = Some(Instant::now());
         if let Err(e) = node::call(actor, Op::Suspend).await {
             self.metrics.moved("failed");
             let note = format!("move of actor {}: its suspend failed, it keeps running here: {e}", actor.id());
