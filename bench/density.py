@@ -33,6 +33,8 @@ import subprocess
 import sys
 import tempfile
 
+import bench
+
 BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(BENCH_DIR)
 RESULTS_PATH = os.environ.get("TORPOR_BENCH_RESULTS", os.path.join(BENCH_DIR, "results.json"))
@@ -87,27 +89,12 @@ def measure(actors):
     return entry
 
 
-def merge(entry):
-    try:
-        with open(RESULTS_PATH) as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        doc = {"results": []}
-    doc["results"] = [r for r in doc.get("results", []) if r.get("name") != entry["name"]] + [entry]
-    doc["date"] = entry["date"]
-    tmp = RESULTS_PATH + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, RESULTS_PATH)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--actors", type=int, default=int(os.environ.get("TORPOR_DENSITY_ACTORS", "32")))
     args = ap.parse_args()
     entry = measure(args.actors)
-    merge(entry)
+    bench.merge_results([entry], RESULTS_PATH)
     log(f"{NAME}: torpor={entry['torpor']} runc={entry['baseline']}"
         + (f"  [error: {entry['error']}]" if entry.get("error") else ""))
     return 1 if entry.get("error") else 0
