@@ -82,8 +82,7 @@ struct Requests {
     released: Option<(f64, f64)>,
     /// Awake, its requests not granted back yet: the reason's label, and
     /// since when it is pending for that reason.
-    pending: Option<&'static str>,
-    pending_since: Option<Instant>,
+    pending: Option<(&'static str, Instant)>,
     /// Why its asked-for move cannot be done (said once).
     not_moved: Option<String>,
 }
@@ -216,7 +215,7 @@ impl Agent {
                 d.released_memory_bytes += mem;
                 d.released_cpu_cores += cpu;
             }
-            if let Some(reason) = r.pending {
+            if let Some((reason, _)) = r.pending {
                 d.not_restored.push((reason, 1));
             }
         }
@@ -385,7 +384,6 @@ impl Agent {
         match resize::restore_status(p) {
             Restore::Restored => {
                 entry.pending = None;
-                entry.pending_since = None;
                 if resize::restored_condition(p).is_none_or(|(s, _)| s != "True") {
                     let note = format!("actor {} is awake and kubelet runs it with its own requests again", actor.id());
                     self.writer.event(pod, false, "RequestsRestored", "Resize", note.clone()).await;
@@ -395,11 +393,12 @@ impl Agent {
             }
             Restore::Pending { reason, message } => {
                 let label = Restore::label(reason);
-                let was = entry.pending.replace(label);
-                if was != Some(label) || entry.pending_since.is_none() {
-                    entry.pending_since = Some(Instant::now());
-                }
-                let since = entry.pending_since.unwrap_or_else(Instant::now);
+                let was = entry.pending.map(|(l, _)| l);
+                let since = match entry.pending {
+                    Some((l, since)) if l == label => since,
+                    _ => Instant::now(),
+                };
+                entry.pending = Some((label, since));
                 let on_pod = resize::restored_condition(p);
                 if was == Some(label) && on_pod.as_ref().is_some_and(|(s, r)| s == "False" && r == reason) {
                     return self.move_if_asked(p, actor, uid, reason, since).await;
@@ -463,7 +462,9 @@ impl Agent {
         self.writer.event(pod, false, "Moving", "Move", note).await;
         let t0 = Instant::now();
         // a failed move is tried again after another move_after, not on every pass
-        self.requests.entry(uid.into()).or_default().pending_since = Some(Instant::now());
+        if let Some((_, since)) = &mut self.requests.entry(uid.into()).or_default().pending {
+            *since = Instant::now();
+        }
         if let Err(e) = node::call(actor, Op::Suspend).await {
             self.metrics.moved("failed");
             let note = format!("move of actor {}: its suspend failed, it keeps running here: {e}", actor.id());
