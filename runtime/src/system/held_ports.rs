@@ -689,7 +689,6 @@ fn bind_retrying(addr: SocketAddr, v6_only: bool, retry: Duration) -> std::io::R
 /// restored, and is then proxied to it as a held one is. They live as long
 /// as the rules naming their ports.
 struct Spare {
-    ports: [Option<u16>; 2],
     /// Its listeners' addresses, in [`SPARE_ADDRS`] while it lives.
     addrs: Vec<SocketAddr>,
     /// `Some` once the actor listens again: how to reach it.
@@ -741,18 +740,25 @@ impl Spare {
                 return None;
             }
         };
-        let mut ports = [None, None];
         let mut listeners = Vec::new();
         for l in bound {
             let (Ok(addr), Ok(l)) = (l.local_addr(), TcpListener::from_std(l)) else { continue };
-            ports[usize::from(addr.is_ipv6())] = Some(addr.port());
             listeners.push((l, addr));
         }
         let addrs: Vec<SocketAddr> = listeners.iter().map(|(_, a)| *a).collect();
         spare_addrs().extend(addrs.iter().copied());
         let (ready, ready_rx) = watch::channel(None);
         let task = tokio::spawn(serve_spare(netns.to_path_buf(), listen.to_vec(), listeners, ready_rx, limit));
-        Some(Spare { ports, addrs, ready, task })
+        Some(Spare { addrs, ready, task })
+    }
+
+    /// Its listeners' ports, IPv4's then IPv6's, as the rules name them.
+    fn ports(&self) -> [Option<u16>; 2] {
+        let mut ports = [None, None];
+        for a in &self.addrs {
+            ports[usize::from(a.is_ipv6())] = Some(a.port());
+        }
+        ports
     }
 }
 
@@ -879,7 +885,7 @@ impl Armed {
                 return rules_in;
             }
             spare = Spare::open(netns, &listen, limits.held);
-            let ports = spare.as_ref().map_or([None, None], |s| s.ports);
+            let ports = spare.as_ref().map_or([None, None], |s| s.ports());
             // In the background: the handover waits for it (see the module doc).
             let (ns, listen) = (netns.to_path_buf(), listen.clone());
             tokio::spawn(async move {
@@ -1303,7 +1309,7 @@ mod tests {
         let armed = Armed::arm(&ns.path, listen.clone(), wake).unwrap();
         let mut want = listen.clone();
         // And the spare listeners, on loopback (see Spare).
-        let spare = armed.spare.as_ref().expect("spare listeners").ports;
+        let spare = armed.spare.as_ref().expect("spare listeners").ports();
         want.extend([spare[0].map(|p| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p)), spare[1].map(|p| SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), p))].into_iter().flatten());
         want.sort_unstable();
         assert_eq!(listening_ports(ns.tid), want);
@@ -1747,8 +1753,6 @@ mod tests {
         assert!(wait_rules_gone(&pod.path, "iptables", "7086").await);
     }
 
-    /// An IPv6-only listener of the actor is held IPv6-only: an IPv4
-    /// connection is refused, as it is while the actor runs.
     /// A spare listener of this shim is in the namespace's table, never in
     /// the actor's listeners (each suspend found the last one's spares and
     /// could not hold them: `activation: not held: 127.0.0.1:<port>`).
@@ -1765,6 +1769,8 @@ mod tests {
         assert!(found.contains(&actor) && !found.contains(&spare), "{found:?}");
     }
 
+    /// An IPv6-only listener of the actor is held IPv6-only: an IPv4
+    /// connection is refused, as it is while the actor runs.
     #[tokio::test]
     async fn an_ipv6_only_listener_is_held_ipv6_only() {
         // Found IPv6-only in a live process.
