@@ -122,10 +122,7 @@ pub async fn run(client: Client, cfg: Config) -> Result<()> {
             }
         }
     });
-    reader
-        .wait_until_ready()
-        .await
-        .map_err(|e| Error::Node(format!("the pod watch ended before its first list: {e}")))?;
+    reader.wait_until_ready().await.map_err(|e| Error::Node(format!("the pod watch ended before its first list: {e}")))?;
     tracing::info!(node = %cfg.node, socket_dir = %cfg.socket_dir.display(), "watching this node's pods");
     let recorder = Recorder::new(client, Reporter { controller: state::MANAGER.into(), instance: Some(cfg.node.clone()) });
     match &cfg.shrink {
@@ -171,8 +168,7 @@ pub async fn run(client: Client, cfg: Config) -> Result<()> {
 
 /// Is this a pod the agent looks after?
 pub fn is_torpor_pod(pod: &Pod) -> bool {
-    pod.metadata.deletion_timestamp.is_none()
-        && pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref()) == Some(RUNTIME_CLASS)
+    pod.metadata.deletion_timestamp.is_none() && pod.spec.as_ref().and_then(|s| s.runtime_class_name.as_deref()) == Some(RUNTIME_CLASS)
 }
 
 /// The actor of `pod` among this node's `actors` (by pod uid, see
@@ -235,9 +231,7 @@ impl Agent {
         if let Some(want) = desired.filter(|d| applied.as_ref() != Some(d)) {
             match Desired::parse(&want) {
                 Err(problem) => {
-                    self.writer
-                        .event(pod, true, state::INVALID_DESIRED, "Validate", format!("{problem}: nothing done"))
-                        .await;
+                    self.writer.event(pod, true, state::INVALID_DESIRED, "Validate", format!("{problem}: nothing done")).await;
                     meta.annotation(pod, APPLIED, Some(&want));
                     meta.annotation(pod, RESULT, Some(&format!("invalid: {want:?} is not one of {}", Desired::VALUES)));
                 }
@@ -344,7 +338,9 @@ impl Agent {
                 if entry.left_alone != Some(why.label()) {
                     entry.left_alone = Some(why.label());
                     self.metrics.left_alone(why.label());
-                    self.writer.event(pod, true, "RequestsKept", "Resize", format!("actor {} is awake; {}", actor.id(), why.message())).await;
+                    self.writer
+                        .event(pod, true, "RequestsKept", "Resize", format!("actor {} is awake; {}", actor.id(), why.message()))
+                        .await;
                 }
                 return Ok(());
             }
@@ -475,7 +471,10 @@ impl Agent {
         // suspended: whatever happens to the pod now, its state is kept
         if let Err(e) = self.writer.delete(pod).await {
             self.metrics.moved("failed");
-            let note = format!("move of actor {}: suspended here in {suspended_ms} ms, but deleting its pod failed (it stays suspended here): {e}", actor.id());
+            let note = format!(
+                "move of actor {}: suspended here in {suspended_ms} ms, but deleting its pod failed (it stays suspended here): {e}",
+                actor.id()
+            );
             self.writer.event(pod, true, "MoveFailed", "Move", note).await;
             return Err(e);
         }
@@ -569,7 +568,11 @@ impl Agent {
                 let (reason, note) = match (before, label.as_str()) {
                     ("suspended", "running") => (
                         "Resumed",
-                        format!("actor {} resumed by another trigger (a request, torporctl): restore {}", actor.id(), ms(&actor.record, "last_resume_ms")),
+                        format!(
+                            "actor {} resumed by another trigger (a request, torporctl): restore {}",
+                            actor.id(),
+                            ms(&actor.record, "last_resume_ms")
+                        ),
                     ),
                     (_, "suspended") => (
                         "Suspended",
@@ -655,8 +658,10 @@ mod tests {
             sock: format!("/run/torpor/shims/{uid}.sock").into(),
             record: serde_json::json!({"actor": id, "state": "RUNNING", "pod_uid": uid}),
         };
-        let actors: BTreeMap<String, Actor> =
-            [("uid-a", actor("ns/web", "uid-a")), ("uid-b", actor("team-b/secret", "uid-b"))].into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        let actors: BTreeMap<String, Actor> = [("uid-a", actor("ns/web", "uid-a")), ("uid-b", actor("team-b/secret", "uid-b"))]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
         assert!(actor_of(&p, &actors).is_none(), "a pod without a uid has no actor");
         p.metadata.uid = Some("uid-a".into());
         assert_eq!(actor_of(&p, &actors).map(Actor::id), Some("ns/web"));

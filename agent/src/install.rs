@@ -147,7 +147,14 @@ pub struct Uninstalled {
 /// the DaemonSet select no node (annotated [`WIPE`] when `wipe`), waits
 /// for its pods to go and for each of their nodes to stop reporting the
 /// `torpor` runtime handler (their preStop hooks uninstalled).
-pub async fn uninstall(client: &Client, namespace: &str, daemonset: &str, wipe: bool, force: bool, timeout: Duration) -> Result<Uninstalled> {
+pub async fn uninstall(
+    client: &Client,
+    namespace: &str,
+    daemonset: &str,
+    wipe: bool,
+    force: bool,
+    timeout: Duration,
+) -> Result<Uninstalled> {
     let pods = torpor_pods(client, None).await?;
     if !pods.is_empty() && !force {
         return Err(Error::Refused(format!(
@@ -216,7 +223,8 @@ mod tests {
 
     #[test]
     fn a_node_is_selected_by_every_key_of_the_node_selector() {
-        let labels: BTreeMap<String, String> = [(ENABLED.to_string(), "true".to_string()), ("kubernetes.io/os".into(), "linux".into())].into();
+        let labels: BTreeMap<String, String> =
+            [(ENABLED.to_string(), "true".to_string()), ("kubernetes.io/os".into(), "linux".into())].into();
         assert!(selects(&ds(&[(ENABLED, "true")]), &labels));
         assert!(selects(&ds(&[]), &labels), "no nodeSelector: every node");
         assert!(!selects(&ds(&[(ENABLED, "true"), (UNINSTALL, "true")]), &labels), "the uninstall selects no node");

@@ -98,7 +98,11 @@ impl Metrics {
             left_alone.clone(),
         );
         let shrunk = Gauge::default();
-        registry.register("torpor_agent_pods_shrunk", "This node's pods whose requests the agent holds lowered while their actor sleeps", shrunk.clone());
+        registry.register(
+            "torpor_agent_pods_shrunk",
+            "This node's pods whose requests the agent holds lowered while their actor sleeps",
+            shrunk.clone(),
+        );
         let released_memory = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "torpor_agent_released_memory_request_bytes",
@@ -189,7 +193,8 @@ pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener> {
 /// or 405).
 pub fn serve(listener: std::net::TcpListener, metrics: Arc<Metrics>) -> Result<()> {
     let addr = listener.local_addr().map_err(|source| Error::Io { what: "metrics listener".into(), source })?;
-    let listener = tokio::net::TcpListener::from_std(listener).map_err(|source| Error::Io { what: format!("metrics listener on {addr}"), source })?;
+    let listener =
+        tokio::net::TcpListener::from_std(listener).map_err(|source| Error::Io { what: format!("metrics listener on {addr}"), source })?;
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     tracing::info!(address = %addr, path = PATH, "serving metrics");
     tokio::spawn(async move {
@@ -257,7 +262,8 @@ async fn answer(metrics: Arc<Metrics>, req: Request<Incoming>) -> std::result::R
     };
     let len = body.len();
     let mut r = Response::new(Full::new(if head { Bytes::new() } else { Bytes::from(body) }));
-    let ct = if openmetrics { "application/openmetrics-text; version=1.0.0; charset=utf-8" } else { "text/plain; version=0.0.4; charset=utf-8" };
+    let ct =
+        if openmetrics { "application/openmetrics-text; version=1.0.0; charset=utf-8" } else { "text/plain; version=0.0.4; charset=utf-8" };
     r.headers_mut().insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static(ct));
     if head {
         r.headers_mut().insert(hyper::header::CONTENT_LENGTH, hyper::header::HeaderValue::from(len));

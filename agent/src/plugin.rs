@@ -125,7 +125,15 @@ pub fn snapshots_table(rows: &[Value]) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "{:<16} {:<28} {:<10} {:<32} SNAPSHOT", "NAMESPACE", "NAME", "STATE", "ACTOR");
     for r in rows {
-        let _ = writeln!(out, "{:<16} {:<28} {:<10} {:<32} {}", s(&r["namespace"]), s(&r["name"]), s(&r["state"]), s(&r["actor"]), s(&r["snapshot"]));
+        let _ = writeln!(
+            out,
+            "{:<16} {:<28} {:<10} {:<32} {}",
+            s(&r["namespace"]),
+            s(&r["name"]),
+            s(&r["state"]),
+            s(&r["actor"]),
+            s(&r["snapshot"])
+        );
     }
     out
 }

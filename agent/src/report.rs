@@ -189,10 +189,7 @@ mod tests {
         let p = pod(&[(STATE_LABEL, "running")]);
         assert!(state_patch(&p, "RUNNING", None).is_empty());
         let sp = state_patch(&p, "SUSPENDED", Some("ns/a@2"));
-        assert_eq!(
-            sp.to_json(),
-            json!({"metadata": {"labels": {STATE_LABEL: "suspended"}, "annotations": {state::SNAPSHOT: "ns/a@2"}}})
-        );
+        assert_eq!(sp.to_json(), json!({"metadata": {"labels": {STATE_LABEL: "suspended"}, "annotations": {state::SNAPSHOT: "ns/a@2"}}}));
         let mut m = MetaPatch::default();
         m.annotation(&p, state::APPLIED, None);
         assert!(m.is_empty(), "removing what is not there is no change");

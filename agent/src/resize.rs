@@ -53,7 +53,11 @@ pub fn parse_quantity(s: &str) -> Option<i128> {
         None => (false, num.strip_prefix('+').unwrap_or(num)),
     };
     let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if (int.is_empty() && frac.is_empty()) || !int.bytes().all(|b| b.is_ascii_digit()) || !frac.bytes().all(|b| b.is_ascii_digit()) || frac.len() > 9 {
+    if (int.is_empty() && frac.is_empty())
+        || !int.bytes().all(|b| b.is_ascii_digit())
+        || !frac.bytes().all(|b| b.is_ascii_digit())
+        || frac.len() > 9
+    {
         return None;
     }
     // the number in billionths
@@ -221,16 +225,17 @@ impl LeftAlone {
 
     pub fn message(&self) -> String {
         match self {
-            LeftAlone::Guaranteed => "the pod is Guaranteed QoS (its requests equal its limits): lowering its requests while its actor sleeps \
+            LeftAlone::Guaranteed => {
+                "the pod is Guaranteed QoS (its requests equal its limits): lowering its requests while its actor sleeps \
                  would change its QoS class, which Kubernetes refuses; its requests stay (set requests below limits to let them shrink)"
-                .into(),
+                    .into()
+            }
             LeftAlone::PodLevelResources => {
                 "the pod has pod-level resources (spec.resources), which torpor does not resize in place: its requests stay".into()
             }
-            LeftAlone::RestartPolicy(which) => format!(
-                "resizing {} would restart the container (resizePolicy RestartContainer): its requests stay",
-                which.join(", ")
-            ),
+            LeftAlone::RestartPolicy(which) => {
+                format!("resizing {} would restart the container (resizePolicy RestartContainer): its requests stay", which.join(", "))
+            }
             LeftAlone::BadAnnotation(e) => format!("the annotation {REQUESTS} does not parse ({e}): requests left as they are"),
         }
     }
@@ -244,7 +249,11 @@ pub enum Shrink {
     LeftAlone(LeftAlone),
     /// Write [`REQUESTS`] = `originals` (unless it is there already), then
     /// resize the pod's requests to `target`.
-    Resize { originals: Requests, target: Requests, write_annotation: bool },
+    Resize {
+        originals: Requests,
+        target: Requests,
+        write_annotation: bool,
+    },
 }
 
 /// The CPU and memory requests of the pod's (app) containers, as the spec has them.
@@ -252,8 +261,7 @@ pub fn spec_requests(pod: &Pod) -> Requests {
     let mut out = Requests::new();
     for c in pod.spec.iter().flat_map(|s| s.containers.iter()) {
         let reqs = c.resources.as_ref().and_then(|r| r.requests.as_ref());
-        let m: BTreeMap<String, String> =
-            RESOURCES.iter().filter_map(|r| Some((r.to_string(), reqs?.get(*r)?.0.clone()))).collect();
+        let m: BTreeMap<String, String> = RESOURCES.iter().filter_map(|r| Some((r.to_string(), reqs?.get(*r)?.0.clone()))).collect();
         out.insert(c.name.clone(), m);
     }
     out
@@ -281,9 +289,7 @@ fn restart_policy<'a>(c: &'a Container, resource: &str) -> Option<&'a str> {
 
 /// Whether the spec has `want`'s requests (each container, each resource).
 fn spec_has(spec: &Requests, want: &Requests) -> bool {
-    want.iter().all(|(c, rs)| {
-        rs.iter().all(|(r, q)| spec.get(c).and_then(|m| m.get(r)).is_some_and(|have| same_quantity(have, q)))
-    })
+    want.iter().all(|(c, rs)| rs.iter().all(|(r, q)| spec.get(c).and_then(|m| m.get(r)).is_some_and(|have| same_quantity(have, q))))
 }
 
 /// The decision for a pod whose actor is suspended.
@@ -321,9 +327,11 @@ pub fn plan_shrink(pod: &Pod, floors: &Floors) -> Shrink {
     if qos(pod) == Qos::Guaranteed {
         return Shrink::LeftAlone(LeftAlone::Guaranteed);
     }
-    let pod_level = pod.spec.as_ref().and_then(|s| s.resources.as_ref()).is_some_and(|r| {
-        r.requests.as_ref().is_some_and(|m| !m.is_empty()) || r.limits.as_ref().is_some_and(|m| !m.is_empty())
-    });
+    let pod_level = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.resources.as_ref())
+        .is_some_and(|r| r.requests.as_ref().is_some_and(|m| !m.is_empty()) || r.limits.as_ref().is_some_and(|m| !m.is_empty()));
     if pod_level {
         return Shrink::LeftAlone(LeftAlone::PodLevelResources);
     }
@@ -396,8 +404,7 @@ pub fn plan_grow(pod: &Pod) -> Grow {
 /// The body of the `pods/resize` patch (strategic merge: containers by
 /// name, requests by resource; limits untouched).
 pub fn resize_patch(target: &Requests) -> Value {
-    let containers: Vec<Value> =
-        target.iter().map(|(c, rs)| json!({"name": c, "resources": {"requests": rs}})).collect();
+    let containers: Vec<Value> = target.iter().map(|(c, rs)| json!({"name": c, "resources": {"requests": rs}})).collect();
     json!({"spec": {"containers": containers}})
 }
 
@@ -409,7 +416,10 @@ pub enum Restore {
     /// `Infeasible`: `PodResizePending`; `InProgress`, `Error`:
     /// `PodResizeInProgress`; `Waiting`: kubelet has not taken the new
     /// spec yet), `message` kubelet's words.
-    Pending { reason: &'static str, message: String },
+    Pending {
+        reason: &'static str,
+        message: String,
+    },
 }
 
 impl Restore {
@@ -487,10 +497,8 @@ pub fn released(originals: &Requests, spec: &Requests) -> (f64, f64) {
 pub fn describe(from: &Requests, to: &Requests) -> String {
     let mut parts = Vec::new();
     for (c, rs) in to {
-        let changes: Vec<String> = rs
-            .iter()
-            .map(|(r, q)| format!("{r} {} -> {q}", from.get(c).and_then(|m| m.get(r)).map_or("-", String::as_str)))
-            .collect();
+        let changes: Vec<String> =
+            rs.iter().map(|(r, q)| format!("{r} {} -> {q}", from.get(c).and_then(|m| m.get(r)).map_or("-", String::as_str))).collect();
         parts.push(format!("{c}: {}", changes.join(", ")));
     }
     parts.join("; ")
@@ -603,7 +611,10 @@ mod tests {
         let annotated_pod = with_annotation(p.clone(), &annotation_value(&originals));
         assert_eq!(annotated(&annotated_pod), Some(Ok(originals.clone())));
         // half-way (annotation written, resize not done): the resize again, the annotation as it is
-        assert_eq!(plan_shrink(&annotated_pod, &f), Shrink::Resize { originals: originals.clone(), target: target.clone(), write_annotation: false });
+        assert_eq!(
+            plan_shrink(&annotated_pod, &f),
+            Shrink::Resize { originals: originals.clone(), target: target.clone(), write_annotation: false }
+        );
         // done: nothing more
         let shrunk = resized(annotated_pod, &target);
         assert_eq!(plan_shrink(&shrunk, &f), Shrink::Nothing);
@@ -612,7 +623,11 @@ mod tests {
         let g = Floors::new("20m", "8Mi").unwrap();
         assert_eq!(
             plan_shrink(&shrunk, &g),
-            Shrink::Resize { originals: originals.clone(), target: reqs(json!({"app": {"cpu": "20m", "memory": "8Mi"}})), write_annotation: false }
+            Shrink::Resize {
+                originals: originals.clone(),
+                target: reqs(json!({"app": {"cpu": "20m", "memory": "8Mi"}})),
+                write_annotation: false
+            }
         );
 
         // awake again: the originals back, then the annotation goes
@@ -640,8 +655,14 @@ mod tests {
         rp.resize_policy = Some(vec![ContainerResizePolicy { resource_name: "memory".into(), restart_policy: "RestartContainer".into() }]);
         let Shrink::Resize { target, .. } = plan_shrink(&pod(vec![rp.clone()]), &f) else { panic!() };
         assert_eq!(target, reqs(json!({"app": {"cpu": "10m"}})), "memory would restart the container: CPU only");
-        rp.resize_policy.as_mut().unwrap().push(ContainerResizePolicy { resource_name: "cpu".into(), restart_policy: "RestartContainer".into() });
-        assert_eq!(plan_shrink(&pod(vec![rp]), &f), Shrink::LeftAlone(LeftAlone::RestartPolicy(vec!["app/cpu".into(), "app/memory".into()])));
+        rp.resize_policy
+            .as_mut()
+            .unwrap()
+            .push(ContainerResizePolicy { resource_name: "cpu".into(), restart_policy: "RestartContainer".into() });
+        assert_eq!(
+            plan_shrink(&pod(vec![rp]), &f),
+            Shrink::LeftAlone(LeftAlone::RestartPolicy(vec!["app/cpu".into(), "app/memory".into()]))
+        );
 
         let bad = with_annotation(pod(vec![container("app", &[("cpu", "10m")], &[])]), "{not json");
         assert!(matches!(plan_shrink(&bad, &f), Shrink::LeftAlone(LeftAlone::BadAnnotation(_))));
@@ -664,7 +685,13 @@ mod tests {
             conditions: Some(
                 conditions
                     .into_iter()
-                    .map(|(t, r, m)| PodCondition { type_: t.into(), status: "True".into(), reason: Some(r.into()), message: Some(m.into()), ..Default::default() })
+                    .map(|(t, r, m)| PodCondition {
+                        type_: t.into(),
+                        status: "True".into(),
+                        reason: Some(r.into()),
+                        message: Some(m.into()),
+                        ..Default::default()
+                    })
                     .collect(),
             ),
             container_statuses: Some(vec![ContainerStatus {
@@ -679,7 +706,10 @@ mod tests {
     #[test]
     fn pending_resizes_are_read_from_kubelets_conditions() {
         let mut p = pod(vec![container("app", &[("cpu", "500m"), ("memory", "512Mi")], &[("memory", "1Gi")])]);
-        p.status = Some(status(vec![("PodResizePending", "Deferred", "Node didn't have enough resource: memory")], &[("cpu", "10m"), ("memory", "4Mi")]));
+        p.status = Some(status(
+            vec![("PodResizePending", "Deferred", "Node didn't have enough resource: memory")],
+            &[("cpu", "10m"), ("memory", "4Mi")],
+        ));
         assert_eq!(restore_status(&p), Restore::Pending { reason: "Deferred", message: "Node didn't have enough resource: memory".into() });
         p.status = Some(status(vec![("PodResizePending", "Infeasible", "Node didn't have enough capacity")], &[]));
         assert!(matches!(restore_status(&p), Restore::Pending { reason: "Infeasible", .. }));

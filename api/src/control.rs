@@ -36,10 +36,7 @@ pub const SOCKET_DIR_ENV: &str = "TORPOR_SHIM_SOCKET_DIR";
 
 /// The directory of the control sockets: `$TORPOR_SHIM_SOCKET_DIR` or [`SOCKET_DIR`].
 pub fn socket_dir() -> PathBuf {
-    std::env::var_os(SOCKET_DIR_ENV)
-        .filter(|v| !v.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(SOCKET_DIR))
+    std::env::var_os(SOCKET_DIR_ENV).filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(SOCKET_DIR))
 }
 
 /// The [`ApiVersion`] this build serves.
@@ -264,7 +261,8 @@ pub fn fuzz_decode(data: &[u8]) {
             assert_eq!(back.reason, f.reason, "a failure's reason survives a status: {f:?}");
             assert_eq!(back.message, f.message, "a failure's message survives a status: {f:?}");
         }
-        let _ = ActorResponse::parse_from_bytes(&resp.payload).map(|a| a.actor.as_ref().map(|a| a.state.enum_value_or_default().to_string()));
+        let _ =
+            ActorResponse::parse_from_bytes(&resp.payload).map(|a| a.actor.as_ref().map(|a| a.state.enum_value_or_default().to_string()));
         let _ = StatusResponse::parse_from_bytes(&resp.payload);
     }
     let _ = ErrorDetail::parse_from_bytes(data).map(|d| d.reason.enum_value().map(Reason::describe));

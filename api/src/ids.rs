@@ -35,8 +35,7 @@ pub const ACTOR_ID_FORM: &str = "1 to 253 characters: one segment, or two separa
 pub const SNAPSHOT_REF_FORM: &str = "<actor>@<generation>, the generation a whole number from 1";
 
 /// The form of a snapshot selector, for error messages and help texts.
-pub const SNAPSHOT_SELECTOR_FORM: &str =
-    "<actor> (its newest snapshot) or <actor>@<generation> (a whole number from 1)";
+pub const SNAPSHOT_SELECTOR_FORM: &str = "<actor> (its newest snapshot) or <actor>@<generation> (a whole number from 1)";
 
 /// What kind of value failed to parse.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,10 +96,9 @@ impl fmt::Display for IdProblem {
                 write!(f, "segment {segment:?} must start and end with a lower-case letter or a digit")
             }
             IdProblem::NoGeneration => write!(f, "the \"@<generation>\" is missing"),
-            IdProblem::BadGeneration { generation } => write!(
-                f,
-                "generation {generation:?} is not a whole number from 1 (digits only, no sign or leading zero)"
-            ),
+            IdProblem::BadGeneration { generation } => {
+                write!(f, "generation {generation:?} is not a whole number from 1 (digits only, no sign or leading zero)")
+            }
             IdProblem::GenerationZero => write!(f, "generations start at 1"),
         }
     }
@@ -144,9 +142,7 @@ impl IdError {
             (IdKind::SnapshotRef, IdProblem::NoGeneration | IdProblem::BadGeneration { .. } | IdProblem::GenerationZero) => {
                 SNAPSHOT_REF_FORM
             }
-            (IdKind::SnapshotSelector, IdProblem::BadGeneration { .. } | IdProblem::GenerationZero) => {
-                SNAPSHOT_SELECTOR_FORM
-            }
+            (IdKind::SnapshotSelector, IdProblem::BadGeneration { .. } | IdProblem::GenerationZero) => SNAPSHOT_SELECTOR_FORM,
             _ => ACTOR_ID_FORM,
         }
     }
@@ -422,7 +418,9 @@ mod tests {
         for edge in ["-a", "a-", ".a", "a.", "_gen", "a/_gen", "a_", "ns/-p", "ns./p"] {
             assert!(matches!(problem(edge), IdProblem::BadEdge { .. }), "{edge}: {:?}", problem(edge));
         }
-        for (v, ch) in [("UPPER", 'U'), ("a b", ' '), ("a;b", ';'), ("a@1", '@'), ("a\u{e9}", '\u{e9}'), ("a\0", '\0'), ("a\\b", '\\'), ("a\nb", '\n')] {
+        for (v, ch) in
+            [("UPPER", 'U'), ("a b", ' '), ("a;b", ';'), ("a@1", '@'), ("a\u{e9}", '\u{e9}'), ("a\0", '\0'), ("a\\b", '\\'), ("a\nb", '\n')]
+        {
             assert_eq!(problem(v), IdProblem::BadChar { ch }, "{v:?}");
         }
         assert_eq!(problem(&"a".repeat(ACTOR_ID_MAX + 1)), IdProblem::TooLong { len: ACTOR_ID_MAX + 1 });

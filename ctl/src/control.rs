@@ -238,11 +238,7 @@ pub fn list_shims(dir: &Path) -> Result<Vec<PathBuf>, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(format!("read {}: {e} (torporctl must run as root)", dir.display())),
     };
-    let mut v: Vec<PathBuf> = entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "sock"))
-        .collect();
+    let mut v: Vec<PathBuf> = entries.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "sock")).collect();
     v.sort();
     Ok(v)
 }
@@ -267,7 +263,17 @@ mod tests {
         assert_eq!(v["state"], "SUSPENDED");
         assert_eq!(v["snapshot"], json!({"actor": "ns/web", "generation": 4}));
         assert_eq!(v["last_suspend_ms"], 80);
-        for absent in ["last_error", "last_resume_ms", "staging", "fenced", "cloned_from", "recovered_from", "moved_from", "restore_snapshot", "freeze_tier"] {
+        for absent in [
+            "last_error",
+            "last_resume_ms",
+            "staging",
+            "fenced",
+            "cloned_from",
+            "recovered_from",
+            "moved_from",
+            "restore_snapshot",
+            "freeze_tier",
+        ] {
             assert!(v[absent].is_null(), "{absent}: {v}");
         }
         let mut t = api::FreezeTier::new();

@@ -147,10 +147,7 @@ fn run(cli: &Cli) -> Result<(), Failure> {
     if let Some(n) = name {
         validate_name(n)?;
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("start the async runtime: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("start the async runtime: {e}"))?;
     rt.block_on(control_command(cli, op, name))
 }
 
@@ -208,7 +205,12 @@ async fn control_command(cli: &Cli, op: Option<Op>, name: Option<&str>) -> Resul
         };
         let who = found.entry["actor"]["actor"].as_str().unwrap_or("?");
         if found.legacy {
-            return Err(Failure::Refused(format!("{} of actor {who} refused: {}: {}", op.name(), found.sock.display(), control::LEGACY_SHIM)));
+            return Err(Failure::Refused(format!(
+                "{} of actor {who} refused: {}: {}",
+                op.name(),
+                found.sock.display(),
+                control::LEGACY_SHIM
+            )));
         }
         match control::call(&found.sock, op).await {
             Ok(v) => results.push(v),
@@ -235,9 +237,8 @@ fn kept_actors(root: &Path) -> Vec<Value> {
         .flatten()
         .filter_map(|e| {
             let rec: Value = serde_json::from_slice(&std::fs::read(e.path().join("actor.json")).ok()?).ok()?;
-            (rec["orphaned"] == json!(true)).then(|| {
-                json!({"ok": true, "shim": e.file_name().to_string_lossy(), "kept": true, "actor": rec})
-            })
+            (rec["orphaned"] == json!(true))
+                .then(|| json!({"ok": true, "shim": e.file_name().to_string_lossy(), "kept": true, "actor": rec}))
         })
         .collect();
     v.sort_by(|a, b| a["shim"].as_str().cmp(&b["shim"].as_str()));
@@ -277,9 +278,7 @@ fn matches(status: &Value, name: &str) -> bool {
     }
     let prefix = |id: &str| id == name || (name.len() >= 6 && id.starts_with(name));
     status["shim"].as_str().is_some_and(prefix)
-        || actor["containers"]
-            .as_array()
-            .is_some_and(|cs| cs.iter().filter_map(Value::as_str).any(prefix))
+        || actor["containers"].as_array().is_some_and(|cs| cs.iter().filter_map(Value::as_str).any(prefix))
 }
 
 /// The first `n` characters of `s` (never a byte slice: names under the
@@ -296,7 +295,11 @@ fn now_ms() -> u64 {
 fn table(results: &[Value]) -> String {
     use std::fmt::Write;
     let mut out = String::new();
-    let _ = writeln!(out, "{:<32} {:<11} {:>4} {:>10} {:>10}  {:<14} {:<24} ERROR", "ACTOR", "STATE", "GEN", "SUSPEND_MS", "RESUME_MS", "SHIM", "SNAPSHOT");
+    let _ = writeln!(
+        out,
+        "{:<32} {:<11} {:>4} {:>10} {:>10}  {:<14} {:<24} ERROR",
+        "ACTOR", "STATE", "GEN", "SUSPEND_MS", "RESUME_MS", "SHIM", "SNAPSHOT"
+    );
     let mut any_kept = false;
     for r in results {
         let a = &r["actor"];
@@ -341,7 +344,8 @@ fn table(results: &[Value]) -> String {
         );
     }
     if any_kept {
-        let _ = writeln!(out, "* shim dead: its snapshot stays in the store, and is restored when a container of the same identity is created");
+        let _ =
+            writeln!(out, "* shim dead: its snapshot stays in the store, and is restored when a container of the same identity is created");
     }
     out
 }
@@ -419,7 +423,10 @@ mod tests {
         let t = table(&rows);
         let line = |a: &str| t.lines().find(|l| l.starts_with(a)).unwrap_or_default().to_string();
         assert!(line("ns/tier").contains("FROZEN-TIER") && line("ns/tier").contains("freeze-first: checkpoint in "), "{t}");
-        assert!(line("ns/fence").contains("FROZEN ") && !line("ns/fence").contains("TIER") && line("ns/fence").contains("lease fence"), "{t}");
+        assert!(
+            line("ns/fence").contains("FROZEN ") && !line("ns/fence").contains("TIER") && line("ns/fence").contains("lease fence"),
+            "{t}"
+        );
         assert!(line("ns/plain").contains("FROZEN ") && !line("ns/plain").contains("TIER"), "{t}");
     }
 

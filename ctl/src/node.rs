@@ -85,10 +85,7 @@ pub enum NodeError {
 pub fn run(cmd: &Cmd) -> Result<(), String> {
     match cmd {
         Cmd::SocketPeer { path, mount_ns_of, proc_root } => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| NodeError::Runtime(e).to_string())?;
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| NodeError::Runtime(e).to_string())?;
             let pid = rt.block_on(socket_peer(path)).map_err(|e| e.to_string())?;
             if let Some(host_pid) = mount_ns_of {
                 check_mount_ns(proc_root, *host_pid, pid, path).map_err(|e| e.to_string())?;
@@ -143,7 +140,13 @@ pub fn containerd_config(root: &Path, file: &Path, ignore: Option<&Path>) -> Res
     let main = read_toml(root, file)?;
     let mut c = ContainerdConfig {
         version: main.get("version").and_then(|v| v.as_integer()).unwrap_or(0),
-        imports: main.get("imports").and_then(|v| v.as_array()).into_iter().flatten().filter_map(|v| v.as_str().map(str::to_string)).collect(),
+        imports: main
+            .get("imports")
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect(),
         systemd_cgroup: runc_systemd_cgroup(&main),
     };
     for pattern in c.imports.clone() {
@@ -192,7 +195,12 @@ fn expand(root: &Path, pattern: &Path) -> Result<Vec<PathBuf>, String> {
 
 /// The snapshotter's config (see [`Cmd::SnapshotterConfig`]) and the
 /// warning about a local object tier, if any.
-pub fn snapshotter_config(root: &Path, file: &Path, options_dir: Option<&Path>, metrics_address: Option<&str>) -> Result<(String, Option<String>), String> {
+pub fn snapshotter_config(
+    root: &Path,
+    file: &Path,
+    options_dir: Option<&Path>,
+    metrics_address: Option<&str>,
+) -> Result<(String, Option<String>), String> {
     let mut t = match std::fs::read_to_string(under(root, file)) {
         Ok(text) => text.parse::<toml::Table>().map_err(|e| format!("{}: not TOML: {e}", file.display()))?,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => toml::Table::new(),
@@ -204,7 +212,8 @@ pub fn snapshotter_config(root: &Path, file: &Path, options_dir: Option<&Path>, 
     let store = t.entry("store").or_insert_with(|| toml::Value::Table(toml::Table::new()));
     let store = store.as_table_mut().ok_or_else(|| format!("{}: [store] is not a table", file.display()))?;
     if let Some(dir) = options_dir {
-        let mut names: Vec<PathBuf> = std::fs::read_dir(dir).map_err(|e| format!("read {}: {e}", dir.display()))?.flatten().map(|e| e.path()).collect();
+        let mut names: Vec<PathBuf> =
+            std::fs::read_dir(dir).map_err(|e| format!("read {}: {e}", dir.display()))?.flatten().map(|e| e.path()).collect();
         names.sort();
         let opts = store.entry("remote_options").or_insert_with(|| toml::Value::Table(toml::Table::new()));
         let opts = opts.as_table_mut().ok_or_else(|| format!("{}: store.remote_options is not a table", file.display()))?;
@@ -232,9 +241,9 @@ pub fn snapshotter_config(root: &Path, file: &Path, options_dir: Option<&Path>, 
 /// (`io.containerd.cri.v1.runtime`) or 2 (`io.containerd.grpc.v1.cri`).
 fn runc_systemd_cgroup(t: &toml::Table) -> Option<bool> {
     let plugins = t.get("plugins")?.as_table()?;
-    ["io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri"].iter().find_map(|p| {
-        plugins.get(*p)?.get("containerd")?.get("runtimes")?.get("runc")?.get("options")?.get("SystemdCgroup")?.as_bool()
-    })
+    ["io.containerd.cri.v1.runtime", "io.containerd.grpc.v1.cri"]
+        .iter()
+        .find_map(|p| plugins.get(*p)?.get("containerd")?.get("runtimes")?.get("runc")?.get("options")?.get("SystemdCgroup")?.as_bool())
 }
 
 /// The pid of the process that created the listener of the unix socket at
@@ -256,9 +265,7 @@ pub async fn socket_peer(path: &Path) -> Result<i32, NodeError> {
 /// The mount namespace of `pid` (`mnt:[4026531841]`), from `proc_root`.
 fn mount_ns(proc_root: &Path, pid: i32) -> Result<String, NodeError> {
     let path = proc_root.join(pid.to_string()).join("ns/mnt");
-    std::fs::read_link(&path)
-        .map(|t| t.to_string_lossy().into_owned())
-        .map_err(|source| NodeError::ReadNs { path, source })
+    std::fs::read_link(&path).map(|t| t.to_string_lossy().into_owned()).map_err(|source| NodeError::ReadNs { path, source })
 }
 
 /// Refuses `pid` (the peer of `socket`) unless it runs in the mount
@@ -317,12 +324,21 @@ mod tests {
         .unwrap();
         let c = containerd_config(root.path(), Path::new("/etc/containerd/config.toml"), None).unwrap();
         assert_eq!(c, ContainerdConfig { version: 3, imports: vec!["/etc/containerd/conf.d/*.toml".into()], systemd_cgroup: Some(true) });
-        assert_eq!(c.shell(), "CONTAINERD_CONFIG_VERSION=3\nCONTAINERD_IMPORTS='/etc/containerd/conf.d/*.toml'\nCONTAINERD_SYSTEMD_CGROUP=true\n");
+        assert_eq!(
+            c.shell(),
+            "CONTAINERD_CONFIG_VERSION=3\nCONTAINERD_IMPORTS='/etc/containerd/conf.d/*.toml'\nCONTAINERD_SYSTEMD_CGROUP=true\n"
+        );
         // an import overrides the main config; the installer's own drop-in is left out
-        std::fs::write(etc.join("conf.d/10-cgroup.toml"), "version = 2\n[plugins.'io.containerd.grpc.v1.cri'.containerd.runtimes.runc.options]\nSystemdCgroup = false\n").unwrap();
+        std::fs::write(
+            etc.join("conf.d/10-cgroup.toml"),
+            "version = 2\n[plugins.'io.containerd.grpc.v1.cri'.containerd.runtimes.runc.options]\nSystemdCgroup = false\n",
+        )
+        .unwrap();
         std::fs::write(etc.join("conf.d/torpor.toml"), "not = [toml").unwrap();
         std::fs::write(etc.join("conf.d/notes.txt"), "not = [toml").unwrap();
-        let c = containerd_config(root.path(), Path::new("/etc/containerd/config.toml"), Some(Path::new("/etc/containerd/conf.d/torpor.toml"))).unwrap();
+        let c =
+            containerd_config(root.path(), Path::new("/etc/containerd/config.toml"), Some(Path::new("/etc/containerd/conf.d/torpor.toml")))
+                .unwrap();
         assert_eq!(c.systemd_cgroup, Some(false));
         // a v2 main config without imports nor runc options
         std::fs::write(etc.join("config.toml"), "version = 2\n").unwrap();

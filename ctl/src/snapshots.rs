@@ -70,19 +70,14 @@ pub fn parse_ref(s: &str) -> Result<SnapshotRef, String> {
 }
 
 pub fn run(socket: &Path, shim_dir: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("start the async runtime: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| format!("start the async runtime: {e}"))?;
     rt.block_on(run_async(socket, shim_dir, cmd, as_json))
 }
 
 async fn run_async(socket: &Path, shim_dir: &Path, cmd: &Cmd, as_json: bool) -> Result<(), String> {
     // Check the arguments before connecting.
     let target = match cmd {
-        Cmd::Inspect { snapshot } | Cmd::Upload { snapshot } | Cmd::Evict { snapshot } | Cmd::Rm { snapshot } => {
-            Some(parse_ref(snapshot)?)
-        }
+        Cmd::Inspect { snapshot } | Cmd::Upload { snapshot } | Cmd::Evict { snapshot } | Cmd::Rm { snapshot } => Some(parse_ref(snapshot)?),
         Cmd::Ls { actor: Some(a), .. } | Cmd::Gc { actor: Some(a), .. } => {
             ActorId::parse(a).map_err(|e| e.to_string())?;
             None
@@ -118,8 +113,8 @@ async fn run_async(socket: &Path, shim_dir: &Path, cmd: &Cmd, as_json: bool) -> 
         Cmd::Inspect { .. } => {
             let id = resolve(&client, target.as_ref()).await?;
             let resp = client.inspect(ctx(QUICK), &id).await.map_err(|e| rpc_err("inspect", e))?;
-            let manifest: Value = serde_json::from_str(&resp.manifest_json)
-                .map_err(|e| format!("the daemon returned a manifest that is not JSON: {e}"))?;
+            let manifest: Value =
+                serde_json::from_str(&resp.manifest_json).map_err(|e| format!("the daemon returned a manifest that is not JSON: {e}"))?;
             let objects: std::collections::BTreeMap<&String, &String> = resp.chunk_objects.iter().collect();
             let out = json!({ "snapshot": info_json(&resp.info), "manifest": manifest, "chunk_objects": objects });
             println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
@@ -217,7 +212,13 @@ async fn run_async(socket: &Path, shim_dir: &Path, cmd: &Cmd, as_json: bool) -> 
                 println!("local tier:      {} of {} budget{pressure}", mib(st.local_bytes), mib(st.local_budget_bytes));
                 println!("snapshots:       {} ({} local, {} checked out)", st.snapshots, st.local_snapshots, st.pinned_snapshots);
                 println!("pending uploads: {}", st.pending_uploads);
-                println!("since start:     uploaded {} in {} chunks ({} deduplicated), fetched {}", mib(st.uploaded_bytes), st.uploaded_chunks, st.deduplicated_chunks, mib(st.fetched_bytes));
+                println!(
+                    "since start:     uploaded {} in {} chunks ({} deduplicated), fetched {}",
+                    mib(st.uploaded_bytes),
+                    st.uploaded_chunks,
+                    st.deduplicated_chunks,
+                    mib(st.fetched_bytes)
+                );
                 println!("node:            {} ({} actor lease(s) held)", st.node_id, st.actor_leases.len());
                 for l in &st.actor_leases {
                     println!("lease            {l}");
@@ -237,10 +238,7 @@ async fn run_async(socket: &Path, shim_dir: &Path, cmd: &Cmd, as_json: bool) -> 
 
 async fn connect(socket: &Path) -> Result<api::StoreClient, String> {
     if !socket.exists() {
-        return Err(format!(
-            "{} does not exist: is torpor-snapshotter running? (systemctl status torpor-snapshotter)",
-            socket.display()
-        ));
+        return Err(format!("{} does not exist: is torpor-snapshotter running? (systemctl status torpor-snapshotter)", socket.display()));
     }
     let c = ttrpc::asynchronous::Client::connect(&format!("unix://{}", socket.display()))
         .await
@@ -277,7 +275,9 @@ async fn committing(shim_dir: &Path, actor: &ActorId) -> Option<(u64, String)> {
 
 /// The record of an actor whose newest generation is not committed yet.
 fn is_committing(a: &Value) -> bool {
-    a["state"] == "SUSPENDING" || a["committing"] == true || (a["state"] == "SUSPENDED" && a["staging"].is_object() && !a["snapshot"].is_object())
+    a["state"] == "SUSPENDING"
+        || a["committing"] == true
+        || (a["state"] == "SUSPENDED" && a["staging"].is_object() && !a["snapshot"].is_object())
 }
 
 /// The snapshot a reference names; without a generation, the actor's newest.

@@ -95,7 +95,9 @@ fn serve_old(sock: &Path) {
             let mut line = String::new();
             let _ = BufReader::new(&s).read_line(&mut line);
             let reply = match serde_json::from_str::<Value>(&line) {
-                Ok(_) => r#"{"ok":true,"shim":"oldshim","actor":{"actor":"ns/old","state":"RUNNING","generation":0,"containers":["0ld0ld0ld0ld"]}}"#,
+                Ok(_) => {
+                    r#"{"ok":true,"shim":"oldshim","actor":{"actor":"ns/old","state":"RUNNING","generation":0,"containers":["0ld0ld0ld0ld"]}}"#
+                }
                 Err(_) => r#"{"ok":false,"error":"request is not JSON"}"#,
             };
             let _ = writeln!(s, "{reply}");

@@ -30,11 +30,7 @@ pub enum StoreErrorKind {
 pub enum Error {
     /// A `torpor.dev/*` annotation (or another user-supplied value) is invalid.
     #[error("invalid annotation {key}={value:?}: {reason}")]
-    InvalidAnnotation {
-        key: String,
-        value: String,
-        reason: String,
-    },
+    InvalidAnnotation { key: String, value: String, reason: String },
     /// A request argument is invalid.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
@@ -137,19 +133,13 @@ pub trait IoContext<T> {
 
 impl<T> IoContext<T> for std::io::Result<T> {
     fn io_context<F: FnOnce() -> String>(self, f: F) -> Result<T> {
-        self.map_err(|source| Error::Io {
-            context: f(),
-            source,
-        })
+        self.map_err(|source| Error::Io { context: f(), source })
     }
 }
 
 impl<T> IoContext<T> for nix::Result<T> {
     fn io_context<F: FnOnce() -> String>(self, f: F) -> Result<T> {
-        self.map_err(|source| Error::Sys {
-            context: f(),
-            source,
-        })
+        self.map_err(|source| Error::Sys { context: f(), source })
     }
 }
 

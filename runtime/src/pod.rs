@@ -93,7 +93,8 @@ impl Runtime {
         if allowed.iter().any(|n| n == foreign) {
             return Ok(());
         }
-        let (ns, src) = (actor.namespace.as_deref().unwrap_or_default(), actor.restore_from.as_ref().map(ToString::to_string).unwrap_or_default());
+        let (ns, src) =
+            (actor.namespace.as_deref().unwrap_or_default(), actor.restore_from.as_ref().map(ToString::to_string).unwrap_or_default());
         let listed = if allowed.is_empty() { "none".to_string() } else { allowed.join(", ") };
         Err(Error::InvalidAnnotation {
             key: annotations::RESTORE_FROM.into(),
@@ -127,9 +128,7 @@ impl Runtime {
             if let Some(a) = &adopted {
                 // The files it wrote, before its processes come back, and
                 // the CRIU options of a restore into a new pod.
-                let prepared = adopt::apply_rootfs_diff(&req.bundle, a)
-                    .await
-                    .and_then(|_| bundle::recovery_criu_config(&req.bundle, true));
+                let prepared = adopt::apply_rootfs_diff(&req.bundle, a).await.and_then(|_| bundle::recovery_criu_config(&req.bundle, true));
                 if let Err(e) = prepared {
                     self.actor.give_back(&req.id, a, false, &e).await;
                     return Err(e);

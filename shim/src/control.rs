@@ -20,7 +20,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tracing::{info, warn};
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -28,6 +27,7 @@ use torpor_api::control as api;
 use torpor_api::ttrpc;
 use torpor_runtime::actor::{Lifecycle, Record};
 use torpor_runtime::{Error, Runtime, StoreErrorKind};
+use tracing::{info, warn};
 
 /// How long a connection in the old JSON protocol may take to send its line.
 const LEGACY_READ: Duration = Duration::from_secs(5);
@@ -147,8 +147,7 @@ async fn peek_first(stream: &UnixStream) -> std::io::Result<Option<u8>> {
         stream.readable().await?;
         let mut b = [0u8; 1];
         let r = stream.try_io(tokio::io::Interest::READABLE, || {
-            nix::sys::socket::recv(stream.as_raw_fd(), &mut b, nix::sys::socket::MsgFlags::MSG_PEEK)
-                .map_err(std::io::Error::from)
+            nix::sys::socket::recv(stream.as_raw_fd(), &mut b, nix::sys::socket::MsgFlags::MSG_PEEK).map_err(std::io::Error::from)
         });
         match r {
             Ok(0) => return Ok(None),
@@ -171,12 +170,7 @@ async fn route<A: ActorControl>(
         return Ok(()); // a liveness probe: connected, then closed
     };
     match api::Protocol::sniff(first) {
-        api::Protocol::Ttrpc => {
-            ttrpc_conns
-                .send(stream)
-                .await
-                .map_err(|_| std::io::Error::other("the ttrpc server has stopped"))
-        }
+        api::Protocol::Ttrpc => ttrpc_conns.send(stream).await.map_err(|_| std::io::Error::other("the ttrpc server has stopped")),
         p => refuse(stream, p, service).await,
     }
 }

@@ -14,9 +14,7 @@ pub fn to_ttrpc(e: Error) -> ttrpc::Error {
         Error::Store { kind, .. } => match kind {
             StoreErrorKind::NotFound => Code::NOT_FOUND,
             StoreErrorKind::InvalidArgument => Code::INVALID_ARGUMENT,
-            StoreErrorKind::LeaseHeld | StoreErrorKind::LeaseLost | StoreErrorKind::FailedPrecondition => {
-                Code::FAILED_PRECONDITION
-            }
+            StoreErrorKind::LeaseHeld | StoreErrorKind::LeaseLost | StoreErrorKind::FailedPrecondition => Code::FAILED_PRECONDITION,
             StoreErrorKind::Corrupt => Code::DATA_LOSS,
             StoreErrorKind::Unimplemented => Code::UNIMPLEMENTED,
             StoreErrorKind::Unavailable | StoreErrorKind::Other => Code::UNAVAILABLE,
@@ -57,11 +55,8 @@ mod tests {
         assert_eq!(code(Error::store(StoreErrorKind::NotFound, "x")), Code::NOT_FOUND);
         assert_eq!(code(Error::store(StoreErrorKind::Corrupt, "x")), Code::DATA_LOSS);
         assert_eq!(code(Error::store(StoreErrorKind::Unavailable, "x")), Code::UNAVAILABLE);
-        let bad = Error::InvalidAnnotation {
-            key: "torpor.dev/idle-after".into(),
-            value: "banana".into(),
-            reason: "expected a duration".into(),
-        };
+        let bad =
+            Error::InvalidAnnotation { key: "torpor.dev/idle-after".into(), value: "banana".into(), reason: "expected a duration".into() };
         match to_ttrpc(bad) {
             ttrpc::Error::RpcStatus(s) => {
                 assert_eq!(s.code(), Code::INVALID_ARGUMENT);

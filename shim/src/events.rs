@@ -7,9 +7,9 @@ use containerd_shim::protos::events::task::{TaskExit, TaskOOM};
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
 use containerd_shim::protos::protobuf::MessageDyn;
 use containerd_shim::protos::ttrpc::context::with_duration;
-use tracing::warn;
 use tokio::sync::mpsc;
 use torpor_runtime::Event;
+use tracing::warn;
 
 /// A queued event: its topic and message.
 pub type Queued = (String, Box<dyn MessageDyn>);
@@ -27,10 +27,7 @@ impl Events {
         tokio::spawn(async move {
             while let Some((topic, event)) = rx.recv().await {
                 // As the Go shim: give containerd 5 s per event.
-                if let Err(e) = publisher
-                    .publish(with_duration(Duration::from_secs(5)), &topic, &namespace, event)
-                    .await
-                {
+                if let Err(e) = publisher.publish(with_duration(Duration::from_secs(5)), &topic, &namespace, event).await {
                     warn!("publish {topic}: {e}");
                 }
             }
@@ -49,12 +46,7 @@ impl Events {
         tokio::spawn(async move {
             while let Some(e) = rx.recv().await {
                 match e {
-                    Event::Exit {
-                        container_id,
-                        exec_id,
-                        pid,
-                        exit,
-                    } => me.send(TaskExit {
+                    Event::Exit { container_id, exec_id, pid, exit } => me.send(TaskExit {
                         container_id: container_id.clone(),
                         id: if exec_id.is_empty() { container_id } else { exec_id },
                         pid: pid as u32,
@@ -62,10 +54,7 @@ impl Events {
                         exited_at: Some(timestamp(exit.at)).into(),
                         ..Default::default()
                     }),
-                    Event::Oom { container_id } => me.send(TaskOOM {
-                        container_id,
-                        ..Default::default()
-                    }),
+                    Event::Oom { container_id } => me.send(TaskOOM { container_id, ..Default::default() }),
                 }
             }
         });
@@ -75,9 +64,5 @@ impl Events {
 /// A protobuf timestamp.
 pub fn timestamp(t: SystemTime) -> Timestamp {
     let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-    Timestamp {
-        seconds: d.as_secs() as i64,
-        nanos: d.subsec_nanos() as i32,
-        ..Default::default()
-    }
+    Timestamp { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32, ..Default::default() }
 }

@@ -119,7 +119,8 @@ fn from_cri(o: &CriOptions) -> Result<RuncOptions> {
         return Err(invalid(format!("runtime options: TypeUrl {:?}: torpor's options are runc-v2's ({RUNC_OPTIONS})", o.type_url)));
     }
     if !o.config_body.is_empty() {
-        let body = std::str::from_utf8(&o.config_body).map_err(|e| invalid(format!("runtime options: the TOML of the options table is not UTF-8: {e}")))?;
+        let body = std::str::from_utf8(&o.config_body)
+            .map_err(|e| invalid(format!("runtime options: the TOML of the options table is not UTF-8: {e}")))?;
         return from_toml(body, "the runtime's options table");
     }
     if o.config_path.is_empty() {

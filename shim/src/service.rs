@@ -10,9 +10,9 @@ use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::MessageField;
 use containerd_shim::protos::types::introspection::{RuntimeInfo, RuntimeVersion};
 use containerd_shim::{Config, Flags, StartOpts};
-use tracing::info;
 use tokio::sync::mpsc;
 use torpor_runtime::{group_of, Runtime};
+use tracing::info;
 
 use crate::events::{timestamp, Events};
 use crate::task::TaskService;
@@ -55,11 +55,7 @@ impl Shim for Service {
     type T = TaskService;
 
     async fn new(_runtime_id: &str, args: &Flags, _config: &mut Config) -> Self {
-        Service {
-            exit: Arc::new(ExitSignal::default()),
-            id: args.id.clone(),
-            namespace: args.namespace.clone(),
-        }
+        Service { exit: Arc::new(ExitSignal::default()), id: args.id.clone(), namespace: args.namespace.clone() }
     }
 
     async fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
@@ -87,8 +83,7 @@ impl Shim for Service {
         // the actor's record (a complete checkpoint is kept for a restore
         // by identity), unmount the rootfs.
         StderrLog::install();
-        let bundle = std::env::current_dir()
-            .map_err(|e| containerd_shim::Error::Other(format!("get bundle dir: {e}")))?;
+        let bundle = std::env::current_dir().map_err(|e| containerd_shim::Error::Other(format!("get bundle dir: {e}")))?;
         let shim = group_of(&bundle, &self.id);
         if crate::control::serving(&shim) {
             // containerd also runs this when it closes its connection for
@@ -128,10 +123,7 @@ impl Shim for Service {
         }
         Ok(RuntimeInfo {
             name: runtime_id.to_string(),
-            version: MessageField::some(RuntimeVersion {
-                version: env!("CARGO_PKG_VERSION").to_string(),
-                ..Default::default()
-            }),
+            version: MessageField::some(RuntimeVersion { version: env!("CARGO_PKG_VERSION").to_string(), ..Default::default() }),
             options: options.cloned().into(),
             features: MessageField::some(Any {
                 type_url: "types.containerd.io/opencontainers/runtime-spec/1/features/Features".into(),

@@ -1,9 +1,7 @@
 //! A container's cgroup stats as containerd's cgroup v1 `Metrics`, the
 //! type CRI reads container stats from.
 
-use containerd_shim::protos::cgroups::metrics::{
-    CPUStat, CPUUsage, MemoryEntry, MemoryStat, Metrics, PidsStat, Throttle,
-};
+use containerd_shim::protos::cgroups::metrics::{CPUStat, CPUUsage, MemoryEntry, MemoryStat, Metrics, PidsStat, Throttle};
 use containerd_shim::protos::protobuf::MessageField;
 use torpor_runtime::system::cgroup::Counter;
 use torpor_runtime::CgroupStats;
@@ -29,11 +27,7 @@ pub fn to_metrics(s: &CgroupStats) -> Metrics {
     let stat = |v1: &str, v2: &str| s.memory.stat.get(v1).or_else(|| s.memory.stat.get(v2)).copied().unwrap_or(0);
     let usage = Counter { usage: s.memory.usage, max: s.memory_max, limit: s.memory.limit, failcnt: s.memory_failcnt };
     Metrics {
-        pids: MessageField::some(PidsStat {
-            current: s.pids.current,
-            limit: s.pids.limit.unwrap_or(0),
-            ..Default::default()
-        }),
+        pids: MessageField::some(PidsStat { current: s.pids.current, limit: s.pids.limit.unwrap_or(0), ..Default::default() }),
         cpu: MessageField::some(CPUStat {
             usage: MessageField::some(CPUUsage {
                 total: s.cpu.usage_ns,

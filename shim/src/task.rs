@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use containerd_shim::asynchronous::ExitSignal;
 use containerd_shim::protos::api::{
     CheckpointTaskRequest, CloseIORequest, ConnectRequest, ConnectResponse, CreateTaskRequest, CreateTaskResponse, DeleteRequest,
-    DeleteResponse, Empty, ExecProcessRequest, KillRequest, PauseRequest, PidsRequest, PidsResponse,
-    ResizePtyRequest, ResumeRequest, ShutdownRequest, StartRequest, StartResponse, StateRequest, StateResponse,
-    StatsRequest, StatsResponse, UpdateTaskRequest, WaitRequest, WaitResponse,
+    DeleteResponse, Empty, ExecProcessRequest, KillRequest, PauseRequest, PidsRequest, PidsResponse, ResizePtyRequest, ResumeRequest,
+    ShutdownRequest, StartRequest, StartResponse, StateRequest, StateResponse, StatsRequest, StatsResponse, UpdateTaskRequest, WaitRequest,
+    WaitResponse,
 };
 use containerd_shim::protos::events::task::{
     TaskCheckpointed, TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskIO, TaskPaused, TaskResumed, TaskStart,
@@ -22,8 +22,8 @@ use containerd_shim::protos::shim::oci::{CheckpointOptions, ProcessDetails};
 use containerd_shim::protos::shim_async::Task;
 use containerd_shim::protos::ttrpc::{self, r#async::TtrpcContext, Code};
 use containerd_shim::protos::types::task::{ProcessInfo, Status as TaskStatus};
-use tracing::{info, warn};
 use torpor_runtime::{wait_exit, CheckpointOpts, CreateRequest, RuncOptions, Runtime, Status, StdioConfig};
+use tracing::{info, warn};
 
 use crate::error::IntoTtrpc;
 use crate::events::{timestamp, Events};
@@ -92,12 +92,8 @@ impl Task for TaskService {
         }
         let bundle = PathBuf::from(&req.bundle);
         mount_rootfs(&req, &bundle).await?;
-        let stdio = StdioConfig {
-            stdin: req.stdin.clone(),
-            stdout: req.stdout.clone(),
-            stderr: req.stderr.clone(),
-            terminal: req.terminal,
-        };
+        let stdio =
+            StdioConfig { stdin: req.stdin.clone(), stdout: req.stdout.clone(), stderr: req.stderr.clone(), terminal: req.terminal };
         let created = self
             .runtime
             .create(CreateRequest {
@@ -106,10 +102,7 @@ impl Task for TaskService {
                 stdio,
                 checkpoint: (!req.checkpoint.is_empty()).then(|| PathBuf::from(&req.checkpoint)),
                 runc_options: runc_options(&req)?,
-                rootfs_upper: req
-                    .rootfs
-                    .iter()
-                    .find_map(|m| torpor_runtime::upper_dir(&m.type_, m.options.iter().map(String::as_str))),
+                rootfs_upper: req.rootfs.iter().find_map(|m| torpor_runtime::upper_dir(&m.type_, m.options.iter().map(String::as_str))),
             })
             .await;
         let pid = match created {
@@ -135,20 +128,13 @@ impl Task for TaskService {
             pid: pid as u32,
             ..Default::default()
         });
-        Ok(CreateTaskResponse {
-            pid: pid as u32,
-            ..Default::default()
-        })
+        Ok(CreateTaskResponse { pid: pid as u32, ..Default::default() })
     }
 
     async fn start(&self, _ctx: &TtrpcContext, req: StartRequest) -> ttrpc::Result<StartResponse> {
         let pid = self.runtime.start(&req.id, &req.exec_id).await.ttrpc()?;
         if req.exec_id.is_empty() {
-            self.events.send(TaskStart {
-                container_id: req.id.clone(),
-                pid: pid as u32,
-                ..Default::default()
-            });
+            self.events.send(TaskStart { container_id: req.id.clone(), pid: pid as u32, ..Default::default() });
         } else {
             self.events.send(TaskExecStarted {
                 container_id: req.id.clone(),
@@ -157,10 +143,7 @@ impl Task for TaskService {
                 ..Default::default()
             });
         }
-        Ok(StartResponse {
-            pid: pid as u32,
-            ..Default::default()
-        })
+        Ok(StartResponse { pid: pid as u32, ..Default::default() })
     }
 
     async fn state(&self, _ctx: &TtrpcContext, req: StateRequest) -> ttrpc::Result<StateResponse> {
@@ -194,30 +177,17 @@ impl Task for TaskService {
                 ..Default::default()
             });
         }
-        Ok(DeleteResponse {
-            pid: pid as u32,
-            exit_status: exit.status,
-            exited_at: Some(timestamp(exit.at)).into(),
-            ..Default::default()
-        })
+        Ok(DeleteResponse { pid: pid as u32, exit_status: exit.status, exited_at: Some(timestamp(exit.at)).into(), ..Default::default() })
     }
 
     async fn pids(&self, _ctx: &TtrpcContext, req: PidsRequest) -> ttrpc::Result<PidsResponse> {
         let pids = self.runtime.pids(&req.id).await.ttrpc()?;
         let mut processes = Vec::with_capacity(pids.len());
         for (pid, exec_id) in pids {
-            let mut info = ProcessInfo {
-                pid: pid as u32,
-                ..Default::default()
-            };
+            let mut info = ProcessInfo { pid: pid as u32, ..Default::default() };
             if let Some(exec_id) = exec_id {
-                let details = ProcessDetails {
-                    exec_id,
-                    ..Default::default()
-                };
-                let value = details
-                    .write_to_bytes()
-                    .map_err(|e| status(Code::INTERNAL, format!("encode process details: {e}")))?;
+                let details = ProcessDetails { exec_id, ..Default::default() };
+                let value = details.write_to_bytes().map_err(|e| status(Code::INTERNAL, format!("encode process details: {e}")))?;
                 info.info = MessageField::some(Any {
                     type_url: "types.containerd.io/containerd.runc.v1.ProcessDetails".into(),
                     value,
@@ -226,27 +196,18 @@ impl Task for TaskService {
             }
             processes.push(info);
         }
-        Ok(PidsResponse {
-            processes,
-            ..Default::default()
-        })
+        Ok(PidsResponse { processes, ..Default::default() })
     }
 
     async fn pause(&self, _ctx: &TtrpcContext, req: PauseRequest) -> ttrpc::Result<Empty> {
         self.runtime.pause(&req.id).await.ttrpc()?;
-        self.events.send(TaskPaused {
-            container_id: req.id,
-            ..Default::default()
-        });
+        self.events.send(TaskPaused { container_id: req.id, ..Default::default() });
         Ok(Empty::new())
     }
 
     async fn resume(&self, _ctx: &TtrpcContext, req: ResumeRequest) -> ttrpc::Result<Empty> {
         self.runtime.resume(&req.id).await.ttrpc()?;
-        self.events.send(TaskResumed {
-            container_id: req.id,
-            ..Default::default()
-        });
+        self.events.send(TaskResumed { container_id: req.id, ..Default::default() });
         Ok(Empty::new())
     }
 
@@ -295,54 +256,32 @@ impl Task for TaskService {
             let _ = std::fs::remove_dir_all(&work);
         }
         r.ttrpc()?;
-        self.events.send(TaskCheckpointed {
-            container_id: req.id,
-            checkpoint: image.clone(),
-            ..Default::default()
-        });
+        self.events.send(TaskCheckpointed { container_id: req.id, checkpoint: image.clone(), ..Default::default() });
         Ok(Empty::new())
     }
 
     async fn kill(&self, _ctx: &TtrpcContext, req: KillRequest) -> ttrpc::Result<Empty> {
-        self.runtime
-            .kill(&req.id, &req.exec_id, req.signal, req.all)
-            .await
-            .ttrpc()?;
+        self.runtime.kill(&req.id, &req.exec_id, req.signal, req.all).await.ttrpc()?;
         Ok(Empty::new())
     }
 
     async fn exec(&self, _ctx: &TtrpcContext, req: ExecProcessRequest) -> ttrpc::Result<Empty> {
-        let spec = req
-            .spec
-            .as_ref()
-            .ok_or_else(|| status(Code::INVALID_ARGUMENT, "exec request without a process spec"))?;
+        let spec = req.spec.as_ref().ok_or_else(|| status(Code::INVALID_ARGUMENT, "exec request without a process spec"))?;
         // The spec is an OCI Process in JSON; runc reads it as is, with the
         // terminal flag containerd sent.
         let mut process: serde_json::Value = serde_json::from_slice(&spec.value)
             .map_err(|e| status(Code::INVALID_ARGUMENT, format!("exec process spec is not JSON: {e}")))?;
         process["terminal"] = serde_json::Value::Bool(req.terminal);
-        let json = serde_json::to_vec(&process)
-            .map_err(|e| status(Code::INTERNAL, format!("encode exec process spec: {e}")))?;
-        let stdio = StdioConfig {
-            stdin: req.stdin.clone(),
-            stdout: req.stdout.clone(),
-            stderr: req.stderr.clone(),
-            terminal: req.terminal,
-        };
+        let json = serde_json::to_vec(&process).map_err(|e| status(Code::INTERNAL, format!("encode exec process spec: {e}")))?;
+        let stdio =
+            StdioConfig { stdin: req.stdin.clone(), stdout: req.stdout.clone(), stderr: req.stderr.clone(), terminal: req.terminal };
         self.runtime.exec(&req.id, &req.exec_id, &json, stdio).await.ttrpc()?;
-        self.events.send(TaskExecAdded {
-            container_id: req.id,
-            exec_id: req.exec_id,
-            ..Default::default()
-        });
+        self.events.send(TaskExecAdded { container_id: req.id, exec_id: req.exec_id, ..Default::default() });
         Ok(Empty::new())
     }
 
     async fn resize_pty(&self, _ctx: &TtrpcContext, req: ResizePtyRequest) -> ttrpc::Result<Empty> {
-        self.runtime
-            .resize_pty(&req.id, &req.exec_id, req.width, req.height)
-            .await
-            .ttrpc()?;
+        self.runtime.resize_pty(&req.id, &req.exec_id, req.width, req.height).await.ttrpc()?;
         Ok(Empty::new())
     }
 
@@ -354,38 +293,23 @@ impl Task for TaskService {
     }
 
     async fn update(&self, _ctx: &TtrpcContext, req: UpdateTaskRequest) -> ttrpc::Result<Empty> {
-        let resources = req
-            .resources
-            .as_ref()
-            .ok_or_else(|| status(Code::INVALID_ARGUMENT, "update request without resources"))?;
+        let resources = req.resources.as_ref().ok_or_else(|| status(Code::INVALID_ARGUMENT, "update request without resources"))?;
         self.runtime.update(&req.id, &resources.value).await.ttrpc()?;
         Ok(Empty::new())
     }
 
     async fn wait(&self, _ctx: &TtrpcContext, req: WaitRequest) -> ttrpc::Result<WaitResponse> {
         let rx = self.runtime.exit_watch(&req.id, &req.exec_id).await.ttrpc()?;
-        let exit = wait_exit(rx)
-            .await
-            .ok_or_else(|| status(Code::NOT_FOUND, format!("process {}/{} is gone", req.id, req.exec_id)))?;
-        Ok(WaitResponse {
-            exit_status: exit.status,
-            exited_at: Some(timestamp(exit.at)).into(),
-            ..Default::default()
-        })
+        let exit = wait_exit(rx).await.ok_or_else(|| status(Code::NOT_FOUND, format!("process {}/{} is gone", req.id, req.exec_id)))?;
+        Ok(WaitResponse { exit_status: exit.status, exited_at: Some(timestamp(exit.at)).into(), ..Default::default() })
     }
 
     async fn stats(&self, _ctx: &TtrpcContext, req: StatsRequest) -> ttrpc::Result<StatsResponse> {
         let raw = self.runtime.stats(&req.id).await.ttrpc()?;
         let metrics = stats::to_metrics(&raw);
-        let value = metrics
-            .write_to_bytes()
-            .map_err(|e| status(Code::INTERNAL, format!("encode metrics: {e}")))?;
+        let value = metrics.write_to_bytes().map_err(|e| status(Code::INTERNAL, format!("encode metrics: {e}")))?;
         Ok(StatsResponse {
-            stats: MessageField::some(Any {
-                type_url: "io.containerd.cgroups.v1.Metrics".into(),
-                value,
-                ..Default::default()
-            }),
+            stats: MessageField::some(Any { type_url: "io.containerd.cgroups.v1.Metrics".into(), value, ..Default::default() }),
             ..Default::default()
         })
     }

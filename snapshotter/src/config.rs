@@ -245,7 +245,9 @@ impl EncryptionSection {
                 active.get_or_insert(id);
             }
             (Some(_), None) => return Err(format!("${ENV_KEY_FD} is set but ${ENV_KEY_ID} is not: name the key")),
-            (None, Some(id)) => return Err(format!("${ENV_KEY_ID} = {id:?} is set but ${ENV_KEY_FD} (the descriptor holding the key) is not")),
+            (None, Some(id)) => {
+                return Err(format!("${ENV_KEY_ID} = {id:?} is set but ${ENV_KEY_FD} (the descriptor holding the key) is not"))
+            }
             (None, None) => {}
         }
         torpor_store::Keyring::new(keys, active.as_deref(), self.accept_unencrypted).map_err(|e| format!("store.encryption: {e}"))
@@ -366,9 +368,7 @@ pub const MAX_DURATION: Duration = Duration::from_secs(3650 * 24 * 3600);
 /// Parses `500ms`, `30s`, `5m`, `1h` (at most [`MAX_DURATION`]).
 pub fn parse_duration(s: &str) -> std::result::Result<Duration, String> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("{s:?} has no unit (ms, s, m, h)"))?;
+    let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(|| format!("{s:?} has no unit (ms, s, m, h)"))?;
     let (n, unit) = s.split_at(split);
     if n.is_empty() {
         return Err(format!("{s:?} is not <number><unit> (e.g. 30s)"));
@@ -393,9 +393,7 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (n, unit) = t.split_at(split);
-    let n: u64 = n
-        .parse()
-        .map_err(|_| format!("{s:?} is not <number>[unit] (e.g. 20GiB)"))?;
+    let n: u64 = n.parse().map_err(|_| format!("{s:?} is not <number>[unit] (e.g. 20GiB)"))?;
     let mult: u64 = match unit.trim() {
         "" | "B" => 1,
         "KiB" => 1 << 10,
@@ -406,14 +404,9 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
         "TB" => 1_000_000_000_000,
-        u => {
-            return Err(format!(
-                "{s:?}: unknown unit {u:?} (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
-            ))
-        }
+        u => return Err(format!("{s:?}: unknown unit {u:?} (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)")),
     };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s:?} is too large"))
+    n.checked_mul(mult).ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// `metrics_address`: `<ip>:<port>` (`127.0.0.1:9464`, `[::1]:9464`,
@@ -431,15 +424,11 @@ pub fn parse_metrics_address(v: Option<&str>) -> std::result::Result<Option<std:
 
 fn check_socket_path(key: &str, p: &Path) -> Result<()> {
     if !p.is_absolute() {
-        return Err(Error::Config(format!(
-            "{key} = {p:?} must be an absolute path"
-        )));
+        return Err(Error::Config(format!("{key} = {p:?} must be an absolute path")));
     }
     // sockaddr_un.sun_path holds 108 bytes including the terminating NUL
     if p.as_os_str().len() > 107 {
-        return Err(Error::Config(format!(
-            "{key} = {p:?} is longer than a unix socket path may be (107 bytes)"
-        )));
+        return Err(Error::Config(format!("{key} = {p:?} is longer than a unix socket path may be (107 bytes)")));
     }
     if p.file_name().is_none() {
         return Err(Error::Config(format!("{key} = {p:?} has no file name")));
@@ -449,10 +438,7 @@ fn check_socket_path(key: &str, p: &Path) -> Result<()> {
 
 /// Checks a log filter (`info`, `debug`, `torpor_snapshotter=debug,info`, …).
 pub fn check_log_level(s: &str) -> std::result::Result<(), String> {
-    tracing_subscriber::EnvFilter::builder()
-        .parse(s)
-        .map(|_| ())
-        .map_err(|e| format!("{s:?}: {e}"))
+    tracing_subscriber::EnvFilter::builder().parse(s).map(|_| ()).map_err(|e| format!("{s:?}: {e}"))
 }
 
 impl Config {
@@ -467,17 +453,10 @@ impl Config {
         let text = match std::fs::read_to_string(&file) {
             Ok(t) => Some(t),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => None,
-            Err(e) => {
-                return Err(Error::Config(format!(
-                    "cannot read config file {}: {e}",
-                    file.display()
-                )))
-            }
+            Err(e) => return Err(Error::Config(format!("cannot read config file {}: {e}", file.display()))),
         };
         let mut cfg = match text {
-            Some(t) => {
-                Self::parse(&t).map_err(|e| Error::Config(format!("{}: {e}", file.display())))?
-            }
+            Some(t) => Self::parse(&t).map_err(|e| Error::Config(format!("{}: {e}", file.display())))?,
             None => Config::default(),
         };
         if let Some(r) = &overrides.root {
@@ -490,11 +469,8 @@ impl Config {
             cfg.log_level = l.clone();
         }
         cfg.validate()?;
-        cfg.store.keyring = cfg
-            .store
-            .encryption
-            .load(|k| std::env::var(k).ok())
-            .map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
+        cfg.store.keyring =
+            cfg.store.encryption.load(|k| std::env::var(k).ok()).map_err(|e| Error::Config(format!("{}: {e}", file.display())))?;
         Ok(cfg)
     }
 
@@ -531,9 +507,7 @@ impl Config {
             store: StoreSection {
                 address: f.store.address.unwrap_or(d.store.address),
                 local_budget: match f.store.local_budget {
-                    Some(s) => {
-                        Some(parse_size(&s).map_err(|e| format!("store.local_budget: {e}"))?)
-                    }
+                    Some(s) => Some(parse_size(&s).map_err(|e| format!("store.local_budget: {e}"))?),
                     None => None,
                 },
                 remote_url: f.store.remote_url,
@@ -590,18 +564,12 @@ impl Config {
     /// Checks values that parse but make no sense.
     pub fn validate(&self) -> Result<()> {
         if !self.root.is_absolute() {
-            return Err(Error::Config(format!(
-                "root = {:?} must be an absolute path",
-                self.root
-            )));
+            return Err(Error::Config(format!("root = {:?} must be an absolute path", self.root)));
         }
         check_socket_path("snapshotter.address", &self.snapshotter.address)?;
         check_socket_path("store.address", &self.store.address)?;
         if self.snapshotter.address == self.store.address {
-            return Err(Error::Config(format!(
-                "snapshotter.address and store.address are the same socket {:?}",
-                self.store.address
-            )));
+            return Err(Error::Config(format!("snapshotter.address and store.address are the same socket {:?}", self.store.address)));
         }
         check_log_level(&self.log_level).map_err(|e| Error::Config(format!("log_level: {e}")))?;
         if self.shutdown_timeout.is_zero() {
@@ -610,14 +578,10 @@ impl Config {
         for o in &self.snapshotter.mount_options {
             let name = o.split('=').next().unwrap_or("");
             if o.is_empty() || o.contains(',') {
-                return Err(Error::Config(format!(
-                    "snapshotter.mount_options: {o:?} must be one non-empty option (no commas)"
-                )));
+                return Err(Error::Config(format!("snapshotter.mount_options: {o:?} must be one non-empty option (no commas)")));
             }
             if matches!(name, "lowerdir" | "upperdir" | "workdir") {
-                return Err(Error::Config(format!(
-                    "snapshotter.mount_options: {o:?}: {name} is set by the snapshotter"
-                )));
+                return Err(Error::Config(format!("snapshotter.mount_options: {o:?}: {name} is set by the snapshotter")));
             }
         }
         if self.store.gc_keep == 0 {
@@ -645,20 +609,15 @@ impl Config {
         // named by their [store] keys.
         self.store_config().validate().map_err(|e| Error::Config(format!("[store]: {e}")))?;
         if let Some(u) = &self.store.remote_url {
-            let ok = u
-                .split_once("://")
-                .is_some_and(|(scheme, rest)| !scheme.is_empty() && !rest.is_empty());
+            let ok = u.split_once("://").is_some_and(|(scheme, rest)| !scheme.is_empty() && !rest.is_empty());
             if !ok {
-                return Err(Error::Config(format!(
-                    "store.remote_url = {u:?} is not a URL (s3://bucket/prefix, file:///dir, …)"
-                )));
+                return Err(Error::Config(format!("store.remote_url = {u:?} is not a URL (s3://bucket/prefix, file:///dir, …)")));
             }
         }
         // The scheme and the client options, checked before anything is
         // created or bound (nothing is contacted or created here).
         let sc = self.store_config();
-        torpor_store::Remote::check(&sc.remote_url, &sc.remote_options)
-            .map_err(|e| Error::Config(format!("store.remote_url: {e}")))?;
+        torpor_store::Remote::check(&sc.remote_url, &sc.remote_options).map_err(|e| Error::Config(format!("store.remote_url: {e}")))?;
         Ok(())
     }
 }
@@ -808,7 +767,10 @@ mod tests {
             _ => None,
         };
         let err = EncryptionSection::default().load(plain_env).unwrap_err();
-        assert!(err.contains("no longer read") && err.contains("/proc") && err.contains(ENV_KEY_FD) && err.contains("store.encryption.keys"), "{err}");
+        assert!(
+            err.contains("no longer read") && err.contains("/proc") && err.contains(ENV_KEY_FD) && err.contains("store.encryption.keys"),
+            "{err}"
+        );
         assert!(!err.contains(&hex), "{err}");
 
         // Checked at parse: ids, absolute paths, unknown keys.
@@ -889,14 +851,8 @@ remote_url = "s3://bucket/prefix"
             ("root = \"relative\"", "root"),
             ("shutdown_timeout = \"5 parsecs\"", "shutdown_timeout"),
             ("log_level = \"[[\"", "log_level"),
-            (
-                "[snapshotter]\nmount_options = [\"upperdir=/x\"]",
-                "mount_options",
-            ),
-            (
-                "[snapshotter]\naddress = \"rel.sock\"",
-                "snapshotter.address",
-            ),
+            ("[snapshotter]\nmount_options = [\"upperdir=/x\"]", "mount_options"),
+            ("[snapshotter]\naddress = \"rel.sock\"", "snapshotter.address"),
             ("[store]\nlocal_budget = \"lots\"", "store.local_budget"),
             ("[store]\nremote_url = \"bucket\"", "store.remote_url"),
             ("[store]\nremote_url = \"ftp://host/dir\"", "unsupported scheme"),
@@ -908,10 +864,7 @@ remote_url = "s3://bucket/prefix"
             ("[store]\nkeep_local = \"307445734561825861m\"", "store.keep_local"),
             ("[store]\nsurrender_timeout = \"0s\"", "surrender_timeout"),
             ("shutdown_timeout = \"18446744073709551615s\"", "shutdown_timeout"),
-            (
-                "[store]\naddress = \"/run/torpor/snapshotter.sock\"",
-                "same socket",
-            ),
+            ("[store]\naddress = \"/run/torpor/snapshotter.sock\"", "same socket"),
             ("root = 5", "root"),
             ("metrics_address = \"localhost:9464\"", "metrics_address"),
             ("metrics_address = \"127.0.0.1\"", "metrics_address"),
@@ -941,19 +894,12 @@ remote_url = "s3://bucket/prefix"
         assert!(e.to_string().contains("bad.toml"), "{e}");
         let good = d.path().join("good.toml");
         std::fs::write(&good, "root = \"/a\"").unwrap();
-        let o = Overrides {
-            root: Some("/b".into()),
-            address: Some("/run/t/s.sock".into()),
-            log_level: Some("warn".into()),
-        };
+        let o = Overrides { root: Some("/b".into()), address: Some("/run/t/s.sock".into()), log_level: Some("warn".into()) };
         let c = Config::load(Some(&good), &o).unwrap();
         assert_eq!(c.root, PathBuf::from("/b"));
         assert_eq!(c.snapshotter.address, PathBuf::from("/run/t/s.sock"));
         assert_eq!(c.log_level, "warn");
-        let bad_flag = Overrides {
-            root: Some("rel".into()),
-            ..Default::default()
-        };
+        let bad_flag = Overrides { root: Some("rel".into()), ..Default::default() };
         assert!(Config::load(Some(&good), &bad_flag).is_err());
     }
 

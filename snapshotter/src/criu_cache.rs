@@ -57,7 +57,14 @@ async fn warm_at(run: &Path) -> Result<&'static str, String> {
                 return Err(std::io::Error::last_os_error());
             }
             let opts = c"size=1m,mode=0755";
-            if libc::mount(c"torpor-criu-kdat".as_ptr(), c"/run".as_ptr(), c"tmpfs".as_ptr(), libc::MS_NOSUID | libc::MS_NODEV, opts.as_ptr().cast()) != 0 {
+            if libc::mount(
+                c"torpor-criu-kdat".as_ptr(),
+                c"/run".as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                opts.as_ptr().cast(),
+            ) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

@@ -44,10 +44,7 @@ pub fn private_dir(dir: &Path) -> Result<()> {
     match std::fs::metadata(dir) {
         Ok(md) => {
             if !md.is_dir() {
-                return Err(Error::Daemon(format!(
-                    "socket directory {} is not a directory",
-                    dir.display()
-                )));
+                return Err(Error::Daemon(format!("socket directory {} is not a directory", dir.display())));
             }
             let mode = md.permissions().mode() & 0o7777;
             if mode & 0o022 != 0 && mode & 0o1000 == 0 {
@@ -60,11 +57,7 @@ pub fn private_dir(dir: &Path) -> Result<()> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             use std::os::unix::fs::DirBuilderExt;
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| Error::io("create directory", dir, e))
+            std::fs::DirBuilder::new().recursive(true).mode(0o700).create(dir).map_err(|e| Error::io("create directory", dir, e))
         }
         Err(e) => Err(Error::io("stat", dir, e)),
     }
@@ -73,33 +66,22 @@ pub fn private_dir(dir: &Path) -> Result<()> {
 /// Binds a unix socket at `path` (mode 0600, in a 0700 directory). A socket
 /// left by a crashed daemon is replaced; one that still answers is not.
 pub fn bind_socket(path: &Path) -> Result<UnixListener> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| Error::Daemon(format!("socket path {} has no directory", path.display())))?;
+    let dir = path.parent().ok_or_else(|| Error::Daemon(format!("socket path {} has no directory", path.display())))?;
     private_dir(dir)?;
     match std::fs::symlink_metadata(path) {
         Ok(md) if md.file_type().is_socket() => {
             if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                return Err(Error::Daemon(format!(
-                    "{} is in use: another torpor-snapshotter is serving it",
-                    path.display()
-                )));
+                return Err(Error::Daemon(format!("{} is in use: another torpor-snapshotter is serving it", path.display())));
             }
             warn!(path = %path.display(), "replacing stale socket");
             std::fs::remove_file(path).map_err(|e| Error::io("remove stale socket", path, e))?;
         }
-        Ok(_) => {
-            return Err(Error::Daemon(format!(
-                "{} exists and is not a socket; not replacing it",
-                path.display()
-            )))
-        }
+        Ok(_) => return Err(Error::Daemon(format!("{} exists and is not a socket; not replacing it", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::io("stat", path, e)),
     }
     let l = UnixListener::bind(path).map_err(|e| Error::io("bind", path, e))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| Error::io("chmod 0600", path, e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(|e| Error::io("chmod 0600", path, e))?;
     Ok(l)
 }
 
@@ -133,23 +115,14 @@ struct Served {
 
 /// Serves `router` on `listener` until `stop` turns true; then stops
 /// accepting and lets in-flight calls finish.
-fn serve_on(
-    name: &'static str,
-    path: PathBuf,
-    listener: UnixListener,
-    router: Router,
-    mut stop: watch::Receiver<bool>,
-) -> Served {
+fn serve_on(name: &'static str, path: PathBuf, listener: UnixListener, router: Router, mut stop: watch::Receiver<bool>) -> Served {
     let incoming = UnixListenerStream::new(listener);
     let task = tokio::spawn(async move {
         let signal = async move {
             // a dropped sender counts as "stop" too
             let _ = stop.wait_for(|s| *s).await;
         };
-        router
-            .serve_with_incoming_shutdown(incoming, signal)
-            .await
-            .map_err(|e| format!("{name} server: {e}"))
+        router.serve_with_incoming_shutdown(incoming, signal).await.map_err(|e| format!("{name} server: {e}"))
     });
     info!(service = name, socket = %path.display(), "serving");
     Served { name, path, task }
@@ -157,10 +130,8 @@ fn serve_on(
 
 /// Runs the daemon until SIGTERM or SIGINT.
 pub async fn run(cfg: Config) -> Result<()> {
-    let mut sigterm = signal(SignalKind::terminate())
-        .map_err(|e| Error::Daemon(format!("SIGTERM handler: {e}")))?;
-    let mut sigint = signal(SignalKind::interrupt())
-        .map_err(|e| Error::Daemon(format!("SIGINT handler: {e}")))?;
+    let mut sigterm = signal(SignalKind::terminate()).map_err(|e| Error::Daemon(format!("SIGTERM handler: {e}")))?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(|e| Error::Daemon(format!("SIGINT handler: {e}")))?;
 
     // The metrics port first: one in use stops the start before any
     // state is created.
@@ -179,10 +150,7 @@ pub async fn run(cfg: Config) -> Result<()> {
     });
 
     let root = cfg.root.clone();
-    let opts = Options {
-        mount_options: cfg.snapshotter.mount_options.clone(),
-        upperdir_label: cfg.snapshotter.upperdir_label,
-    };
+    let opts = Options { mount_options: cfg.snapshotter.mount_options.clone(), upperdir_label: cfg.snapshotter.upperdir_label };
     let overlay = tokio::task::spawn_blocking(move || Overlay::open(&root, opts))
         .await
         .map_err(|e| Error::Daemon(format!("opening the snapshotter: {e}")))??;
@@ -192,22 +160,13 @@ pub async fn run(cfg: Config) -> Result<()> {
     let mut served = Vec::new();
 
     let listener = bind_socket(&cfg.snapshotter.address)?;
-    let router =
-        Server::builder().add_service(containerd_snapshots::server(Arc::new(snapshotter.clone())));
-    served.push(serve_on(
-        "snapshotter",
-        cfg.snapshotter.address.clone(),
-        listener,
-        router,
-        stop_rx.clone(),
-    ));
+    let router = Server::builder().add_service(containerd_snapshots::server(Arc::new(snapshotter.clone())));
+    served.push(serve_on("snapshotter", cfg.snapshotter.address.clone(), listener, router, stop_rx.clone()));
 
     // The tiered snapshot store and its API (ttrpc: the shim's transport).
     let store_cfg = cfg.store_config();
     info!(root = %store_cfg.root.display(), remote = %store_cfg.remote_url, budget = store_cfg.local_budget_bytes, "opening the snapshot store");
-    let store = torpor_store::Store::open(store_cfg)
-        .await
-        .map_err(|e| Error::Daemon(format!("opening the snapshot store: {e}")))?;
+    let store = torpor_store::Store::open(store_cfg).await.map_err(|e| Error::Daemon(format!("opening the snapshot store: {e}")))?;
     // The store API is served on a runtime of its own, with the lease
     // renewals: Confirm (the shims' lease fence) and renewals never wait
     // behind the data path (commits, fetches, uploads, whose database and
@@ -221,9 +180,7 @@ pub async fn run(cfg: Config) -> Result<()> {
             .build()
             .map_err(|e| Error::Daemon(format!("the store API's runtime: {e}")))?,
     ));
-    let store_listener = bind_socket(&cfg.store.address)?
-        .into_std()
-        .map_err(|e| Error::io("store API socket", &cfg.store.address, e))?;
+    let store_listener = bind_socket(&cfg.store.address)?.into_std().map_err(|e| Error::io("store API socket", &cfg.store.address, e))?;
     let metrics = crate::metrics::Metrics::new(Some(&store));
     // The page server (streamed checkouts' memory, for CRIU's lazy-pages
     // daemons), on the data runtime, beside the store API's socket.
@@ -239,9 +196,8 @@ pub async fn run(cfg: Config) -> Result<()> {
         .handle()
         .spawn(async move {
             let listener = tokio::net::UnixListener::from_std(store_listener).map_err(|e| format!("{e}"))?;
-            let mut server = torpor_api::ttrpc::asynchronous::Server::new()
-                .add_listener(listener.into())
-                .register_service(service.into_service());
+            let mut server =
+                torpor_api::ttrpc::asynchronous::Server::new().add_listener(listener.into()).register_service(service.into_service());
             server.start().await.map_err(|e| format!("{e}"))?;
             Ok::<_, String>(server)
         })
@@ -359,10 +315,7 @@ pub async fn run(cfg: Config) -> Result<()> {
     let refs = Arc::strong_count(snapshotter.overlay());
     drop(snapshotter);
     if refs > 1 {
-        warn!(
-            still_in_use = refs - 1,
-            "metadata database closes when the last call ends"
-        );
+        warn!(still_in_use = refs - 1, "metadata database closes when the last call ends");
     }
     match failed {
         Some(msg) => Err(Error::Daemon(msg)),

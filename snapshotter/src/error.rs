@@ -47,11 +47,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// An I/O error with the operation and the path it was about.
     pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io {
-            op,
-            path: path.into(),
-            source,
-        }
+        Error::Io { op, path: path.into(), source }
     }
 
     /// Builds an `Error::Io` from a nix errno.
@@ -68,9 +64,7 @@ impl From<Error> for Status {
             Error::AlreadyExists(_) => Status::already_exists(msg),
             Error::FailedPrecondition(_) => Status::failed_precondition(msg),
             Error::InvalidArgument(_) | Error::Config(_) => Status::invalid_argument(msg),
-            Error::Io { .. } | Error::Db { .. } | Error::Corrupt { .. } | Error::Daemon(_) => {
-                Status::internal(msg)
-            }
+            Error::Io { .. } | Error::Db { .. } | Error::Corrupt { .. } | Error::Daemon(_) => Status::internal(msg),
         }
     }
 }
@@ -85,26 +79,15 @@ mod tests {
         let cases = [
             (Error::NotFound("x".into()), Code::NotFound),
             (Error::AlreadyExists("x".into()), Code::AlreadyExists),
-            (
-                Error::FailedPrecondition("x".into()),
-                Code::FailedPrecondition,
-            ),
+            (Error::FailedPrecondition("x".into()), Code::FailedPrecondition),
             (Error::InvalidArgument("x".into()), Code::InvalidArgument),
-            (
-                Error::io("open", "/p", std::io::Error::other("boom")),
-                Code::Internal,
-            ),
+            (Error::io("open", "/p", std::io::Error::other("boom")), Code::Internal),
         ];
         for (e, code) in cases {
             let s: Status = e.into();
             assert_eq!(s.code(), code);
         }
-        let s: Status = Error::io(
-            "open",
-            "/some/path",
-            std::io::Error::from_raw_os_error(libc::ENOENT),
-        )
-        .into();
+        let s: Status = Error::io("open", "/some/path", std::io::Error::from_raw_os_error(libc::ENOENT)).into();
         assert!(s.message().contains("open /some/path"), "{}", s.message());
     }
 }

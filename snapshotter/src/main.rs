@@ -7,11 +7,7 @@ use clap::Parser;
 use torpor_snapshotter::config::{self, Config, Overrides};
 
 #[derive(Debug, Parser)]
-#[command(
-    name = "torpor-snapshotter",
-    version,
-    about = "torpor node daemon: containerd proxy snapshotter (overlayfs) and snapshot store"
-)]
+#[command(name = "torpor-snapshotter", version, about = "torpor node daemon: containerd proxy snapshotter (overlayfs) and snapshot store")]
 struct Args {
     /// Config file (TOML). Without this flag /etc/torpor/snapshotter.toml is
     /// read if it exists; a file given here must exist.
@@ -33,11 +29,7 @@ fn init_logging(filter: &str) {
     // Under systemd (journald on stderr) the journal adds its own timestamps.
     let journald = std::env::var_os("JOURNAL_STREAM").is_some();
     let filter = tracing_subscriber::EnvFilter::builder().parse_lossy(filter);
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(false)
-        .with_target(false);
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(false).with_target(false);
     if journald {
         b.without_time().init();
     } else {
@@ -51,11 +43,7 @@ fn main() -> ExitCode {
     // hold process memory.
     torpor_snapshotter::daemon::private_umask();
     let args = Args::parse();
-    let overrides = Overrides {
-        root: args.root,
-        address: args.address,
-        log_level: args.log_level,
-    };
+    let overrides = Overrides { root: args.root, address: args.address, log_level: args.log_level };
     let cfg = match Config::load(args.config.as_deref(), &overrides) {
         Ok(c) => c,
         Err(e) => {
@@ -71,11 +59,7 @@ fn main() -> ExitCode {
         socket = %cfg.snapshotter.address.display(),
         "torpor-snapshotter starting"
     );
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("torpor-snapshotter")
-        .build()
-    {
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().thread_name("torpor-snapshotter").build() {
         Ok(rt) => rt,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the tokio runtime");

@@ -44,7 +44,9 @@ impl Drop for Expedited {
     fn drop(&mut self) {
         match write_value(&self.knob, self.was) {
             Ok(()) => info!(knob = %self.knob.display(), value = self.was, "RCU grace periods: the node's own setting is back"),
-            Err(e) => warn!(knob = %self.knob.display(), "RCU grace periods: the node's own setting ({}) could not be put back: {e}", self.was),
+            Err(e) => {
+                warn!(knob = %self.knob.display(), "RCU grace periods: the node's own setting ({}) could not be put back: {e}", self.was)
+            }
         }
         if let Err(e) = std::fs::remove_file(&self.marker) {
             if e.kind() != ErrorKind::NotFound {
@@ -59,7 +61,11 @@ impl Drop for Expedited {
 pub fn expedite() -> Option<Expedited> {
     match expedite_at(Path::new(KNOB), Path::new(MARKER)) {
         Ok(Some(e)) => {
-            info!(knob = KNOB, was = e.was, "RCU grace periods expedited for the resumes (rcu_expedited = true); the node's own setting comes back at the stop");
+            info!(
+                knob = KNOB,
+                was = e.was,
+                "RCU grace periods expedited for the resumes (rcu_expedited = true); the node's own setting comes back at the stop"
+            );
             Some(e)
         }
         Ok(None) => {

@@ -54,7 +54,16 @@ impl StoreService {
 
     /// Store operations on runtime `data`.
     pub fn with_data_runtime(store: Arc<Store>, gc_keep: usize, data: tokio::runtime::Handle) -> Self {
-        Self { store, gc_keep, transfers: Mutex::new(HashMap::new()), next: 0.into(), data, metrics: None, page_server: None, tenancy: Default::default() }
+        Self {
+            store,
+            gc_keep,
+            transfers: Mutex::new(HashMap::new()),
+            next: 0.into(),
+            data,
+            metrics: None,
+            page_server: None,
+            tenancy: Default::default(),
+        }
     }
 
     /// The node's `[tenancy]` policy, answered by `Policy` (default: a pod
@@ -133,10 +142,7 @@ impl StoreService {
         F: FnOnce(Arc<Store>) -> Fut,
         Fut: std::future::Future<Output = store::Result<T>> + Send + 'static,
     {
-        self.data
-            .spawn(f(self.store.clone()))
-            .await
-            .map_err(|e| store::Error::Internal(format!("store task: {e}")))?
+        self.data.spawn(f(self.store.clone())).await.map_err(|e| store::Error::Internal(format!("store task: {e}")))?
     }
 }
 
@@ -257,10 +263,7 @@ impl api::Store for StoreService {
         if let Some(s) = req.keep_local_seconds.filter(|s| *s > store::config::MAX_DURATION.as_secs()) {
             return Err(invalid(format!("keep_local_seconds {s} is longer than 3650 days")));
         }
-        let opts = CommitOptions {
-            labels: req.labels.into_iter().collect(),
-            keep_local: req.keep_local_seconds.map(Duration::from_secs),
-        };
+        let opts = CommitOptions { labels: req.labels.into_iter().collect(), keep_local: req.keep_local_seconds.map(Duration::from_secs) };
         let info = self.detached(|s| async move { s.commit(&req.staging_id, opts).await }).await.map_err(|e| self.err("commit", e))?;
         info!(snapshot = %info.id, bytes = info.logical_bytes, "snapshot committed");
         Ok(to_api_info(&info))
@@ -284,7 +287,8 @@ impl api::Store for StoreService {
         let t0 = std::time::Instant::now();
         if let (true, Some(socket)) = (req.stream, &self.page_server) {
             let id2 = id.clone();
-            let (co, stream) = self.detached(|s| async move { s.checkout_streamed(&id2).await }).await.map_err(|e| self.err("checkout", e))?;
+            let (co, stream) =
+                self.detached(|s| async move { s.checkout_streamed(&id2).await }).await.map_err(|e| self.err("checkout", e))?;
             info!(snapshot = %co.info.id, streamed = stream.is_some(), ms = t0.elapsed().as_secs_f64() * 1e3, "snapshot checked out");
             let mut r = api::CheckoutResponse::new();
             r.info = protobuf::MessageField::some(to_api_info(&co.info));
@@ -329,7 +333,8 @@ impl api::Store for StoreService {
     }
 
     async fn view_staging(&self, _: &TtrpcContext, req: api::ViewStagingRequest) -> ttrpc::Result<api::ViewStagingResponse> {
-        let (path, lease) = self.detached(|s| async move { s.view_staging(&req.staging_id).await }).await.map_err(|e| self.err("view staging", e))?;
+        let (path, lease) =
+            self.detached(|s| async move { s.view_staging(&req.staging_id).await }).await.map_err(|e| self.err("view staging", e))?;
         let mut r = api::ViewStagingResponse::new();
         r.path = path.to_string_lossy().into_owned();
         r.lease = lease;
@@ -382,7 +387,9 @@ impl api::Store for StoreService {
         let filter = if req.actor.is_empty() { None } else { Some(actor(&req.actor)?) };
         if req.refresh {
             let f = filter.clone();
-            self.detached(|s| async move { s.refresh(f.as_ref()).await }).await.map_err(|e| self.err("list (refresh from the object tier)", e))?;
+            self.detached(|s| async move { s.refresh(f.as_ref()).await })
+                .await
+                .map_err(|e| self.err("list (refresh from the object tier)", e))?;
         }
         let list = self.detached(|s| async move { s.list(filter.as_ref()).await }).await.map_err(|e| self.err("list", e))?;
         let mut r = api::ListResponse::new();
@@ -397,8 +404,9 @@ impl api::Store for StoreService {
         let mut r = api::InspectResponse::new();
         r.info = protobuf::MessageField::some(to_api_info(&info));
         r.chunk_objects = self.store.chunk_objects(&info, &manifest).into_iter().collect();
-        r.manifest_json = serde_json::to_string(&manifest)
-            .map_err(|e| ttrpc::Error::RpcStatus(api::error_status(Code::INTERNAL, format!("serialize manifest: {e}"), api::ErrorKind::INTERNAL)))?;
+        r.manifest_json = serde_json::to_string(&manifest).map_err(|e| {
+            ttrpc::Error::RpcStatus(api::error_status(Code::INTERNAL, format!("serialize manifest: {e}"), api::ErrorKind::INTERNAL))
+        })?;
         Ok(r)
     }
 
@@ -538,7 +546,11 @@ mod tests {
                 Code::FAILED_PRECONDITION,
                 K::LEASE_HELD,
             ),
-            (store::Error::LeaseUnproven { actor: actor.clone(), why: "w".into(), retry: "r".into() }, Code::FAILED_PRECONDITION, K::LEASE_UNPROVEN),
+            (
+                store::Error::LeaseUnproven { actor: actor.clone(), why: "w".into(), retry: "r".into() },
+                Code::FAILED_PRECONDITION,
+                K::LEASE_UNPROVEN,
+            ),
             (store::Error::LeaseLost { actor: actor.clone(), detail: "d".into() }, Code::FAILED_PRECONDITION, K::LEASE_LOST),
             (store::Error::NotDurable { id: id.clone(), state: "local".into() }, Code::FAILED_PRECONDITION, K::FAILED_PRECONDITION),
             (store::Error::Pinned { id: id.clone(), leases: 1 }, Code::FAILED_PRECONDITION, K::FAILED_PRECONDITION),
@@ -582,9 +594,8 @@ mod tests {
             let _ = wedged.recv(); // blocks the data runtime's only worker
         });
         started.recv().unwrap();
-        let answer = api_rt.block_on(async {
-            tokio::time::timeout(Duration::from_secs(30), svc.confirm_lease(actor.clone(), "shim-1".into())).await
-        });
+        let answer = api_rt
+            .block_on(async { tokio::time::timeout(Duration::from_secs(30), svc.confirm_lease(actor.clone(), "shim-1".into())).await });
         release.send(()).unwrap();
         let (epoch, until) = answer.expect("Confirm waited for the wedged data runtime").unwrap();
         assert_eq!(epoch, 1);

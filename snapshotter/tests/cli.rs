@@ -20,41 +20,19 @@ fn bad_config_is_a_clear_error_and_touches_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let root = tmp.path().join("root");
     let missing = tmp.path().join("missing.toml");
-    let out = Command::new(BIN)
-        .args([
-            "--config",
-            missing.to_str().unwrap(),
-            "--root",
-            root.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let out = Command::new(BIN).args(["--config", missing.to_str().unwrap(), "--root", root.to_str().unwrap()]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("missing.toml"), "{err}");
 
     let bad = tmp.path().join("bad.toml");
     std::fs::write(&bad, "[snapshotter]\nupperdir_lable = true\n").unwrap();
-    let out = Command::new(BIN)
-        .args([
-            "--config",
-            bad.to_str().unwrap(),
-            "--root",
-            root.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
+    let out = Command::new(BIN).args(["--config", bad.to_str().unwrap(), "--root", root.to_str().unwrap()]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("bad.toml") && err.contains("upperdir_lable"),
-        "{err}"
-    );
+    assert!(err.contains("bad.toml") && err.contains("upperdir_lable"), "{err}");
 
-    let out = Command::new(BIN)
-        .args(["--root", "relative/root", "--config", "/dev/null"])
-        .output()
-        .unwrap();
+    let out = Command::new(BIN).args(["--root", "relative/root", "--config", "/dev/null"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("absolute"));
     assert!(!root.exists(), "nothing created on a config error");
@@ -63,14 +41,7 @@ fn bad_config_is_a_clear_error_and_touches_nothing() {
 fn start(root: &Path, sock: &Path, log: &Path) -> std::process::Child {
     let log = std::fs::File::create(log).unwrap();
     Command::new(BIN)
-        .args([
-            "--config",
-            "/dev/null",
-            "--root",
-            root.to_str().unwrap(),
-            "--address",
-            sock.to_str().unwrap(),
-        ])
+        .args(["--config", "/dev/null", "--root", root.to_str().unwrap(), "--address", sock.to_str().unwrap()])
         .stdin(Stdio::null())
         .stderr(log)
         .spawn()
@@ -119,10 +90,7 @@ fn starts_serves_and_stops_cleanly_on_sigterm() {
     assert!(status.success(), "{status:?}");
     assert!(!sock.exists(), "socket removed on shutdown");
     let text = std::fs::read_to_string(&log).unwrap();
-    assert!(
-        text.contains("SIGTERM") && text.contains("stopped"),
-        "{text}"
-    );
+    assert!(text.contains("SIGTERM") && text.contains("stopped"), "{text}");
 
     // and it starts again on the same root
     let mut g = Guard(Some(start(&root, &sock, &log)));

@@ -16,7 +16,8 @@ fn fuzz_dir() -> PathBuf {
 }
 
 fn files(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect()).unwrap_or_default();
+    let mut v: Vec<PathBuf> =
+        std::fs::read_dir(dir).map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.is_file()).collect()).unwrap_or_default();
     v.sort();
     v
 }
@@ -40,7 +41,10 @@ fn seed_manifest() -> Manifest {
                 kind: EntryKind::File,
                 mode: 0o644,
                 size: 5,
-                chunks: vec![serde_json::from_value(serde_json::json!({ "digest": "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824", "size": 5 })).unwrap()],
+                chunks: vec![serde_json::from_value(
+                    serde_json::json!({ "digest": "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824", "size": 5 }),
+                )
+                .unwrap()],
             },
         ],
     }
@@ -98,7 +102,11 @@ fn write_seeds() {
         ("envelope", "seed-sealed.json", sealed.clone()),
         ("envelope", "seed-plaintext.json", bytes),
         ("envelope", "seed-other-key.json", String::from_utf8(sealed).unwrap().replace("\"k1\"", "\"k9\"").into_bytes()),
-        ("config", "seed-shipped.toml", std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/torpor/snapshotter.toml")).unwrap()),
+        (
+            "config",
+            "seed-shipped.toml",
+            std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/torpor/snapshotter.toml")).unwrap(),
+        ),
         ("config", "seed-huge-duration.toml", b"[store]\ngc_interval = \"5124095576030431h\"\n".to_vec()),
         ("config", "seed-bad-scheme.toml", b"[store]\nremote_url = \"ftp://h/x\"\nlease_ttl = \"18446744073709551615ms\"\n".to_vec()),
     ]);

@@ -22,35 +22,16 @@ impl Mounted {
         std::fs::create_dir_all(&target).unwrap();
         match m.r#type.as_str() {
             "bind" => {
-                mount(
-                    Some(m.source.as_str()),
-                    &target,
-                    None::<&str>,
-                    MsFlags::MS_BIND | MsFlags::MS_REC,
-                    None::<&str>,
-                )
-                .unwrap();
+                mount(Some(m.source.as_str()), &target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REC, None::<&str>).unwrap();
                 if m.options.iter().any(|o| o == "ro") {
-                    mount(
-                        None::<&str>,
-                        &target,
-                        None::<&str>,
-                        MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
-                        None::<&str>,
-                    )
-                    .unwrap();
+                    mount(None::<&str>, &target, None::<&str>, MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY, None::<&str>)
+                        .unwrap();
                 }
             }
             "overlay" => {
                 let data = m.options.join(",");
-                mount(
-                    Some("overlay"),
-                    &target,
-                    Some("overlay"),
-                    MsFlags::empty(),
-                    Some(data.as_str()),
-                )
-                .unwrap_or_else(|e| panic!("mount overlay -o {data}: {e}"));
+                mount(Some("overlay"), &target, Some("overlay"), MsFlags::empty(), Some(data.as_str()))
+                    .unwrap_or_else(|e| panic!("mount overlay -o {data}: {e}"));
             }
             other => panic!("unexpected mount type {other}"),
         }
@@ -102,11 +83,7 @@ fn layers_stack_nearest_first_with_whiteouts_and_readonly_views() {
     let m = o.prepare("c", "B", no_labels()).unwrap();
     {
         let c = Mounted::new(&mnt, "c", &m);
-        assert_eq!(
-            std::fs::read_to_string(c.path("file")).unwrap(),
-            "b",
-            "B is above A"
-        );
+        assert_eq!(std::fs::read_to_string(c.path("file")).unwrap(), "b", "B is above A");
         assert!(!c.path("deleted").exists(), "B's whiteout hides A's file");
         std::fs::write(c.path("file"), "c").unwrap();
     }
@@ -119,20 +96,14 @@ fn layers_stack_nearest_first_with_whiteouts_and_readonly_views() {
     {
         let v = Mounted::new(&mnt, "v", &m);
         assert_eq!(std::fs::read_to_string(v.path("file")).unwrap(), "b");
-        assert!(
-            std::fs::write(v.path("x"), "x").is_err(),
-            "a view is read-only"
-        );
+        assert!(std::fs::write(v.path("x"), "x").is_err(), "a view is read-only");
     }
     let m = o.view("v1", "A", no_labels()).unwrap();
     assert_eq!(m[0].r#type, "bind");
     {
         let v1 = Mounted::new(&mnt, "v1", &m);
         assert_eq!(std::fs::read_to_string(v1.path("file")).unwrap(), "a");
-        assert!(
-            std::fs::write(v1.path("x"), "x").is_err(),
-            "a view is read-only"
-        );
+        assert!(std::fs::write(v1.path("x"), "x").is_err(), "a view is read-only");
     }
 
     // mounts of an existing snapshot are the ones prepare returned
@@ -143,9 +114,7 @@ fn layers_stack_nearest_first_with_whiteouts_and_readonly_views() {
         o.remove(k).unwrap();
     }
     assert!(o.list(&[]).unwrap().is_empty());
-    let left: Vec<_> = std::fs::read_dir(o.root().join("snapshots"))
-        .unwrap()
-        .collect();
+    let left: Vec<_> = std::fs::read_dir(o.root().join("snapshots")).unwrap().collect();
     assert!(left.is_empty(), "directories left: {left:?}");
 }
 
@@ -160,12 +129,7 @@ fn reopen_keeps_snapshots_and_removes_crash_leftovers() {
         o.commit("A", "a", no_labels()).unwrap();
         o.prepare("b", "A", no_labels()).unwrap();
         o.view("v", "A", no_labels()).unwrap();
-        let l: Vec<(String, String)> = o
-            .list(&[])
-            .unwrap()
-            .into_iter()
-            .map(|i| (i.name, i.parent))
-            .collect();
+        let l: Vec<(String, String)> = o.list(&[]).unwrap().into_iter().map(|i| (i.name, i.parent)).collect();
         (l, 3u64)
     };
     // what a crash leaves: a temp dir, a renamed dir whose record never
@@ -176,23 +140,12 @@ fn reopen_keeps_snapshots_and_removes_crash_leftovers() {
         std::fs::write(snaps.join(d).join("fs/junk"), "junk").unwrap();
     }
     let o = open(&root);
-    let after: Vec<(String, String)> = o
-        .list(&[])
-        .unwrap()
-        .into_iter()
-        .map(|i| (i.name, i.parent))
-        .collect();
+    let after: Vec<(String, String)> = o.list(&[]).unwrap().into_iter().map(|i| (i.name, i.parent)).collect();
     assert_eq!(before, after);
-    let mut dirs: Vec<String> = std::fs::read_dir(&snaps)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
+    let mut dirs: Vec<String> = std::fs::read_dir(&snaps).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     dirs.sort();
     assert_eq!(dirs, vec!["1", "2", "3"]);
-    assert_eq!(
-        std::fs::read_to_string(snaps.join("1/fs/f")).unwrap(),
-        "kept"
-    );
+    assert_eq!(std::fs::read_to_string(snaps.join("1/fs/f")).unwrap(), "kept");
     // the next snapshot gets a fresh, empty directory
     let m = o.prepare("c", "", no_labels()).unwrap();
     let fs = PathBuf::from(&m[0].source);
@@ -225,21 +178,10 @@ fn remove_detaches_mounts_left_below_a_snapshot() {
     let other = tmp.path().join("other");
     std::fs::create_dir(&other).unwrap();
     std::fs::write(other.join("precious"), "x").unwrap();
-    mount(
-        Some(&other),
-        &sub,
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .unwrap();
+    mount(Some(&other), &sub, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
     o.remove("a").unwrap();
     assert!(!fs.exists(), "snapshot directory still there");
-    assert_eq!(
-        std::fs::read_to_string(other.join("precious")).unwrap(),
-        "x",
-        "the mounted directory's own files are untouched"
-    );
+    assert_eq!(std::fs::read_to_string(other.join("precious")).unwrap(), "x", "the mounted directory's own files are untouched");
 }
 
 #[test]
@@ -249,10 +191,7 @@ fn owner_follows_id_map_labels_and_parents() {
     let o = open(&tmp.path().join("root"));
     let labels: HashMap<String, String> = [
         (UIDMAP_LABEL.to_string(), "0:100000:65536".to_string()),
-        (
-            "containerd.io/snapshot/gidmapping".to_string(),
-            "0:200000:65536".to_string(),
-        ),
+        ("containerd.io/snapshot/gidmapping".to_string(), "0:200000:65536".to_string()),
     ]
     .into();
     let m = o.prepare("a", "", labels).unwrap();
@@ -260,17 +199,9 @@ fn owner_follows_id_map_labels_and_parents() {
     assert_eq!((md.uid(), md.gid()), (100000, 200000));
     o.commit("A", "a", no_labels()).unwrap();
     let m = o.prepare("b", "A", no_labels()).unwrap();
-    let upper = m[0]
-        .options
-        .iter()
-        .find_map(|x| x.strip_prefix("upperdir="))
-        .unwrap();
+    let upper = m[0].options.iter().find_map(|x| x.strip_prefix("upperdir=")).unwrap();
     let md = std::fs::metadata(upper).unwrap();
-    assert_eq!(
-        (md.uid(), md.gid()),
-        (100000, 200000),
-        "upper owned like its parent"
-    );
+    assert_eq!((md.uid(), md.gid()), (100000, 200000), "upper owned like its parent");
 
     let bad: HashMap<String, String> = [(UIDMAP_LABEL.to_string(), "nonsense".to_string())].into();
     let e = o.prepare("c", "", bad).unwrap_err();

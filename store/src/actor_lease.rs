@@ -54,7 +54,6 @@
 //! the actor's newest snapshot, and the upload's manifest write is fenced
 //! by the lease.
 
-
 use std::time::Duration;
 
 use tokio::sync::OwnedMutexGuard;
@@ -211,12 +210,20 @@ impl Store {
                         continue;
                     }
                     if !free {
-                        return Err(Error::LeaseHeld { actor: actor.clone(), node: p.node.clone(), owner: p.owner.clone(), until: unix_ms_text(p.expires_unix_ms) });
+                        return Err(Error::LeaseHeld {
+                            actor: actor.clone(),
+                            node: p.node.clone(),
+                            owner: p.owner.clone(),
+                            until: unix_ms_text(p.expires_unix_ms),
+                        });
                     }
                     let lm = current.as_ref().map_or(0, |o| o.last_modified_ms);
                     if !held_here {
                         if p.node == self.node() && !p.released && !expired {
-                            unproven = Some(format!("{path} names this node (epoch {}), which does not hold it: an old copy, or a write whose record was lost", p.epoch));
+                            unproven = Some(format!(
+                                "{path} names this node (epoch {}), which does not hold it: an old copy, or a write whose record was lost",
+                                p.epoch
+                            ));
                         } else if !self.fresh(&p, lm) {
                             unproven = Some(format!(
                                 "{path} ({}, written at {}) was last modified at {} by the object tier's clock: a copy written again later (replayed), not proven free",
@@ -225,7 +232,11 @@ impl Store {
                                 unix_ms_text(u64::try_from(lm).unwrap_or(0))
                             ));
                         } else if !p.released && now < p.expires_unix_ms.saturating_add(self.fresh_slack_ms() + 1000) {
-                            unproven = Some(format!("{path} expired at {}: taken {} ms after that", unix_ms_text(p.expires_unix_ms), self.fresh_slack_ms() + 1000));
+                            unproven = Some(format!(
+                                "{path} expired at {}: taken {} ms after that",
+                                unix_ms_text(p.expires_unix_ms),
+                                self.fresh_slack_ms() + 1000
+                            ));
                         }
                     }
                     previous = Some(p);
@@ -298,14 +309,19 @@ impl Store {
                     lock(&self.leases.held).insert(actor.clone(), held);
                     let previous = previous.filter(|p| p.node != self.node());
                     match &previous {
-                        Some(p) if !p.released => warn!(actor = %actor, from = %p.node, epoch = doc.epoch, expired = %unix_ms_text(p.expires_unix_ms), "actor lease taken over: its holder stopped renewing it"),
+                        Some(p) if !p.released => {
+                            warn!(actor = %actor, from = %p.node, epoch = doc.epoch, expired = %unix_ms_text(p.expires_unix_ms), "actor lease taken over: its holder stopped renewing it")
+                        }
                         _ => info!(actor = %actor, epoch = doc.epoch, owner, "actor lease acquired"),
                     }
                     return Ok(Grant { epoch: doc.epoch, durable_generation: doc.durable_generation, previous });
                 }
             }
         }
-        Err(Error::LeaseLost { actor: actor.clone(), detail: format!("the lease object {path} kept changing under {ROUNDS} conditional writes") })
+        Err(Error::LeaseLost {
+            actor: actor.clone(),
+            detail: format!("the lease object {path} kept changing under {ROUNDS} conditional writes"),
+        })
     }
 
     /// A lease object found in place of the version this node holds
@@ -318,7 +334,13 @@ impl Store {
     /// (replayed) or another node's object is not. Taking such an object
     /// for this node's can only keep this node running the actor: no
     /// other node takes a lease object naming a live holder.
-    pub(crate) fn own_write(&self, held: &Held, tried: &LeaseDoc, o: &LeaseObject, read: &std::result::Result<LeaseDoc, Unproven>) -> Option<LeaseDoc> {
+    pub(crate) fn own_write(
+        &self,
+        held: &Held,
+        tried: &LeaseDoc,
+        o: &LeaseObject,
+        read: &std::result::Result<LeaseDoc, Unproven>,
+    ) -> Option<LeaseDoc> {
         let d = match read {
             Ok(d) if d == tried => return Some(d.clone()),
             Ok(d) => d.clone(),

@@ -10,19 +10,18 @@ use std::sync::Arc;
 
 use tracing::{info, warn};
 
+use crate::chunk;
 use crate::crypto::{self, Key};
 use crate::db::{self, LocalState, Record, RemoteState, Tx};
 use crate::error::{Error, Result};
 use crate::id::{ActorName, SnapshotId};
 use crate::manifest::{Manifest, MANIFEST_FILE};
 use crate::remote::ChunkName;
-use crate::chunk;
-use crate::time::now_ms;
 use crate::snapshot::SnapshotInfo;
 use crate::state::Store;
+use crate::time::now_ms;
 
 impl Store {
-
     /// Snapshots this node's database knows (local ones, uploaded ones, and
     /// remote ones seen by `latest`, `checkout`, `refresh` or `gc`), by actor
     /// and generation. [`Store::refresh`] first to include every remote one.
@@ -159,7 +158,8 @@ impl Store {
             (o.plain, o.key)
         };
         let (bytes, key_id) = (plain, key.map(|k| k.id().to_string()));
-        let m = Manifest::parse(&bytes, Some(id)).map_err(|what| Error::Corrupt { id: id.clone(), what: format!("manifest in the object tier: {what}") })?;
+        let m = Manifest::parse(&bytes, Some(id))
+            .map_err(|what| Error::Corrupt { id: id.clone(), what: format!("manifest in the object tier: {what}") })?;
         let now = now_ms();
         let rec = Record {
             actor: id.actor.clone(),
@@ -199,7 +199,10 @@ impl Store {
             let p = info.path.join(MANIFEST_FILE);
             std::fs::read(&p).map_err(|e| Error::io("read manifest", &p, e))?
         } else {
-            let bytes = self.remote.get_manifest(id).await?.ok_or_else(|| Error::Corrupt { id: id.clone(), what: format!("manifest missing from the object tier at {}", self.remote.manifest_path(id)) })?;
+            let bytes = self.remote.get_manifest(id).await?.ok_or_else(|| Error::Corrupt {
+                id: id.clone(),
+                what: format!("manifest missing from the object tier at {}", self.remote.manifest_path(id)),
+            })?;
             crypto::open_manifest(&self.cfg.keyring, id, &bytes)?.plain
         };
         let m = self.check_manifest(id, &bytes, &info.manifest_digest, if info.local { "local" } else { "object tier" })?;
@@ -239,7 +242,10 @@ impl Store {
                 None => return BTreeMap::new(),
             },
         };
-        m.unique_chunks().into_iter().map(|c| (c.digest.clone(), self.remote.chunk_path(&ChunkName::of(key.as_deref(), &c.digest)).to_string())).collect()
+        m.unique_chunks()
+            .into_iter()
+            .map(|c| (c.digest.clone(), self.remote.chunk_path(&ChunkName::of(key.as_deref(), &c.digest)).to_string()))
+            .collect()
     }
 
     pub(crate) fn check_manifest(&self, id: &SnapshotId, bytes: &[u8], digest: &str, tier: &str) -> Result<Manifest> {
@@ -247,7 +253,10 @@ impl Store {
         if actual != digest {
             return Err(Error::Corrupt {
                 id: id.clone(),
-                what: format!("{tier} manifest ({} bytes) has sha256:{actual}, recorded sha256:{digest} (truncated or garbled)", bytes.len()),
+                what: format!(
+                    "{tier} manifest ({} bytes) has sha256:{actual}, recorded sha256:{digest} (truncated or garbled)",
+                    bytes.len()
+                ),
             });
         }
         Manifest::parse(bytes, Some(id)).map_err(|what| Error::Corrupt { id: id.clone(), what: format!("{tier} manifest: {what}") })

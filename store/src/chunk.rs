@@ -74,10 +74,9 @@ pub fn encode_sealed(data: &[u8], level: i32, key: &Key, address: &str) -> Resul
 }
 
 fn encode_inner(data: &[u8], level: i32, seal: Option<(&Key, &str)>) -> Result<Vec<u8>> {
-    let raw_len = u32::try_from(data.len())
-        .ok()
-        .filter(|n| *n <= MAX_CHUNK_BYTES)
-        .ok_or_else(|| Error::Internal(format!("chunk of {} bytes is larger than the largest chunk ({MAX_CHUNK_BYTES} bytes)", data.len())))?;
+    let raw_len = u32::try_from(data.len()).ok().filter(|n| *n <= MAX_CHUNK_BYTES).ok_or_else(|| {
+        Error::Internal(format!("chunk of {} bytes is larger than the largest chunk ({MAX_CHUNK_BYTES} bytes)", data.len()))
+    })?;
     let compressed = zstd::bulk::compress(data, level).map_err(|e| Error::Internal(format!("zstd compress: {e}")))?;
     let (mut flags, payload): (u8, &[u8]) = if compressed.len() < data.len() { (FLAG_ZSTD, &compressed) } else { (0, data) };
     let (key_id, sealed, tag_len) = match seal {
@@ -128,7 +127,11 @@ fn decode_inner(object: &[u8], digest: &str, expected_len: u32, open: Option<(&K
         return Err(format!("the manifest says {expected_len} bytes, more than the largest chunk ({MAX_CHUNK_BYTES} bytes)"));
     }
     if object.len() as u64 > max_object_len(expected_len) {
-        return Err(format!("object is {} bytes, more than a chunk of {expected_len} bytes is stored as ({})", object.len(), max_object_len(expected_len)));
+        return Err(format!(
+            "object is {} bytes, more than a chunk of {expected_len} bytes is stored as ({})",
+            object.len(),
+            max_object_len(expected_len)
+        ));
     }
     if object.len() < HEADER_LEN {
         return Err(format!("object is {} bytes, shorter than the {HEADER_LEN}-byte header", object.len()));
@@ -163,7 +166,11 @@ fn decode_inner(object: &[u8], digest: &str, expected_len: u32, open: Option<(&K
         (true, Some((key, address))) => {
             let key_id = &object[HEADER_LEN..HEADER_LEN + key_len];
             if key_id != key.id().as_bytes() {
-                return Err(format!("chunk object is sealed under key {:?}, its snapshot under {:?}", String::from_utf8_lossy(key_id), key.id()));
+                return Err(format!(
+                    "chunk object is sealed under key {:?}, its snapshot under {:?}",
+                    String::from_utf8_lossy(key_id),
+                    key.id()
+                ));
             }
             let mut aad = object[..start].to_vec();
             aad.extend_from_slice(address.as_bytes());
@@ -360,7 +367,19 @@ mod tests {
             bad[i] ^= 0x01;
             assert!(decode_sealed(&bad, &d, n, &k, &addr).is_err(), "byte {i} of {} flipped was accepted", obj.len());
         }
-        let e = decode_sealed(&{ let mut b = obj.clone(); let l = b.len(); b[l - 20] ^= 1; b }, &d, n, &k, &addr).unwrap_err();
+        let e = decode_sealed(
+            &{
+                let mut b = obj.clone();
+                let l = b.len();
+                b[l - 20] ^= 1;
+                b
+            },
+            &d,
+            n,
+            &k,
+            &addr,
+        )
+        .unwrap_err();
         assert!(e.contains("authentication") && e.contains("k1"), "{e}");
         // The same id with other key material.
         let other = sealed_key("k1", 2);

@@ -16,16 +16,15 @@ use tracing::{debug, info, warn};
 use crate::db::{self, LocalState, Record, RemoteState, Tx};
 use crate::error::{Error, Result};
 use crate::id::ActorName;
-use crate::manifest::{self, Manifest, MANIFEST_FILE};
 use crate::local;
-use crate::util::{blocking, lock, random_id};
-use crate::time::now_ms;
 use crate::local::remove_file_if_present;
+use crate::manifest::{self, Manifest, MANIFEST_FILE};
 use crate::snapshot::{CommitOptions, SnapshotInfo, Staging};
 use crate::state::Store;
+use crate::time::now_ms;
+use crate::util::{blocking, lock, random_id};
 
 impl Store {
-
     /// An empty staging directory for a new snapshot of `actor`.
     pub async fn begin(&self, actor: &ActorName) -> Result<Staging> {
         let id = random_id();
@@ -292,7 +291,6 @@ impl Store {
         self.wake.notify_one();
         Ok(self.info_with_pins(&rec, 0))
     }
-
 }
 
 #[cfg(test)]

@@ -173,7 +173,13 @@ impl Key {
 
     /// Encrypt `buf[start..]` in place (AAD: `buf[..start]` then `extra_aad`)
     /// and append the tag.
-    pub(crate) fn seal_chunk(&self, nonce: &[u8; NONCE_LEN], buf: &mut Vec<u8>, start: usize, extra_aad: &[u8]) -> std::result::Result<(), String> {
+    pub(crate) fn seal_chunk(
+        &self,
+        nonce: &[u8; NONCE_LEN],
+        buf: &mut Vec<u8>,
+        start: usize,
+        extra_aad: &[u8],
+    ) -> std::result::Result<(), String> {
         let (head, body) = buf.split_at_mut(start);
         let aad = [&head[..], extra_aad].concat();
         let tag = self
@@ -266,10 +272,9 @@ impl Keyring {
         match self.keys.get(key_id) {
             None if self.keys.is_empty() => Some("which this node does not have (no keys configured: [store.encryption])".to_string()),
             None => Some(format!("which this node does not have (its keys: {})", ids(&self.keys))),
-            Some(k) if !check.is_empty() && k.check != check => Some(format!(
-                "but this node's key {key_id:?} is a different key (check value {}, the snapshot's {check})",
-                k.check
-            )),
+            Some(k) if !check.is_empty() && k.check != check => {
+                Some(format!("but this node's key {key_id:?} is a different key (check value {}, the snapshot's {check})", k.check))
+            }
             Some(_) => None,
         }
     }
@@ -411,7 +416,10 @@ fn seal_siv(key: &Key, aad: &[u8], plain: &[u8]) -> std::result::Result<([u8; NO
     let mut nonce = [0u8; NONCE_LEN];
     nonce.copy_from_slice(&mac[..NONCE_LEN]);
     let mut buf = plain.to_vec();
-    let tag = key.manifest.encrypt_inout_detached(&XNonce::from(nonce), aad, buf.as_mut_slice().into()).map_err(|_| "too large to encrypt".to_string())?;
+    let tag = key
+        .manifest
+        .encrypt_inout_detached(&XNonce::from(nonce), aad, buf.as_mut_slice().into())
+        .map_err(|_| "too large to encrypt".to_string())?;
     buf.extend_from_slice(&tag);
     Ok((nonce, buf))
 }
@@ -429,7 +437,8 @@ fn intent_aad(key_id: &str, intent: &str) -> Vec<u8> {
 /// `key`: (nonce hex, base64 of ciphertext || tag). The AAD binds the key
 /// id and the intent id.
 pub fn seal_intent(key: &Key, intent: &str, plain: &[u8]) -> Result<(String, String)> {
-    let (nonce, buf) = seal_siv(key, &intent_aad(&key.id, intent), plain).map_err(|e| Error::Internal(format!("upload intent {intent}: {e}")))?;
+    let (nonce, buf) =
+        seal_siv(key, &intent_aad(&key.id, intent), plain).map_err(|e| Error::Internal(format!("upload intent {intent}: {e}")))?;
     Ok((hex::encode(nonce), base64::engine::general_purpose::STANDARD.encode(&buf)))
 }
 
@@ -492,7 +501,8 @@ pub fn open_manifest(ring: &Keyring, id: &SnapshotId, bytes: &[u8]) -> Result<Op
         return Ok(Opened { plain: bytes.to_vec(), key: None });
     }
     let corrupt = |what: String| Error::Corrupt { id: id.clone(), what: format!("sealed manifest in the object tier: {what}") };
-    let env: Envelope = serde_json::from_slice(bytes).map_err(|e| corrupt(format!("envelope is not valid ({} bytes): {e}", bytes.len())))?;
+    let env: Envelope =
+        serde_json::from_slice(bytes).map_err(|e| corrupt(format!("envelope is not valid ({} bytes): {e}", bytes.len())))?;
     if env.sealed != ENVELOPE_FORMAT {
         return Err(corrupt(format!("unsupported envelope format {}", env.sealed)));
     }
@@ -509,7 +519,8 @@ pub fn open_manifest(ring: &Keyring, id: &SnapshotId, bytes: &[u8]) -> Result<Op
     let key = ring.get(&env.key_id).cloned().ok_or_else(|| Error::Internal("key vanished from the ring".into()))?;
     let mut nonce = [0u8; NONCE_LEN];
     hex::decode_to_slice(&env.nonce, &mut nonce).map_err(|e| corrupt(format!("nonce: {e}")))?;
-    let mut buf = base64::engine::general_purpose::STANDARD.decode(env.ciphertext.as_bytes()).map_err(|e| corrupt(format!("ciphertext: {e}")))?;
+    let mut buf =
+        base64::engine::general_purpose::STANDARD.decode(env.ciphertext.as_bytes()).map_err(|e| corrupt(format!("ciphertext: {e}")))?;
     if buf.len() < TAG_LEN {
         return Err(corrupt(format!("ciphertext is {} bytes, shorter than its tag", buf.len())));
     }

@@ -14,21 +14,20 @@ use std::sync::Arc;
 use futures::StreamExt;
 use tracing::{debug, info, warn};
 
+use crate::chunk;
 use crate::crypto::Key;
 use crate::db::{self, LeaseRecord, LocalState, Record, Tx};
 use crate::error::{Error, Result};
 use crate::id::SnapshotId;
+use crate::local;
 use crate::manifest::{EntryKind, Manifest, MANIFEST_FILE};
 use crate::remote::ChunkName;
-use crate::chunk;
-use crate::local;
-use crate::util::{blocking, lock, random_id};
-use crate::time::now_ms;
 use crate::snapshot::{Checkout, Progress};
 use crate::state::Store;
+use crate::time::now_ms;
+use crate::util::{blocking, lock, random_id};
 
 impl Store {
-
     /// A verified local copy of the snapshot, pinned until [`Store::release`]:
     /// fetched from the object tier when not local (chunks in parallel, each
     /// verified, into staging, then renamed into place); a local copy is
@@ -46,7 +45,11 @@ impl Store {
 
     /// The local copy of `id`, pinned, if there is one; otherwise the
     /// snapshot's exclusive file lock and its record, to fetch it under.
-    pub(crate) async fn pin_or_lock(&self, id: &SnapshotId, progress: Option<Progress>) -> Result<std::result::Result<Checkout, (tokio::sync::OwnedRwLockWriteGuard<()>, Record)>> {
+    pub(crate) async fn pin_or_lock(
+        &self,
+        id: &SnapshotId,
+        progress: Option<Progress>,
+    ) -> Result<std::result::Result<Checkout, (tokio::sync::OwnedRwLockWriteGuard<()>, Record)>> {
         self.record_or_import(id).await?;
         let kl = self.key_lock(id);
         {
@@ -205,7 +208,10 @@ impl Store {
             if key.as_ref().map(|k| k.id()) != Some(was.as_str()) {
                 return Err(Error::Corrupt {
                     id: id.clone(),
-                    what: format!("uploaded sealed under key {was:?}, the object tier's manifest ({mpath}) is {}", key.map_or("not encrypted".to_string(), |k| format!("sealed under key {:?}", k.id()))),
+                    what: format!(
+                        "uploaded sealed under key {was:?}, the object tier's manifest ({mpath}) is {}",
+                        key.map_or("not encrypted".to_string(), |k| format!("sealed under key {:?}", k.id()))
+                    ),
                 });
             }
         }
@@ -290,7 +296,8 @@ impl Store {
         let files = Arc::new(files);
         let wanted = Arc::new(wanted);
         let stream = futures::stream::iter(order.into_iter().map(|digest| {
-            let (files, wanted, done, progress, id, key) = (files.clone(), wanted.clone(), done.clone(), progress.clone(), id.clone(), key.clone());
+            let (files, wanted, done, progress, id, key) =
+                (files.clone(), wanted.clone(), done.clone(), progress.clone(), id.clone(), key.clone());
             let root = staging.to_path_buf();
             async move {
                 let name = ChunkName::of(key.as_deref(), &digest);
@@ -362,13 +369,20 @@ impl Store {
         self.wake.notify_one();
         Ok(())
     }
-
 }
 
 /// A chunk object fetched from the object tier (at `path`), verified
 /// against its `digest` and plain `size`, opened with `key` if sealed: its
 /// plain bytes, or `Corrupt` naming the chunk. Blocking (AEAD, zstd).
-pub(crate) fn open_fetched(id: &SnapshotId, object: &[u8], name: &ChunkName, path: &object_store::path::Path, digest: &str, size: u32, key: Option<&Key>) -> Result<Vec<u8>> {
+pub(crate) fn open_fetched(
+    id: &SnapshotId,
+    object: &[u8],
+    name: &ChunkName,
+    path: &object_store::path::Path,
+    digest: &str,
+    size: u32,
+    key: Option<&Key>,
+) -> Result<Vec<u8>> {
     match key {
         None => chunk::decode(object, digest, size),
         Some(k) => chunk::decode_sealed(object, digest, size, k, name.hex()),

@@ -88,7 +88,9 @@ pub fn read_lease(ring: &Keyring, actor: &ActorName, path: &str, bytes: &[u8]) -
     if doc.format != LEASE_FORMAT || doc.actor != *actor {
         return Err(bad(format!("is of format {} for actor {}: not this store's", doc.format, doc.actor)));
     }
-    for (field, ms) in [("acquired_unix_ms", doc.acquired_unix_ms), ("expires_unix_ms", doc.expires_unix_ms), ("written_unix_ms", doc.written_unix_ms)] {
+    for (field, ms) in
+        [("acquired_unix_ms", doc.acquired_unix_ms), ("expires_unix_ms", doc.expires_unix_ms), ("written_unix_ms", doc.written_unix_ms)]
+    {
         check_unix_ms(field, ms).map_err(|e| bad(format!("is out of range: {e}")))?;
     }
     if ring.is_empty() {

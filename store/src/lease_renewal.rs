@@ -54,13 +54,20 @@ impl Store {
             let newest = db::records(&self.db, Some(actor))?.into_iter().filter(|r| !r.removing).max_by_key(|r| r.generation);
             let waited = now.saturating_sub(held.surrender_since_ms.unwrap_or(now));
             match newest {
-                Some(r) if r.remote != RemoteState::Durable && (r.local == LocalState::Absent || waited >= millis(self.cfg.surrender_timeout)) => {
+                Some(r)
+                    if r.remote != RemoteState::Durable
+                        && (r.local == LocalState::Absent || waited >= millis(self.cfg.surrender_timeout)) =>
+                {
                     // Bounded: the actor must be able to move on (from its
                     // newest durable snapshot) rather than never.
                     let why = if r.local == LocalState::Absent {
                         "it has no local copy left to upload".to_string()
                     } else {
-                        format!("it is still not durable after {} s (surrender_timeout; last error: {})", waited / 1000, r.last_error.as_deref().unwrap_or("none"))
+                        format!(
+                            "it is still not durable after {} s (surrender_timeout; last error: {})",
+                            waited / 1000,
+                            r.last_error.as_deref().unwrap_or("none")
+                        )
                     };
                     let msg = format!(
                         "surrender of actor {actor}: its newest snapshot {} {why}; the lease is let go anyway: the next node restores generation {durable} (the newest durable), and {} stays on this node's local tier",
@@ -131,7 +138,10 @@ impl Store {
                         }
                         self.drop_held(actor)?;
                         let detail = match now_doc {
-                            Ok(d) => format!("node {} holds it at epoch {} (this node held epoch {}): changed behind this node's back", d.node, d.epoch, held.doc.epoch),
+                            Ok(d) => format!(
+                                "node {} holds it at epoch {} (this node held epoch {}): changed behind this node's back",
+                                d.node, d.epoch, held.doc.epoch
+                            ),
                             Err(Unproven::Untrusted(why) | Unproven::ForeignKey(why)) => format!("{why}: changed behind this node's back"),
                         };
                         warn!(actor = %actor, detail, "actor lease LOST: this node's copy of the actor must not run on");
@@ -182,7 +192,10 @@ impl Store {
     pub fn confirm_now(&self, actor: &ActorName, owner: &str) -> Option<Result<(u64, u64)>> {
         let h = self.leases.get(actor)?;
         if h.surrendering {
-            return Some(Err(Error::LeaseLost { actor: actor.clone(), detail: "it is being surrendered (its pod was removed from this node)".into() }));
+            return Some(Err(Error::LeaseLost {
+                actor: actor.clone(),
+                detail: "it is being surrendered (its pod was removed from this node)".into(),
+            }));
         }
         if !owner.is_empty() && h.doc.owner != owner {
             return Some(Err(Error::LeaseLost { actor: actor.clone(), detail: format!("shim {} of this node holds it now", h.doc.owner) }));
@@ -239,7 +252,10 @@ impl Store {
                 Ok(d) if d.node != self.node() && !d.released => {
                     format!("node {} holds it (epoch {}, shim {}) until {}", d.node, d.epoch, d.owner, unix_ms_text(d.expires_unix_ms))
                 }
-                Ok(d) => format!("this node does not hold it (the lease object says node {}, epoch {}, released: {})", d.node, d.epoch, d.released),
+                Ok(d) => format!(
+                    "this node does not hold it (the lease object says node {}, epoch {}, released: {})",
+                    d.node, d.epoch, d.released
+                ),
                 Err(Unproven::Untrusted(e) | Unproven::ForeignKey(e)) => format!("this node does not hold it ({e})"),
             },
             Ok(None) => "this node does not hold it (no lease object)".into(),
@@ -267,12 +283,21 @@ impl Store {
             return match self.remote.get_lease(actor).await? {
                 None => Ok(None),
                 Some(o) => {
-                    let doc = read_object(&self.cfg.keyring, actor, &path, &o)
-                        .map_err(|(Unproven::Untrusted(why) | Unproven::ForeignKey(why))| lost(format!("{why}: this node's snapshots of it are not published")))?;
+                    let doc = read_object(&self.cfg.keyring, actor, &path, &o).map_err(
+                        |(Unproven::Untrusted(why) | Unproven::ForeignKey(why))| {
+                            lost(format!("{why}: this node's snapshots of it are not published"))
+                        },
+                    )?;
                     if doc.node != self.node() {
-                        Err(lost(format!("the lease is node {}'s (epoch {}): this node's snapshots of it are not published", doc.node, doc.epoch)))
+                        Err(lost(format!(
+                            "the lease is node {}'s (epoch {}): this node's snapshots of it are not published",
+                            doc.node, doc.epoch
+                        )))
                     } else if !doc.released && doc.expires_unix_ms <= now_ms() {
-                        Err(lost(format!("this node's lease (epoch {}) expired and is not held here any more: another node may take it at any moment", doc.epoch)))
+                        Err(lost(format!(
+                            "this node's lease (epoch {}) expired and is not held here any more: another node may take it at any moment",
+                            doc.epoch
+                        )))
                     } else {
                         Ok(None)
                     }
@@ -302,8 +327,13 @@ impl Store {
                     }
                     self.drop_held(actor)?;
                     let detail = match now_doc {
-                        Ok(d) => format!("node {} holds it at epoch {} (this node held epoch {}): this node's snapshots of it are not published", d.node, d.epoch, held.doc.epoch),
-                        Err(Unproven::Untrusted(why) | Unproven::ForeignKey(why)) => format!("{why}: changed behind this node's back; this node's snapshots of it are not published"),
+                        Ok(d) => format!(
+                            "node {} holds it at epoch {} (this node held epoch {}): this node's snapshots of it are not published",
+                            d.node, d.epoch, held.doc.epoch
+                        ),
+                        Err(Unproven::Untrusted(why) | Unproven::ForeignKey(why)) => {
+                            format!("{why}: changed behind this node's back; this node's snapshots of it are not published")
+                        }
                     };
                     warn!(actor = %actor, detail, "actor lease LOST: this node's copy of the actor must not run on");
                     Err(lost(detail))

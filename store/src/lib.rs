@@ -128,7 +128,8 @@ impl Store {
         };
         {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&db_path, std::fs::Permissions::from_mode(local::FILE_MODE)).map_err(|e| Error::io("chmod 0600", &db_path, e))?;
+            std::fs::set_permissions(&db_path, std::fs::Permissions::from_mode(local::FILE_MODE))
+                .map_err(|e| Error::io("chmod 0600", &db_path, e))?;
         }
         let leases = LeaseTable::load(&db)?;
         let (shutdown, _) = watch::channel(false);
@@ -172,7 +173,9 @@ impl Store {
         info!(root = %store.cfg.root.display(), remote = %store.remote.url, "snapshot store open");
         let ring = &store.cfg.keyring;
         match ring.active() {
-            Some(k) => info!(active = k.id(), keys = %ring.describe(), accept_unencrypted = ring.accept_unencrypted, "object tier encrypted: uploads are sealed under the active key"),
+            Some(k) => {
+                info!(active = k.id(), keys = %ring.describe(), accept_unencrypted = ring.accept_unencrypted, "object tier encrypted: uploads are sealed under the active key")
+            }
             None if store.remote.url.starts_with("memory:") => info!(remote = %store.remote.url, "object tier not encrypted (in memory)"),
             None => warn!(
                 remote = %store.remote.url,

@@ -211,7 +211,15 @@ pub fn build_entries(root: &Path, chunking: &ChunkingConfig) -> Result<Vec<Entry
     let scanned = scan_tree(root)?;
     let entries: Vec<Mutex<Option<Entry>>> = scanned
         .iter()
-        .map(|(path, kind, mode, _)| Mutex::new((*kind == EntryKind::Dir).then(|| Entry { path: path.clone(), kind: EntryKind::Dir, mode: *mode, size: 0, chunks: vec![] })))
+        .map(|(path, kind, mode, _)| {
+            Mutex::new((*kind == EntryKind::Dir).then(|| Entry {
+                path: path.clone(),
+                kind: EntryKind::Dir,
+                mode: *mode,
+                size: 0,
+                chunks: vec![],
+            }))
+        })
         .collect();
     let next = AtomicUsize::new(0);
     let first_error: Mutex<Option<Error>> = Mutex::new(None);
@@ -287,7 +295,9 @@ pub fn verify_tree(root: &Path, m: &Manifest) -> std::result::Result<(), String>
         match e.kind {
             EntryKind::Dir if !meta.is_dir() => return Err(format!("{} is not a directory", e.path)),
             EntryKind::File if !meta.is_file() => return Err(format!("{} is not a regular file", e.path)),
-            EntryKind::File if meta.len() != e.size => return Err(format!("file {} is {} bytes, the manifest says {}", e.path, meta.len(), e.size)),
+            EntryKind::File if meta.len() != e.size => {
+                return Err(format!("file {} is {} bytes, the manifest says {}", e.path, meta.len(), e.size))
+            }
             EntryKind::File => {
                 let f = File::open(&p).map_err(|err| format!("open {}: {err}", e.path))?;
                 let fi = files.len();

@@ -82,12 +82,7 @@ impl Manifest {
     /// Distinct chunks with their sizes (first occurrence order).
     pub fn unique_chunks(&self) -> Vec<ChunkRef> {
         let mut seen = std::collections::HashSet::new();
-        self.entries
-            .iter()
-            .flat_map(|e| e.chunks.iter())
-            .filter(|c| seen.insert(c.digest.clone()))
-            .cloned()
-            .collect()
+        self.entries.iter().flat_map(|e| e.chunks.iter()).filter(|c| seen.insert(c.digest.clone())).cloned().collect()
     }
 
     /// The `manifest.json` bytes and their digest.
@@ -123,7 +118,10 @@ impl Manifest {
             return Err(format!("unsupported chunk hash {:?}", m.hash));
         }
         if m.encryption.is_some() {
-            return Err("manifest sets \"encryption\", which this format leaves null (a sealed manifest is an envelope around a plaintext one)".to_string());
+            return Err(
+                "manifest sets \"encryption\", which this format leaves null (a sealed manifest is an envelope around a plaintext one)"
+                    .to_string(),
+            );
         }
         let mut total = 0u64;
         let mut prev: Option<&str> = None;
@@ -134,16 +132,19 @@ impl Manifest {
             }
             prev = Some(&e.path);
             match e.kind {
-                EntryKind::Dir if !e.chunks.is_empty() || e.size != 0 => {
-                    return Err(format!("directory entry {:?} has data", e.path))
-                }
+                EntryKind::Dir if !e.chunks.is_empty() || e.size != 0 => return Err(format!("directory entry {:?} has data", e.path)),
                 EntryKind::File => {
                     let sum: u64 = e.chunks.iter().map(|c| c.size as u64).sum();
                     if sum != e.size {
                         return Err(format!("file {:?}: chunks add up to {sum} bytes, size says {}", e.path, e.size));
                     }
                     if let Some(c) = e.chunks.iter().find(|c| c.size > crate::chunk::MAX_CHUNK_BYTES) {
-                        return Err(format!("file {:?}: chunk of {} bytes, more than the largest chunk ({} bytes)", e.path, c.size, crate::chunk::MAX_CHUNK_BYTES));
+                        return Err(format!(
+                            "file {:?}: chunk of {} bytes, more than the largest chunk ({} bytes)",
+                            e.path,
+                            c.size,
+                            crate::chunk::MAX_CHUNK_BYTES
+                        ));
                     }
                     if let Some(c) = e.chunks.iter().find(|c| !is_digest(&c.digest)) {
                         return Err(format!("file {:?}: malformed chunk digest {:?}", e.path, c.digest));
@@ -190,7 +191,13 @@ mod tests {
             logical_bytes: 5,
             entries: vec![
                 Entry { path: "c1".into(), kind: EntryKind::Dir, mode: 0o755, size: 0, chunks: vec![] },
-                Entry { path: "c1/pages".into(), kind: EntryKind::File, mode: 0o600, size: 5, chunks: vec![ChunkRef { digest: sha256_hex(b"hello"), size: 5, xxh3: None }] },
+                Entry {
+                    path: "c1/pages".into(),
+                    kind: EntryKind::File,
+                    mode: 0o600,
+                    size: 5,
+                    chunks: vec![ChunkRef { digest: sha256_hex(b"hello"), size: 5, xxh3: None }],
+                },
             ],
         }
     }

@@ -171,7 +171,10 @@ impl<'a> Reader<'a> {
             return Ok(None);
         }
         let len = self.u32()? as usize;
-        let b = self.buf.get(self.at..self.at + len).ok_or_else(|| format!("page map entry of {len} bytes at byte {} runs past its end", self.at - 4))?;
+        let b = self
+            .buf
+            .get(self.at..self.at + len)
+            .ok_or_else(|| format!("page map entry of {len} bytes at byte {} runs past its end", self.at - 4))?;
         self.at += len;
         Ok(Some(b))
     }
@@ -192,7 +195,8 @@ pub(crate) mod tests {
         };
         put(PagemapHead { pages_id }.encode_to_vec());
         for &(vaddr, pages, flags) in runs {
-            put(PagemapEntry { vaddr, compat_nr_pages: pages as u32, in_parent: None, flags: Some(flags), nr_pages: Some(pages) }.encode_to_vec());
+            put(PagemapEntry { vaddr, compat_nr_pages: pages as u32, in_parent: None, flags: Some(flags), nr_pages: Some(pages) }
+                .encode_to_vec());
         }
         out
     }

@@ -13,15 +13,15 @@ use std::path::Path;
 
 use tracing::{error, info, warn};
 
+use crate::chunk;
 use crate::db::{self, LocalState, Tx};
 use crate::error::{Error, Result};
 use crate::id::{ActorName, SnapshotId};
-use crate::manifest::MANIFEST_FILE;
-use crate::chunk;
 use crate::local;
-use crate::util::lock;
 use crate::local::remove_file_if_present;
+use crate::manifest::MANIFEST_FILE;
 use crate::state::Store;
+use crate::util::lock;
 
 impl Store {
     /// Bring every record to a resting state after a crash: clean staging and
@@ -100,8 +100,9 @@ impl Store {
                         let g = g.map_err(|e| Error::io("list", &p, e))?;
                         let generation = g.file_name().to_string_lossy().parse::<u64>().ok();
                         let keep = match (&actor, generation) {
-                            (Some(a), Some(n)) => db::record(&store.db, &SnapshotId::new(a.clone(), n))?
-                                .is_some_and(|r| r.local != LocalState::Absent),
+                            (Some(a), Some(n)) => {
+                                db::record(&store.db, &SnapshotId::new(a.clone(), n))?.is_some_and(|r| r.local != LocalState::Absent)
+                            }
                             _ => false,
                         };
                         if !keep {

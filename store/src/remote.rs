@@ -36,9 +36,11 @@ pub const MAX_LEASE_OBJECT_BYTES: u64 = 64 << 10;
 /// length is bounded by the size given (HTTP's Content-Length, a file's
 /// length when opened).
 async fn read_capped(op: &'static str, path: &Path, r: object_store::GetResult, cap: u64) -> Result<Bytes> {
-    let too_large = |size: u64| Error::Inconsistent {
+    let too_large = |size: u64| {
+        Error::Inconsistent {
         path: path.to_string(),
         detail: format!("{op}: the object is {size} bytes, more than the {cap} bytes such an object may have: refused unread (not this store's, or planted)"),
+    }
     };
     if r.meta.size > cap {
         return Err(too_large(r.meta.size));
@@ -407,7 +409,9 @@ impl Remote {
                 let last_modified_ms = r.meta.last_modified.timestamp_millis();
                 match read_capped("read lease", &path, r, MAX_LEASE_OBJECT_BYTES).await {
                     Ok(bytes) => Ok(Some(LeaseObject { bytes, version, last_modified_ms, too_large: None })),
-                    Err(Error::Inconsistent { detail, .. }) => Ok(Some(LeaseObject { bytes: Bytes::new(), version, last_modified_ms, too_large: Some(detail) })),
+                    Err(Error::Inconsistent { detail, .. }) => {
+                        Ok(Some(LeaseObject { bytes: Bytes::new(), version, last_modified_ms, too_large: Some(detail) }))
+                    }
                     Err(e) => Err(e),
                 }
             }
@@ -636,7 +640,8 @@ impl Remote {
         let mut out = Vec::new();
         let mut pins = Vec::new();
         for m in metas {
-            let parts: Vec<String> = m.location.prefix_match(&root).map(|it| it.map(|p| p.as_ref().to_string()).collect()).unwrap_or_default();
+            let parts: Vec<String> =
+                m.location.prefix_match(&root).map(|it| it.map(|p| p.as_ref().to_string()).collect()).unwrap_or_default();
             let n = parts.len();
             // <actor segments…>/_pins/<id>.json
             if n >= 3 && parts[n - 2] == "_pins" && parts[n - 1].ends_with(".json") && ActorName::new(parts[..n - 2].join("/")).is_ok() {
@@ -676,9 +681,14 @@ impl Remote {
             .filter_map(|m| {
                 let parts: Vec<String> = m.location.prefix_match(&root)?.map(|p| p.as_ref().to_string()).collect();
                 let name = match parts.as_slice() {
-                    [alg, pre, hex] if alg == "sha256" && crate::chunk::is_digest(hex) && hex.starts_with(pre.as_str()) => ChunkName::Plain(hex.clone()),
+                    [alg, pre, hex] if alg == "sha256" && crate::chunk::is_digest(hex) && hex.starts_with(pre.as_str()) => {
+                        ChunkName::Plain(hex.clone())
+                    }
                     [alg, key_id, pre, hex]
-                        if alg == "hmac-sha256" && crate::crypto::check_key_id(key_id).is_ok() && crate::chunk::is_digest(hex) && hex.starts_with(pre.as_str()) =>
+                        if alg == "hmac-sha256"
+                            && crate::crypto::check_key_id(key_id).is_ok()
+                            && crate::chunk::is_digest(hex)
+                            && hex.starts_with(pre.as_str()) =>
                     {
                         ChunkName::Sealed { key_id: key_id.clone(), address: hex.clone() }
                     }
@@ -703,10 +713,11 @@ mod tests {
 
     /// S3 through `endpoint`, as the rig's versitygw is configured.
     fn s3(endpoint: &str) -> Result<Remote> {
-        let options: Vec<(String, String)> = [("endpoint", endpoint), ("allow_http", "true"), ("region", "us-east-1"), ("access_key_id", "k"), ("secret_access_key", "s")]
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let options: Vec<(String, String)> =
+            [("endpoint", endpoint), ("allow_http", "true"), ("region", "us-east-1"), ("access_key_id", "k"), ("secret_access_key", "s")]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
         Remote::open("s3://torpor/objects", &options, 0, std::time::Duration::from_secs(1))
     }
 

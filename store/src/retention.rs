@@ -23,7 +23,6 @@ use crate::util::lock;
 const STALE_STAGING: Duration = Duration::from_secs(24 * 3600);
 
 impl Store {
-
     /// Drop the local copy of a durable, unpinned snapshot.
     pub async fn evict(&self, id: &SnapshotId) -> Result<()> {
         self.evict_inner(id, false).await.map(|_| ())
@@ -233,7 +232,6 @@ impl Store {
         tx.commit()
     }
 
-
     /// Evict least recently used durable, unpinned snapshots while over
     /// budget. Returns whether the store is still over budget (disk pressure).
     pub(crate) async fn enforce_budget(&self) -> Result<bool> {
@@ -243,7 +241,9 @@ impl Store {
             let pinned: HashSet<String> = db::leases(&self.db)?.into_iter().map(|(_, l)| l.key).collect();
             let mut candidates: Vec<&Record> = recs
                 .iter()
-                .filter(|r| r.local == LocalState::Present && r.remote == RemoteState::Durable && !r.removing && !pinned.contains(&r.id().db_key()))
+                .filter(|r| {
+                    r.local == LocalState::Present && r.remote == RemoteState::Durable && !r.removing && !pinned.contains(&r.id().db_key())
+                })
                 .collect();
             candidates.sort_by_key(|r| (r.last_used_ms, r.created_ms, r.generation));
             for r in candidates {
@@ -261,9 +261,12 @@ impl Store {
         let pressure = used > self.cfg.local_budget_bytes;
         let was = self.stats.update(|s| std::mem::replace(&mut s.disk_pressure, pressure));
         if pressure && !was {
-            warn!(used, budget = self.cfg.local_budget_bytes, "local tier over budget with nothing evictable: uploading regardless of keep-local");
+            warn!(
+                used,
+                budget = self.cfg.local_budget_bytes,
+                "local tier over budget with nothing evictable: uploading regardless of keep-local"
+            );
         }
         Ok(pressure)
     }
-
 }

@@ -140,7 +140,6 @@ impl Store {
         }
     }
 
-
     pub(crate) fn note_error(&self, msg: String) {
         self.stats.note_error(msg);
     }

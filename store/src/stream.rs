@@ -216,7 +216,11 @@ impl Stream {
     /// Where `nr` pages of task `pid` from `vaddr` are, in the images of
     /// container directory `dir`. `Err` names what is wrong.
     pub fn locate(&self, dir: &str, pid: u32, vaddr: u64, nr: u64) -> std::result::Result<PageSpan, String> {
-        let pm = self.pagemaps.get().and_then(|m| m.get(&(dir.to_string(), pid))).ok_or_else(|| format!("no page map of task {pid} in {dir:?}"))?;
+        let pm = self
+            .pagemaps
+            .get()
+            .and_then(|m| m.get(&(dir.to_string(), pid)))
+            .ok_or_else(|| format!("no page map of task {pid} in {dir:?}"))?;
         let (offset, pages) = pm.locate(vaddr, nr).ok_or_else(|| format!("task {pid} has no saved page at {vaddr:#x}"))?;
         let path = format!("{dir}/pages-{}.img", pm.pages_id);
         let entry = *self.entries.get(&path).ok_or_else(|| format!("{path} is not in the snapshot"))?;
@@ -279,7 +283,9 @@ impl Stream {
         loop {
             match &*lock(&self.outcome) {
                 Outcome::Done(s) => return Ok(s.clone()),
-                Outcome::Failed(why, corrupt) => return Err(Error::StreamFailed { id: self.id.clone(), why: why.clone(), corrupt: *corrupt }),
+                Outcome::Failed(why, corrupt) => {
+                    return Err(Error::StreamFailed { id: self.id.clone(), why: why.clone(), corrupt: *corrupt })
+                }
                 Outcome::Running => {}
             }
             if rx.changed().await.is_err() {

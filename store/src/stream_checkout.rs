@@ -183,18 +183,32 @@ impl Store {
     /// Up to the point where the restore can start: the manifest and its
     /// pin, then the metadata images and the eager page runs, all in and
     /// verified. Returns the pin with the error once it was written.
-    async fn start_stream(self: &Arc<Self>, id: &SnapshotId, key_id: Option<&str>, digest: &str, staging: &Path) -> std::result::Result<(Arc<Stream>, String), (Error, Option<String>)> {
+    async fn start_stream(
+        self: &Arc<Self>,
+        id: &SnapshotId,
+        key_id: Option<&str>,
+        digest: &str,
+        staging: &Path,
+    ) -> std::result::Result<(Arc<Stream>, String), (Error, Option<String>)> {
         let started = Instant::now();
         let mpath = self.remote.manifest_path(id);
         let bytes = match self.remote.get_manifest(id).await {
             Ok(Some(b)) => b,
-            Ok(None) => return Err((Error::Corrupt { id: id.clone(), what: format!("manifest missing from the object tier at {mpath}") }, None)),
+            Ok(None) => {
+                return Err((Error::Corrupt { id: id.clone(), what: format!("manifest missing from the object tier at {mpath}") }, None))
+            }
             Err(e) => return Err((e, None)),
         };
         let (bytes, key) = self.open_for_restore(id, &bytes).map_err(|e| (e, None))?;
         if let Some(was) = key_id {
             if key.as_ref().map(|k| k.id()) != Some(was) {
-                return Err((Error::Corrupt { id: id.clone(), what: format!("uploaded sealed under key {was:?}, the object tier's manifest ({mpath}) is not") }, None));
+                return Err((
+                    Error::Corrupt {
+                        id: id.clone(),
+                        what: format!("uploaded sealed under key {was:?}, the object tier's manifest ({mpath}) is not"),
+                    },
+                    None,
+                ));
             }
         }
         let m = self.check_manifest(id, &bytes, digest, "object tier").map_err(|e| (e, None))?;
@@ -251,7 +265,14 @@ impl Store {
     }
 
     /// The stream's tables and its skeleton of sparse files.
-    async fn open_stream(self: &Arc<Self>, id: &SnapshotId, staging: &Path, m: &Manifest, key: Option<Arc<Key>>, started: Instant) -> Result<Arc<Stream>> {
+    async fn open_stream(
+        self: &Arc<Self>,
+        id: &SnapshotId,
+        staging: &Path,
+        m: &Manifest,
+        key: Option<Arc<Key>>,
+        started: Instant,
+    ) -> Result<Arc<Stream>> {
         local::create_private_dir(staging).map_err(|e| Error::io("create fetch staging", staging, e))?;
         let (root, m2) = (staging.to_path_buf(), m.clone());
         let paths = blocking(move || local::materialize_skeleton(&root, &m2)).await?;
@@ -264,7 +285,8 @@ impl Store {
             entries.insert(e.path.clone(), i);
             let mut l = Vec::new();
             if e.kind == EntryKind::File {
-                let f = std::fs::OpenOptions::new().read(true).write(true).open(&paths[i]).map_err(|err| Error::io("open", &paths[i], err))?;
+                let f =
+                    std::fs::OpenOptions::new().read(true).write(true).open(&paths[i]).map_err(|err| Error::io("open", &paths[i], err))?;
                 files.push(Some(Arc::new(f)));
                 let mut off = 0u64;
                 for c in &e.chunks {
@@ -346,7 +368,8 @@ impl Store {
     /// a time, and waits for all of them.
     async fn stream_chunks(self: &Arc<Self>, s: &Arc<Stream>, wanted: Vec<usize>) -> Result<()> {
         let claimed: Vec<usize> = wanted.iter().copied().filter(|c| s.claim(*c)).collect();
-        let mut fetches = futures::stream::iter(claimed.into_iter().map(|c| self.stream_chunk(s, c))).buffer_unordered(self.cfg.fetch_concurrency);
+        let mut fetches =
+            futures::stream::iter(claimed.into_iter().map(|c| self.stream_chunk(s, c))).buffer_unordered(self.cfg.fetch_concurrency);
         while let Some(r) = fetches.next().await {
             if let Err(e) = r {
                 s.fail_with(&e);
@@ -554,10 +577,14 @@ mod tests {
 
     /// A snapshot of `actor` only in the (in-memory) object tier.
     async fn only_remote(actor: &str) -> (tempfile::TempDir, Arc<Store>, SnapshotId) {
-        only_remote_with(actor, |_| {}, |dir| {
-            std::fs::write(dir.join("inventory.img"), b"inventory").unwrap();
-            std::fs::write(dir.join("pages-1.img"), (0..3_000_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
-        })
+        only_remote_with(
+            actor,
+            |_| {},
+            |dir| {
+                std::fs::write(dir.join("inventory.img"), b"inventory").unwrap();
+                std::fs::write(dir.join("pages-1.img"), (0..3_000_000u32).map(|i| (i % 251) as u8).collect::<Vec<u8>>()).unwrap();
+            },
+        )
         .await
     }
 
@@ -578,7 +605,11 @@ mod tests {
 
     /// A snapshot of `actor` made of the files `write` puts in its
     /// directory, uploaded to an in-memory object tier and evicted.
-    async fn only_remote_with(actor: &str, config: impl FnOnce(&mut StoreConfig), write: impl FnOnce(&Path)) -> (tempfile::TempDir, Arc<Store>, SnapshotId) {
+    async fn only_remote_with(
+        actor: &str,
+        config: impl FnOnce(&mut StoreConfig),
+        write: impl FnOnce(&Path),
+    ) -> (tempfile::TempDir, Arc<Store>, SnapshotId) {
         let tmp = tempfile::tempdir().unwrap();
         let mut cfg = StoreConfig::new(tmp.path().join("store"));
         cfg.background = false;

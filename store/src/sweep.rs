@@ -51,14 +51,14 @@ use tracing::{debug, info, warn};
 use crate::crypto::{self, Key};
 use crate::db::{self, Tx};
 use crate::error::{Error, Result};
+use crate::gc::GcReport;
 use crate::gc::{Namespace, UnreadableManifest};
 use crate::id::{ActorName, SnapshotId};
 use crate::manifest::Manifest;
 use crate::remote::ChunkName;
+use crate::state::Store;
 use crate::time::now_ms;
 use crate::util::random_id;
-use crate::gc::GcReport;
-use crate::state::Store;
 
 /// An upload intent whose object is older than this (by its last-modified
 /// time, against a sweep's announcement) is ignored by sweeps (its upload
@@ -198,7 +198,13 @@ impl Store {
 
     /// An intent's (or pin's) bytes: object `object_id`, about snapshot
     /// `id`, naming `names` (all sealed under `key`, or all plaintext).
-    pub(crate) fn chunk_list_object(&self, object_id: &str, id: &SnapshotId, key: Option<&Arc<Key>>, names: &[ChunkName]) -> Result<Vec<u8>> {
+    pub(crate) fn chunk_list_object(
+        &self,
+        object_id: &str,
+        id: &SnapshotId,
+        key: Option<&Arc<Key>>,
+        names: &[ChunkName],
+    ) -> Result<Vec<u8>> {
         let mut file = IntentFile {
             format: INTENT_FORMAT,
             node: self.cfg.node_id.clone(),
@@ -230,7 +236,8 @@ impl Store {
         let intent_id = random_id();
         let bytes = self.chunk_list_object(&intent_id, id, key, names)?;
         let now = Instant::now();
-        let mut intent = Intent { path: self.remote.intent_path(&intent_id), id: intent_id, bytes, renewed: now, server_ms: 0, server_at: now };
+        let mut intent =
+            Intent { path: self.remote.intent_path(&intent_id), id: intent_id, bytes, renewed: now, server_ms: 0, server_at: now };
         self.put_intent(&mut intent).await?;
         debug!(snapshot = %id, intent = %intent.path, chunks = names.len(), "upload intent written");
         Ok(intent)
@@ -337,7 +344,11 @@ impl Store {
         }
         let checked = check.len() as u64;
         let missing: Vec<Option<String>> = futures::stream::iter(check.into_iter().map(|k: String| async move {
-            let name = ChunkName::from_index_key(&k).ok_or_else(|| Error::DbRecord { op: "read chunk index", key: k.clone(), detail: "not a chunk name".into() })?;
+            let name = ChunkName::from_index_key(&k).ok_or_else(|| Error::DbRecord {
+                op: "read chunk index",
+                key: k.clone(),
+                detail: "not a chunk name".into(),
+            })?;
             Ok::<_, Error>(if self.remote.chunk_exists(&name).await? { None } else { Some(k) })
         }))
         .buffer_unordered(self.cfg.upload_concurrency)
@@ -352,7 +363,10 @@ impl Store {
             s.chunks_missing += gone;
         });
         if !missing.is_empty() {
-            warn!(missing = missing.len(), checked, "chunks this node had uploaded are gone from the object tier (swept by another node): sending them again");
+            warn!(
+                missing = missing.len(),
+                checked, "chunks this node had uploaded are gone from the object tier (swept by another node): sending them again"
+            );
             let tx = Tx::begin(&self.db)?;
             tx.remove_chunks(missing.iter().map(|k| k.as_str()))?;
             tx.commit()?;
@@ -365,7 +379,11 @@ impl Store {
     /// Import the object tier's snapshots (of `actor`, or all) this database
     /// does not know; one that cannot be read is recorded in `unreadable`
     /// instead of failing.
-    pub(crate) async fn refresh_for_gc(&self, actor: Option<&ActorName>, unreadable: &mut BTreeMap<SnapshotId, UnreadableManifest>) -> Result<()> {
+    pub(crate) async fn refresh_for_gc(
+        &self,
+        actor: Option<&ActorName>,
+        unreadable: &mut BTreeMap<SnapshotId, UnreadableManifest>,
+    ) -> Result<()> {
         let ids = match actor {
             Some(a) => self.remote.generations(a).await?.into_iter().map(|g| SnapshotId::new(a.clone(), g)).collect(),
             None => self.remote.all_snapshots().await?,
@@ -390,7 +408,12 @@ impl Store {
 
     /// The chunks a manifest of the object tier references, into `refs`; one
     /// that cannot be read keeps the part of the chunk objects it may name.
-    async fn manifest_refs(&self, id: &SnapshotId, refs: &mut Refs, unreadable: &mut BTreeMap<SnapshotId, UnreadableManifest>) -> Result<()> {
+    async fn manifest_refs(
+        &self,
+        id: &SnapshotId,
+        refs: &mut Refs,
+        unreadable: &mut BTreeMap<SnapshotId, UnreadableManifest>,
+    ) -> Result<()> {
         let Some(bytes) = self.remote.get_manifest(id).await? else { return Ok(()) };
         let parsed = crypto::open_manifest(&self.cfg.keyring, id, &bytes).and_then(|o| {
             Manifest::parse(&o.plain, Some(id))
@@ -402,7 +425,10 @@ impl Store {
             Err(e) => {
                 let keeps = namespace_of(&bytes);
                 refs.kept.insert(keeps.clone());
-                unreadable.insert(id.clone(), UnreadableManifest { id: id.clone(), key_id: crypto::sealed_key_id(&bytes), error: e.to_string(), keeps });
+                unreadable.insert(
+                    id.clone(),
+                    UnreadableManifest { id: id.clone(), key_id: crypto::sealed_key_id(&bytes), error: e.to_string(), keeps },
+                );
             }
         }
         Ok(())
@@ -472,7 +498,12 @@ impl Store {
 
     /// Delete chunk objects that no manifest and no upload in progress
     /// references and that are older than `grace` (module docs).
-    pub(crate) async fn sweep_chunks(&self, grace: Duration, report: &mut GcReport, unreadable: &mut BTreeMap<SnapshotId, UnreadableManifest>) -> Result<()> {
+    pub(crate) async fn sweep_chunks(
+        &self,
+        grace: Duration,
+        report: &mut GcReport,
+        unreadable: &mut BTreeMap<SnapshotId, UnreadableManifest>,
+    ) -> Result<()> {
         let _w = self.sweep.write().await;
         // Taken before the manifests are listed: a manifest this listing
         // misses was written after it, so its chunks (written or checked
@@ -584,14 +615,21 @@ impl Store {
     ) -> Result<()> {
         let started = Instant::now();
         let live = self.announcement_live();
-        let body = serde_json::to_vec(&Announcement { format: ANNOUNCEMENT_FORMAT, node: self.cfg.node_id.clone(), live_ms: live.as_millis() as u64 })
-            .map_err(|e| Error::Internal(format!("encode sweep announcement: {e}")))?;
+        let body = serde_json::to_vec(&Announcement {
+            format: ANNOUNCEMENT_FORMAT,
+            node: self.cfg.node_id.clone(),
+            live_ms: live.as_millis() as u64,
+        })
+        .map_err(|e| Error::Internal(format!("encode sweep announcement: {e}")))?;
         self.remote.put_object("write sweep announcement", announcement, body).await?;
         let ann_ms = self
             .remote
             .head("check sweep announcement", announcement)
             .await?
-            .ok_or_else(|| Error::Inconsistent { path: announcement.to_string(), detail: "the sweep announcement just written is not there".into() })?
+            .ok_or_else(|| Error::Inconsistent {
+                path: announcement.to_string(),
+                detail: "the sweep announcement just written is not there".into(),
+            })?
             .last_modified
             .timestamp_millis();
 
@@ -642,16 +680,17 @@ impl Store {
             tx.commit()?;
             // A delete is issued only within the window (one that would start
             // later waits for the next round and its confirmation).
-            let results: Vec<(ChunkName, u64, Option<Result<()>>)> = futures::stream::iter(these.into_iter().map(|(name, size)| async move {
-                if started.elapsed() >= SWEEP_DELETE_WINDOW {
-                    return (name, size, None);
-                }
-                let r = self.remote.delete_chunk(&name).await;
-                (name, size, Some(r))
-            }))
-            .buffer_unordered(self.cfg.upload_concurrency)
-            .collect()
-            .await;
+            let results: Vec<(ChunkName, u64, Option<Result<()>>)> =
+                futures::stream::iter(these.into_iter().map(|(name, size)| async move {
+                    if started.elapsed() >= SWEEP_DELETE_WINDOW {
+                        return (name, size, None);
+                    }
+                    let r = self.remote.delete_chunk(&name).await;
+                    (name, size, Some(r))
+                }))
+                .buffer_unordered(self.cfg.upload_concurrency)
+                .collect()
+                .await;
             for (name, size, r) in results {
                 match r {
                     None => victims.push((name, size)),

@@ -132,7 +132,11 @@ mod tests {
         delete_later(t.path().join("never-there"));
         let deadline = std::time::Instant::now() + Duration::from_secs(120);
         while tree.exists() || lone.exists() {
-            assert!(std::time::Instant::now() < deadline, "the trash was not emptied: {:?}", std::fs::read_dir(t.path()).unwrap().collect::<Vec<_>>());
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the trash was not emptied: {:?}",
+                std::fs::read_dir(t.path()).unwrap().collect::<Vec<_>>()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         assert!(std::fs::metadata("/etc/passwd").is_ok(), "a symbolic link's target is not touched");

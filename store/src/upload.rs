@@ -15,19 +15,19 @@ use std::sync::Arc;
 use futures::StreamExt;
 use tracing::{error, info, warn};
 
+use crate::chunk;
 use crate::crypto::{self, Key};
 use crate::db::{self, LocalState, RemoteState, Tx};
 use crate::error::{Error, Result};
 use crate::id::SnapshotId;
+use crate::local;
 use crate::manifest::{EntryKind, MANIFEST_FILE};
 use crate::remote::ChunkName;
-use crate::chunk;
-use crate::local;
-use crate::sweep;
-use crate::util::blocking;
-use crate::time::now_ms;
 use crate::snapshot::{Progress, SnapshotInfo};
 use crate::state::Store;
+use crate::sweep;
+use crate::time::now_ms;
+use crate::util::blocking;
 
 /// What an upload sends: the first place of every distinct chunk (digest →
 /// (file, offset, size)), their order, their object names, the key.
@@ -39,7 +39,6 @@ struct UploadPlan {
 }
 
 impl Store {
-
     /// Upload a snapshot now (idempotent: a durable one returns at once). On
     /// failure the snapshot stays queued for the background uploader.
     pub async fn upload(&self, id: &SnapshotId, progress: Option<Progress>) -> Result<SnapshotInfo> {
@@ -197,7 +196,12 @@ impl Store {
                     if chunk::sha256_hex(&data) != d {
                         return Err(Error::Corrupt {
                             id,
-                            what: format!("local file {} bytes {}..{} do not match chunk sha256:{d}; not uploading", path.display(), off, off + *size as u64),
+                            what: format!(
+                                "local file {} bytes {}..{} do not match chunk sha256:{d}; not uploading",
+                                path.display(),
+                                off,
+                                off + *size as u64
+                            ),
                         });
                     }
                     match &key {
@@ -270,7 +274,8 @@ impl Store {
         // The lease is renewed (conditionally) right before, and the write
         // must end while it stays this node's (`fence`).
         let valid_until = self.fence(&id.actor).await?;
-        let put = self.remote.put_manifest(id, object, |existing| crypto::open_manifest(ring, id, existing).is_ok_and(|o| o.plain == bytes));
+        let put =
+            self.remote.put_manifest(id, object, |existing| crypto::open_manifest(ring, id, existing).is_ok_and(|o| o.plain == bytes));
         match valid_until {
             None => put.await?,
             Some(deadline) => tokio::time::timeout_at(deadline, put).await.map_err(|_| Error::LeaseLost {
@@ -283,7 +288,10 @@ impl Store {
         let back = self.remote.get_manifest(id).await?;
         let opened = back.as_deref().map(|b| crypto::open_manifest(ring, id, b)).transpose()?;
         let Some(opened) = opened.filter(|o| o.plain == bytes) else {
-            return Err(Error::Corrupt { id: id.clone(), what: format!("manifest read back from the object tier ({}) differs from the one written", self.remote.manifest_path(id)) });
+            return Err(Error::Corrupt {
+                id: id.clone(),
+                what: format!("manifest read back from the object tier ({}) differs from the one written", self.remote.manifest_path(id)),
+            });
         };
         let tx = Tx::begin(&self.db)?;
         // While this manifest is there, it vouches for its chunks (the next
@@ -305,5 +313,4 @@ impl Store {
         self.wake.notify_one();
         self.info(&r)
     }
-
 }

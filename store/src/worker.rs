@@ -14,9 +14,9 @@ use tracing::error;
 
 use crate::db::{self, LocalState, RemoteState};
 use crate::error::Result;
-use crate::util::lock;
-use crate::time::now_ms;
 use crate::state::Store;
+use crate::time::now_ms;
+use crate::util::lock;
 
 impl Store {
     /// Wake the background worker now (it also runs every `scan_interval`).
@@ -61,7 +61,6 @@ impl Store {
         }
         Ok(())
     }
-
 
     /// Run the lease worker (actor lease renewals, checkout pins) on `rt`
     /// from now on: the daemon keeps it off the data path, on the runtime

@@ -448,7 +448,10 @@ async fn gc_goes_on_past_a_manifest_under_an_unknown_key() {
     // Node a (k1, not k2) sweeps g/gone's chunks, not g/x's, and keeps b's.
     let rep = a.gc(grace0()).await.unwrap();
     assert!(rep.chunks_deleted > 0 && (rep.chunks_deleted as usize) < k1_before, "{rep:?}");
-    assert_eq!(rep.unreadable.iter().map(|u| (u.id.to_string(), u.keeps.clone())).collect::<Vec<_>>(), [("g/y@2".to_string(), Namespace::Key("k2".into()))]);
+    assert_eq!(
+        rep.unreadable.iter().map(|u| (u.id.to_string(), u.keeps.clone())).collect::<Vec<_>>(),
+        [("g/y@2".to_string(), Namespace::Key("k2".into()))]
+    );
     a.evict(&x.id).await.unwrap();
     let co = a.checkout(&x.id, None).await.unwrap();
     assert_eq!(read_tree(&co.path), read_tree(&x.path));
@@ -600,13 +603,22 @@ async fn keyed_node(objects: &Path, id: &str, ttl: Duration) -> (TempDir, std::s
 
 /// Spawns `node`'s acquire of `a`, and checks it is still waiting after
 /// `wait` (it must not take the actor at once).
-async fn acquire_waits(node: &std::sync::Arc<Store>, a: &torpor_store::ActorName, wait: Duration, what: &str) -> tokio::task::JoinHandle<torpor_store::Result<torpor_store::Grant>> {
+async fn acquire_waits(
+    node: &std::sync::Arc<Store>,
+    a: &torpor_store::ActorName,
+    wait: Duration,
+    what: &str,
+) -> tokio::task::JoinHandle<torpor_store::Result<torpor_store::Grant>> {
     let taking = tokio::spawn({
         let (node, a) = (node.clone(), a.clone());
         async move { node.acquire(&a, "shim-next").await }
     });
     tokio::time::sleep(wait).await;
-    assert!(!taking.is_finished(), "{what}: taken at once while its holder may still run the actor: {:?}", if taking.is_finished() { Some(taking.await) } else { None });
+    assert!(
+        !taking.is_finished(),
+        "{what}: taken at once while its holder may still run the actor: {:?}",
+        if taking.is_finished() { Some(taking.await) } else { None }
+    );
     taking
 }
 
@@ -638,13 +650,22 @@ async fn edited_forged_and_replayed_leases_do_not_split_an_actor() {
     assert!(a.actor_leases().unwrap().is_empty(), "node A lost the lease changed behind its back");
     assert!(matches!(a.confirm(&x, "shim-a").await, Err(Error::LeaseLost { .. })));
     taking.await.unwrap().unwrap();
-    assert!(b.status().last_errors.iter().any(|(_, m)| m.contains("fails authentication under key \"k1\"")), "{:?}", b.status().last_errors);
+    assert!(
+        b.status().last_errors.iter().any(|(_, m)| m.contains("fails authentication under key \"k1\"")),
+        "{:?}",
+        b.status().last_errors
+    );
 
     // Forged (no MAC): node B holds the actor now.
-    std::fs::write(&lease, serde_json::to_vec(&serde_json::json!({
-        "format": 1, "actor": "m/x", "node": "node-b", "owner": "x", "epoch": 9, "acquired_unix_ms": 0,
-        "expires_unix_ms": 0, "released": true, "durable_generation": 0, "written_unix_ms": now_ms()
-    })).unwrap()).unwrap();
+    std::fs::write(
+        &lease,
+        serde_json::to_vec(&serde_json::json!({
+            "format": 1, "actor": "m/x", "node": "node-b", "owner": "x", "epoch": 9, "acquired_unix_ms": 0,
+            "expires_unix_ms": 0, "released": true, "durable_generation": 0, "written_unix_ms": now_ms()
+        }))
+        .unwrap(),
+    )
+    .unwrap();
     let taking = acquire_waits(&c, &x, ttl / 2, "a forged lease").await;
     b.lease_pass().await;
     assert!(b.actor_leases().unwrap().is_empty(), "node B lost the lease changed behind its back");
@@ -726,12 +747,19 @@ async fn an_envelope_under_an_unknown_key_does_not_block_the_actor() {
     let other = Store::open(sealed_config(&b.root, &e.objects, ring(&[("k1", 1)], "k1"))).await.unwrap();
     let err = other.checkout(&g1.id, None).await.unwrap_err();
     let msg = err.to_string();
-    assert!(matches!(err, Error::Corrupt { .. }) && msg.contains("4194304 bytes, more than the") && msg.contains("chunks/hmac-sha256/k1/"), "{msg}");
+    assert!(
+        matches!(err, Error::Corrupt { .. }) && msg.contains("4194304 bytes, more than the") && msg.contains("chunks/hmac-sha256/k1/"),
+        "{msg}"
+    );
     // A lease object of 100 KiB: not read, not trusted (watched, then taken).
     let lease = e.objects.join("actors/u/x/lease.json");
     std::fs::write(&lease, vec![b' '; 100 * 1024]).unwrap();
     other.shutdown().await;
     let (_t, n) = keyed_node(&e.objects, "node-n", Duration::from_secs(1)).await;
     n.acquire(&actor("u/x"), "s").await.unwrap();
-    assert!(n.status().last_errors.iter().any(|(_, m)| m.contains("102400 bytes, more than the 65536 bytes") && m.contains("lease.json")), "{:?}", n.status().last_errors);
+    assert!(
+        n.status().last_errors.iter().any(|(_, m)| m.contains("102400 bytes, more than the 65536 bytes") && m.contains("lease.json")),
+        "{:?}",
+        n.status().last_errors
+    );
 }

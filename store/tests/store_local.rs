@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use store_common::*;
 use tempfile::TempDir;
-use torpor_store::{
-    CommitOptions, Error, GcPolicy, LocalState, RemoteState, SnapshotId, Store, StoreConfig,
-};
+use torpor_store::{CommitOptions, Error, GcPolicy, LocalState, RemoteState, SnapshotId, Store, StoreConfig};
 
 struct Env {
     _tmp: TempDir,
@@ -26,7 +24,6 @@ fn env() -> Env {
     let objects = tmp.path().join("objects");
     Env { root, objects, _tmp: tmp }
 }
-
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commit_checkout_upload_evict_fetch_round_trip() {
@@ -209,7 +206,11 @@ async fn resuspend_after_one_percent_change_uploads_little() {
     let co = store.checkout(&g2.id, None).await.unwrap();
     let fetch_s = started.elapsed().as_secs_f64();
     store.release(&co.lease).await.unwrap();
-    eprintln!("64 MiB: local checkout verification {:.0} MiB/s, fetch from a local-directory object tier {:.0} MiB/s", 64.0 / verify_s, 64.0 / fetch_s);
+    eprintln!(
+        "64 MiB: local checkout verification {:.0} MiB/s, fetch from a local-directory object tier {:.0} MiB/s",
+        64.0 / verify_s,
+        64.0 / fetch_s
+    );
 
     // Both generations restore exactly from the object tier.
     store.evict(&g1.id).await.unwrap();
@@ -501,7 +502,8 @@ async fn gc_keeps_newest_and_pinned_and_sweeps_unreferenced_chunks() {
     let c = commit_tree(&store, "g/c", 300, 100_000).await;
     store.upload(&c.id, None).await.unwrap();
     store.remove(&c.id).await.unwrap();
-    let report = store.gc(GcPolicy { keep_newest: 1, actor: None, sweep_chunks: true, chunk_grace: Duration::from_secs(3600) }).await.unwrap();
+    let report =
+        store.gc(GcPolicy { keep_newest: 1, actor: None, sweep_chunks: true, chunk_grace: Duration::from_secs(3600) }).await.unwrap();
     assert!(report.chunks_kept_young > 0 && report.chunks_deleted == 0, "{report:?}");
     // The newest generation is kept and the next commit continues the count.
     assert_eq!(commit_tree(&store, "g/a", 1, 10).await.id.generation, 5);
@@ -876,7 +878,10 @@ async fn a_stalled_holder_cannot_publish_after_a_takeover() {
     let err = up.await.unwrap().unwrap_err();
     assert!(err.to_string().contains("did not end while this node's lease was valid"), "{err}");
     let path = object_store::path::Path::from(format!("actors/ns/x/_gen/{:020}/manifest.json", s.id.generation));
-    assert!(matches!(object_store::ObjectStoreExt::head(&mem, &path).await, Err(object_store::Error::NotFound { .. })), "node A published after the takeover");
+    assert!(
+        matches!(object_store::ObjectStoreExt::head(&mem, &path).await, Err(object_store::Error::NotFound { .. })),
+        "node A published after the takeover"
+    );
     // And a later attempt is refused outright: the lease is node B's.
     fa.stall_manifest_put_ms.store(0, Ordering::SeqCst);
     let err = a.upload(&s.id, None).await.unwrap_err();
@@ -901,7 +906,8 @@ async fn conditional_writes_of_the_object_tier_are_checked() {
 
     let faulty = Faulty::new(Arc::new(object_store::memory::InMemory::new()));
     faulty.ignore_conditions.store(true, Ordering::SeqCst);
-    let i = Store::open_with_remote(config(&e.root.with_file_name("store-i"), &e.objects), faulty.remote("memory://ignoring")).await.unwrap();
+    let i =
+        Store::open_with_remote(config(&e.root.with_file_name("store-i"), &e.objects), faulty.remote("memory://ignoring")).await.unwrap();
     assert_eq!(i.check_conditional_writes().await.unwrap(), ConditionalWrites { create: Honoured::Ignored, update: Honoured::Ignored });
     let errs = i.status().last_errors;
     assert!(errs.iter().any(|(_, m)| m.contains("create-if-absent")) && errs.iter().any(|(_, m)| m.contains("If-Match")), "{errs:?}");
@@ -937,7 +943,10 @@ async fn a_surrender_whose_snapshot_never_uploads_lets_go_after_its_timeout() {
     let info = a.list(Some(&x)).await.unwrap();
     assert!(info[0].upload_attempts > 0 && !info[0].durable, "it was tried, and failed");
     let errs = a.status().last_errors;
-    assert!(errs.iter().any(|(_, m)| m.contains("surrender of actor ns/stuck") && m.contains(&s.id.to_string()) && m.contains("not durable")), "{errs:?}");
+    assert!(
+        errs.iter().any(|(_, m)| m.contains("surrender of actor ns/stuck") && m.contains(&s.id.to_string()) && m.contains("not durable")),
+        "{errs:?}"
+    );
     // Another node may take the actor now.
     let mut cb = config(&e.root.with_file_name("store-b"), &e.objects);
     cb.node_id = "node-b".into();
@@ -961,9 +970,8 @@ async fn an_acquire_waits_for_a_node_that_is_letting_go() {
     let x = actor("ns/mover");
     a.acquire(&x, "s1").await.unwrap();
     let s = commit_tree(&a, "ns/mover", 1, 200_000).await;
-    let lease = || -> serde_json::Value {
-        serde_json::from_slice(&std::fs::read(e.objects.join("actors/ns/mover/lease.json")).unwrap()).unwrap()
-    };
+    let lease =
+        || -> serde_json::Value { serde_json::from_slice(&std::fs::read(e.objects.join("actors/ns/mover/lease.json")).unwrap()).unwrap() };
     // Running there: refused at once, naming the node.
     let err = b.acquire(&x, "s2").await.unwrap_err();
     assert!(matches!(err, Error::LeaseHeld { .. }) && err.to_string().contains("node-a"), "{err}");
@@ -1025,7 +1033,11 @@ async fn a_lease_expiring_past_year_9999_is_refused_at_parse_not_a_panic() {
         assert!(a.lease_summary()[0].contains("ns/y10k"));
         let st = a.status();
         let want = format!("expires_unix_ms is {expires} ms after the Unix epoch, past the end of year 9999");
-        assert!(st.last_errors.iter().any(|(_, m)| m.contains(&want) && m.contains("actors/ns/y10k/lease.json")), "{want}: {:?}", st.last_errors);
+        assert!(
+            st.last_errors.iter().any(|(_, m)| m.contains(&want) && m.contains("actors/ns/y10k/lease.json")),
+            "{want}: {:?}",
+            st.last_errors
+        );
         a.surrender(&x, "s1").await.unwrap();
     }
     a.shutdown().await;

@@ -243,10 +243,7 @@ async fn s3_server_honours_conditional_put() {
     let body = s3.get(&p).await.unwrap().bytes().await.unwrap();
     assert_eq!(&body[..], b"three");
     // Update of a key that does not exist is refused too.
-    let err = put("five", PutMode::Update(UpdateVersion { e_tag: Some("\"0123\"".into()), version: None }))
-        .await
-        .map(|_| ())
-        .unwrap_err();
+    let err = put("five", PutMode::Update(UpdateVersion { e_tag: Some("\"0123\"".into()), version: None })).await.map(|_| ()).unwrap_err();
     assert!(matches!(err, object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. }), "{err:?}");
 }
 
@@ -322,7 +319,12 @@ async fn s3_actor_lease_fences_two_nodes() {
     let c = Store::open(node(tc.path(), "node-c")).await.unwrap();
     let g = c.acquire(&x, "shim-c1").await.unwrap();
     assert_eq!((g.epoch, g.durable_generation), (4, 1));
-    gw.builder().build().unwrap().delete(&OPath::from("cluster/objects/actors/default/x/_gen/00000000000000000001/manifest.json")).await.unwrap();
+    gw.builder()
+        .build()
+        .unwrap()
+        .delete(&OPath::from("cluster/objects/actors/default/x/_gen/00000000000000000001/manifest.json"))
+        .await
+        .unwrap();
     let err = c.latest(&x).await.unwrap_err();
     assert!(err.to_string().contains("generation 1"), "{err}");
     c.shutdown().await;

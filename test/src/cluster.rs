@@ -107,10 +107,7 @@ pub fn cluster() -> &'static Cluster {
             kubeconfig: env_or("TORPOR_KUBECONFIG", &format!("{state}/admin.kubeconfig")),
             dir: format!("{manifest}/cluster"),
             rig_dir: format!("{manifest}/rig"),
-            nodes: [
-                node('a', &a_state, &a_root, &a_cg, &a_subnet),
-                node('b', &b_state, &b_root, &b_cg, &b_subnet),
-            ],
+            nodes: [node('a', &a_state, &a_root, &a_cg, &a_subnet), node('b', &b_state, &b_root, &b_cg, &b_subnet)],
             state,
         }
     })
@@ -120,19 +117,13 @@ impl Cluster {
     /// The node called `name` (`node-a`, `node-b`).
     #[track_caller]
     pub fn node(&self, name: &str) -> &KubeNode {
-        self.nodes
-            .iter()
-            .find(|n| n.name == name)
-            .unwrap_or_else(|| panic!("no rig node is called {name:?}"))
+        self.nodes.iter().find(|n| n.name == name).unwrap_or_else(|| panic!("no rig node is called {name:?}"))
     }
 
     /// The node that is not `name`.
     #[track_caller]
     pub fn other_node(&self, name: &str) -> &KubeNode {
-        self.nodes
-            .iter()
-            .find(|n| n.name != name)
-            .unwrap_or_else(|| panic!("no node besides {name:?}"))
+        self.nodes.iter().find(|n| n.name != name).unwrap_or_else(|| panic!("no node besides {name:?}"))
     }
 }
 
@@ -262,11 +253,7 @@ pub fn apply(yaml: &str) {
 #[track_caller]
 pub fn require_cluster() {
     let c = cluster();
-    assert!(
-        Path::new(&c.kubectl).is_file(),
-        "{} missing: scripts/deps.sh kubernetes builds it",
-        c.kubectl
-    );
+    assert!(Path::new(&c.kubectl).is_file(), "{} missing: scripts/deps.sh kubernetes builds it", c.kubectl);
     assert!(
         Path::new(&c.kubeconfig).is_file(),
         "no cluster: {} missing (test/cluster/up.sh; test/rig/run-tests.sh starts it for the k8s tests)",
@@ -388,9 +375,7 @@ impl KubeNode {
         let up = format!("{}/up.sh", c.dir);
         let comp = format!("kubelet-{}", self.letter);
         run_cmd(&up, &[&comp], None, &[], COMMAND_LIMIT).ok();
-        wait_until(&format!("{} Ready after the kubelet restart", self.name), LIVENESS, || {
-            node_ready(&self.name).then_some(())
-        });
+        wait_until(&format!("{} Ready after the kubelet restart", self.name), LIVENESS, || node_ready(&self.name).then_some(()));
     }
 
     /// Restarts this node's containerd (SIGTERM, then the rig's up.sh of
@@ -407,10 +392,7 @@ impl KubeNode {
             (!Path::new(&format!("/proc/{pid}")).exists()).then_some(())
         });
         let up = format!("{}/up.sh", c.rig_dir);
-        let env = vec![
-            ("TORPOR_RIG_NODE".to_string(), self.letter.to_string()),
-            ("TORPOR_RIG_NODE_B".to_string(), "0".to_string()),
-        ];
+        let env = vec![("TORPOR_RIG_NODE".to_string(), self.letter.to_string()), ("TORPOR_RIG_NODE_B".to_string(), "0".to_string())];
         run_cmd(&up, &[], None, &env, COMMAND_LIMIT).ok();
     }
 
@@ -550,11 +532,7 @@ impl Drop for Namespace {
 
 /// Whether a pod object has condition Ready=True.
 pub fn pod_is_ready(p: &Value) -> bool {
-    p["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    p["status"]["conditions"].as_array().into_iter().flatten().any(|c| c["type"] == "Ready" && c["status"] == "True")
 }
 
 /// The Ready condition's lastTransitionTime.
@@ -756,7 +734,8 @@ impl KubeNode {
             return String::new();
         }
         let file = format!("{}/containerd-supervisor.pid", self.state_dir());
-        let pid = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("read {file} (the rig's containerd supervisor, TORPOR_RIG_PLAIN=1): {e}"));
+        let pid = std::fs::read_to_string(&file)
+            .unwrap_or_else(|e| panic!("read {file} (the rig's containerd supervisor, TORPOR_RIG_PLAIN=1): {e}"));
         let pid = pid.trim();
         assert!(!pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()), "{file}: not a pid: {pid:?}");
         eprintln!("{}: PID 1's mount namespace cannot be entered here: TORPOR_HOST_PID={pid} (containerd's supervisor)", self.name);
@@ -875,7 +854,16 @@ pub fn write_overlay(tag: &str) -> String {
 
 /// The torpor-node pod on `node` (Running and Ready), as JSON.
 pub fn node_pod(node: &str) -> Option<Value> {
-    let v = kubectl_json(&["-n", "torpor-system", "get", "pods", "-l", "app.kubernetes.io/name=torpor-node", "--field-selector", &format!("spec.nodeName={node}")]);
+    let v = kubectl_json(&[
+        "-n",
+        "torpor-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=torpor-node",
+        "--field-selector",
+        &format!("spec.nodeName={node}"),
+    ]);
     v["items"].as_array()?.iter().find(|p| pod_is_ready(p) && p["metadata"]["deletionTimestamp"].is_null()).cloned()
 }
 
@@ -957,7 +945,9 @@ pub fn wait_installed_on(n: &KubeNode, tag: &str) {
                 let desc = kubectl(&[&ns[..], &["describe", "pods"]].concat());
                 let mut logs = String::new();
                 for c in ["install", "snapshotter", "agent", "lifecycle"] {
-                    let l = kubectl(&[&ns[..], &["logs", "-l", "app.kubernetes.io/name=torpor-node", "-c", c, "--tail=40", "--prefix"]].concat());
+                    let l = kubectl(
+                        &[&ns[..], &["logs", "-l", "app.kubernetes.io/name=torpor-node", "-c", c, "--tail=40", "--prefix"]].concat(),
+                    );
                     logs.push_str(&format!("--- {c} ---\n{}{}\n", l.stdout, l.stderr));
                 }
                 panic!("torpor-node {image} not Ready on {} within {LIVENESS:?}\n{pods}\n{}\n{logs}", n.name, desc.stdout);

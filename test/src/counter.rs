@@ -47,7 +47,16 @@ impl CounterSpec {
     /// in a pod-shared one the restored pids must be free in the new pod's
     /// namespace: see docs/ARCHITECTURE.md).
     pub fn new() -> CounterSpec {
-        CounterSpec { alloc_mib: None, seed: None, extra: Vec::new(), attempt: 0, own_pid_namespace: true, mounts: Vec::new(), resources: None, run_as_user: None }
+        CounterSpec {
+            alloc_mib: None,
+            seed: None,
+            extra: Vec::new(),
+            attempt: 0,
+            own_pid_namespace: true,
+            mounts: Vec::new(),
+            resources: None,
+            run_as_user: None,
+        }
     }
 
     /// `--alloc-mib N`: N MiB of patterned memory, checked by `sum`.
@@ -143,10 +152,7 @@ impl CounterSpec {
         let container = pod.create(&self.config());
         let out = node.crictl(&["start", &container]);
         if !out.success() {
-            let log = format!(
-                "{}/io.containerd.runtime.v2.task/k8s.io/{container}/criu-restore.log",
-                node.rig.containerd_state
-            );
+            let log = format!("{}/io.containerd.runtime.v2.task/k8s.io/{container}/criu-restore.log", node.rig.containerd_state);
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             panic!(
@@ -244,8 +250,7 @@ impl Counter {
         if !out.success() {
             panic!("torporctl {op} {} on node {} failed: {out}\n{}", self.shim(), self.node().letter, self.diagnostics(&[]));
         }
-        let v: Value = serde_json::from_str(&out.stdout)
-            .unwrap_or_else(|e| panic!("torporctl --json {op} is not JSON ({e}):\n{out}"));
+        let v: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("torporctl --json {op} is not JSON ({e}):\n{out}"));
         assert_eq!(v[0]["shim"].as_str(), Some(self.shim()), "{out}");
         v[0]["actor"].clone()
     }
@@ -311,8 +316,7 @@ impl Counter {
         }
         for p in files_below(&node.actor_dir(shim)).iter().filter(|p| p.extension().is_some_and(|e| e == "log")) {
             if let Ok(text) = std::fs::read_to_string(p) {
-                let lines: Vec<&str> =
-                    text.lines().filter(|l| l.contains("Error") || l.contains("error") || l.contains("Warn")).collect();
+                let lines: Vec<&str> = text.lines().filter(|l| l.contains("Error") || l.contains("error") || l.contains("Warn")).collect();
                 s.push_str(&format!("--- {} (errors) ---\n", Path::new(p).display()));
                 for l in &lines[lines.len().saturating_sub(15)..] {
                     s.push_str(l);

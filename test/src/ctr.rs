@@ -43,13 +43,7 @@ pub fn ctr_cgroup(parent: &str, namespace: &str, id: &str) -> String {
 /// image with the runtime under test: `run --runtime <runtime_type> --cgroup
 /// <ctr_cgroup> <flags> <ACTOR_IMAGE> <id> <command>`.
 pub fn ctr_run_args(parent: &str, namespace: &str, flags: &[&str], id: &str, command: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = vec![
-        "run".into(),
-        "--runtime".into(),
-        runtime_type(),
-        "--cgroup".into(),
-        ctr_cgroup(parent, namespace, id),
-    ];
+    let mut a: Vec<String> = vec!["run".into(), "--runtime".into(), runtime_type(), "--cgroup".into(), ctr_cgroup(parent, namespace, id)];
     a.extend(flags.iter().map(|s| s.to_string()));
     a.push(ACTOR_IMAGE.into());
     a.push(id.into());
@@ -108,10 +102,7 @@ pub struct CtrContainer {
 impl CtrContainer {
     /// Only registers the id for cleanup; the caller creates it (`ctr run ...`).
     pub fn new(namespace: &str, id: &str) -> CtrContainer {
-        CtrContainer {
-            namespace: namespace.into(),
-            id: id.into(),
-        }
+        CtrContainer { namespace: namespace.into(), id: id.into() }
     }
 
     /// `ctr task ls` status of this task (RUNNING, PAUSED, STOPPED, ...), if any.

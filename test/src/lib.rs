@@ -42,9 +42,7 @@ mod torporctl;
 pub mod workload;
 pub use cleanup::{arm_failpoint, Cleanup};
 pub use counter::{Counter, CounterSpec, COUNTER_PORT};
-pub use ctr::{
-    ctr, ctr_cgroup, ctr_ok, ctr_run, ctr_run_args, ctr_with, task_status, task_status_in, wait_task_status, CtrContainer,
-};
+pub use ctr::{ctr, ctr_cgroup, ctr_ok, ctr_run, ctr_run_args, ctr_with, task_status, task_status_in, wait_task_status, CtrContainer};
 pub use node::{DeadNode, HungDaemon, Node};
 pub use torporctl::{default_actor, store_snapshots, torporctl, torporctl_json, torporctl_path};
 
@@ -187,9 +185,7 @@ pub fn runtime_type() -> String {
     match runtime_handler() {
         "torpor" => "io.containerd.torpor.v1".into(),
         "runc" => "io.containerd.runc.v2".into(),
-        other => panic!(
-            "don't know the runtime_type of TORPOR_TEST_RUNTIME={other}; set TORPOR_TEST_RUNTIME_TYPE"
-        ),
+        other => panic!("don't know the runtime_type of TORPOR_TEST_RUNTIME={other}; set TORPOR_TEST_RUNTIME_TYPE"),
     }
 }
 
@@ -206,16 +202,8 @@ pub fn actor_name(prefix: &str) -> String {
 pub fn unique_name(prefix: &str) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let prefix: String = prefix
-        .to_ascii_lowercase()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-        .take(40)
-        .collect();
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+    let prefix: String = prefix.to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '-' }).take(40).collect();
     format!("{prefix}-{}-{n}-{:x}", std::process::id(), nanos & 0xfffff)
 }
 
@@ -285,10 +273,8 @@ where
     S: AsRef<OsStr>,
 {
     let args: Vec<std::ffi::OsString> = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
-    let cmdline = std::iter::once(program.to_string())
-        .chain(args.iter().map(|a| a.to_string_lossy().into_owned()))
-        .collect::<Vec<_>>()
-        .join(" ");
+    let cmdline =
+        std::iter::once(program.to_string()).chain(args.iter().map(|a| a.to_string_lossy().into_owned())).collect::<Vec<_>>().join(" ");
     let mut command = Command::new(program);
     // crictl: use the rig's config file, never the host's /etc/crictl.yaml
     // (and no warning about it missing on every call).
@@ -299,17 +285,11 @@ where
     command.envs(env.iter().map(|(k, v)| (k, v)));
     let mut child = command
         .args(&args)
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot run `{cmdline}`: {e} (is the rig installed? see test/rig/up.sh)")
-        });
+        .unwrap_or_else(|e| panic!("cannot run `{cmdline}`: {e} (is the rig installed? see test/rig/up.sh)"));
     let stdin_thread = stdin.map(|data| {
         let data = data.to_vec();
         let mut pipe = child.stdin.take().expect("stdin pipe");
@@ -337,13 +317,9 @@ where
             Ok(None) if Instant::now() >= deadline => {
                 let _ = child.kill();
                 let _ = child.wait();
-                let stdout =
-                    String::from_utf8_lossy(&out_thread.join().unwrap_or_default()).into_owned();
-                let stderr =
-                    String::from_utf8_lossy(&err_thread.join().unwrap_or_default()).into_owned();
-                panic!(
-                    "`{cmdline}` still running after {limit:?} (hung), killed\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
-                );
+                let stdout = String::from_utf8_lossy(&out_thread.join().unwrap_or_default()).into_owned();
+                let stderr = String::from_utf8_lossy(&err_thread.join().unwrap_or_default()).into_owned();
+                panic!("`{cmdline}` still running after {limit:?} (hung), killed\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}");
             }
             Ok(None) => thread::sleep(Duration::from_millis(20)),
             Err(e) => panic!("waiting for `{cmdline}`: {e}"),
@@ -355,15 +331,8 @@ where
     let stdout = String::from_utf8_lossy(&out_thread.join().unwrap_or_default()).into_owned();
     let stderr = String::from_utf8_lossy(&err_thread.join().unwrap_or_default()).into_owned();
     use std::os::unix::process::ExitStatusExt;
-    let code = status
-        .code()
-        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
-    Output {
-        cmdline,
-        code,
-        stdout,
-        stderr,
-    }
+    let code = status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0));
+    Output { cmdline, code, stdout, stderr }
 }
 
 /// Runs a program with no stdin and the default command limit.
@@ -436,10 +405,7 @@ fn check_node(node: &Node) -> Result<(), String> {
     }
     for img in [ACTOR_IMAGE, PAUSE_IMAGE] {
         if !images.stdout.contains(img) {
-            return Err(format!(
-                "image {img} is not in node {} (namespace k8s.io); run test/rig/up.sh",
-                node.letter
-            ));
+            return Err(format!("image {img} is not in node {} (namespace k8s.io); run test/rig/up.sh", node.letter));
         }
     }
     Ok(())
@@ -500,8 +466,7 @@ impl Drop for TempDir {
 /// Writes `value` as JSON to `dir/name` and returns the path as a String.
 pub fn write_json(dir: &Path, name: &str, value: &Value) -> String {
     let p = dir.join(name);
-    std::fs::write(&p, serde_json::to_vec_pretty(value).unwrap())
-        .unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
+    std::fs::write(&p, serde_json::to_vec_pretty(value).unwrap()).unwrap_or_else(|e| panic!("write {}: {e}", p.display()));
     p.to_string_lossy().into_owned()
 }
 
@@ -583,11 +548,7 @@ pub struct PodOptions {
 impl PodOptions {
     /// A pod of the runtime under test with these annotations.
     pub fn annotated(pairs: &[(&str, &str)]) -> PodOptions {
-        PodOptions {
-            annotations: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
-            runtime: None,
-            namespace: None,
-        }
+        PodOptions { annotations: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), runtime: None, namespace: None }
     }
 
     /// The pod in Kubernetes namespace `ns` instead of [`POD_NAMESPACE`]
@@ -661,11 +622,7 @@ impl Pod {
     fn try_run_exact(node: &'static Node, name: &str, attempt: u32, opts: PodOptions) -> Result<Pod, Output> {
         node.require();
         let name = name.to_string();
-        let dir = if attempt == 0 {
-            TempDir::named(&name)
-        } else {
-            TempDir::named(&format!("{name}-attempt{attempt}"))
-        };
+        let dir = if attempt == 0 { TempDir::named(&name) } else { TempDir::named(&format!("{name}-attempt{attempt}")) };
         let log_dir = dir.path().join("logs");
         std::fs::create_dir_all(&log_dir).unwrap();
         let mut cfg = pod_config_on(node, &name, &opts.annotations, &log_dir);
@@ -673,9 +630,7 @@ impl Pod {
         let namespace = opts.namespace.clone().unwrap_or_else(|| POD_NAMESPACE.to_string());
         cfg["metadata"]["namespace"] = json!(namespace);
         let config_path = write_json(dir.path(), "pod.json", &cfg);
-        let runtime = opts
-            .runtime
-            .unwrap_or_else(|| runtime_handler().to_string());
+        let runtime = opts.runtime.unwrap_or_else(|| runtime_handler().to_string());
         let out = node.crictl(&["runp", "--runtime", &runtime, &config_path]);
         if !out.success() {
             // runp may have left a NotReady sandbox behind on failure: clean it.
@@ -683,17 +638,7 @@ impl Pod {
             return Err(out);
         }
         let id = out.stdout.trim().to_string();
-        Ok(Pod {
-            id,
-            name,
-            node,
-            config_path,
-            log_dir,
-            annotations: opts.annotations,
-            namespace,
-            dir,
-            removed: false,
-        })
+        Ok(Pod { id, name, node, config_path, log_dir, annotations: opts.annotations, namespace, dir, removed: false })
     }
 
     /// The id of the pod's actor: its `torpor.dev/actor` (within the pod's
@@ -714,10 +659,7 @@ impl Pod {
 
     /// `crictl create` of a container; returns the container id or the output.
     pub fn try_create(&self, config: &Value) -> Result<String, Output> {
-        let cname = config["metadata"]["name"]
-            .as_str()
-            .unwrap_or("ctr")
-            .to_string();
+        let cname = config["metadata"]["name"].as_str().unwrap_or("ctr").to_string();
         let path = write_json(self.dir.path(), &format!("ctr-{cname}.json"), config);
         let out = self.node.crictl(&["create", &self.id, &path, &self.config_path]);
         if out.success() {
@@ -730,8 +672,7 @@ impl Pod {
     /// `crictl create`; panics on failure.
     #[track_caller]
     pub fn create(&self, config: &Value) -> String {
-        self.try_create(config)
-            .unwrap_or_else(|o| panic!("crictl create failed: {o}"))
+        self.try_create(config).unwrap_or_else(|o| panic!("crictl create failed: {o}"))
     }
 
     /// create + start `/actor <args>` in a container named `name`; returns its id.
@@ -757,20 +698,14 @@ impl Pod {
     /// SANDBOX_READY / SANDBOX_NOTREADY
     #[track_caller]
     pub fn state(&self) -> String {
-        self.inspect()["status"]["state"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string()
+        self.inspect()["status"]["state"].as_str().unwrap_or_default().to_string()
     }
 
     /// The pod's IPv4 address.
     #[track_caller]
     pub fn ip(&self) -> String {
         let v = self.inspect();
-        let ip = v["status"]["network"]["ip"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let ip = v["status"]["network"]["ip"].as_str().unwrap_or_default().to_string();
         assert!(!ip.is_empty(), "pod {} has no IP: {}", self.id, v["status"]);
         ip
     }
@@ -811,12 +746,7 @@ pub fn remove_pods_named(name: &str) {
 /// The network namespace path in a `crictl inspectp` JSON.
 pub fn netns_path_of(inspectp: &Value) -> Option<String> {
     let spec = &inspectp["info"]["runtimeSpec"];
-    spec["linux"]["namespaces"]
-        .as_array()?
-        .iter()
-        .find(|n| n["type"] == "network")
-        .and_then(|n| n["path"].as_str())
-        .map(|s| s.to_string())
+    spec["linux"]["namespaces"].as_array()?.iter().find(|n| n["type"] == "network").and_then(|n| n["path"].as_str()).map(|s| s.to_string())
 }
 
 // ------------------------------------------------------------- containers
@@ -830,10 +760,7 @@ pub fn inspect_container(id: &str) -> Value {
 /// The container's CRI state: CONTAINER_CREATED / RUNNING / EXITED / UNKNOWN.
 #[track_caller]
 pub fn container_state(id: &str) -> String {
-    inspect_container(id)["status"]["state"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
+    inspect_container(id)["status"]["state"].as_str().unwrap_or_default().to_string()
 }
 
 /// Waits until the container (of node A) is in `state`; returns the inspect JSON.
@@ -855,10 +782,7 @@ fn wait_container_state_on(node: &Node, id: &str, state: &str) -> Value {
     }));
     match res {
         Ok(v) => v,
-        Err(_) => panic!(
-            "timed out waiting for {what}; last status: {}",
-            last["status"]
-        ),
+        Err(_) => panic!("timed out waiting for {what}; last status: {}", last["status"]),
     }
 }
 
@@ -866,13 +790,7 @@ fn wait_container_state_on(node: &Node, id: &str, state: &str) -> Value {
 #[track_caller]
 pub fn wait_exited(id: &str) -> (i64, String) {
     let v = wait_container_state(id, "CONTAINER_EXITED");
-    (
-        v["status"]["exitCode"].as_i64().unwrap_or(-1),
-        v["status"]["reason"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-    )
+    (v["status"]["exitCode"].as_i64().unwrap_or(-1), v["status"]["reason"].as_str().unwrap_or_default().to_string())
 }
 
 // ------------------------------------------------------------ host checks
@@ -890,19 +808,14 @@ pub fn processes_mentioning(needle: &str) -> Vec<String> {
         if !pid.chars().all(|c| c.is_ascii_digit()) || pid == me {
             continue;
         }
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-            .unwrap_or_default();
+        let cmdline =
+            std::fs::read(format!("/proc/{pid}/cmdline")).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default();
         // crictl/ctr clients of concurrently running tests are not leftovers
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
         if exe.ends_with("/crictl") || exe.ends_with("/ctr") {
             continue;
         }
-        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd"))
-            .map(|p| p.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
         if cmdline.contains(needle) || cwd.contains(needle) {
             found.push(format!("pid {pid} exe {exe} cwd {cwd}: {}", cmdline.trim()));
         }
@@ -919,9 +832,8 @@ pub fn processes_in_cgroup(needle: &str) -> Vec<String> {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
         let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
         if cg.contains(needle) {
-            let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-                .unwrap_or_default();
+            let cmd =
+                std::fs::read(format!("/proc/{pid}/cmdline")).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default();
             found.push(format!("pid {pid}: {}", cmd.trim()));
         }
     }
@@ -966,25 +878,17 @@ pub fn counter_cmd(addr: &str, cmd: &str) -> String {
     let stream = connect_with_retry(addr);
     stream.set_read_timeout(Some(LIVENESS)).unwrap();
     let mut w = stream.try_clone().unwrap();
-    w.write_all(format!("{cmd}\n").as_bytes())
-        .unwrap_or_else(|e| panic!("send {cmd:?} to {addr}: {e}"));
+    w.write_all(format!("{cmd}\n").as_bytes()).unwrap_or_else(|e| panic!("send {cmd:?} to {addr}: {e}"));
     let mut line = String::new();
-    std::io::BufReader::new(stream)
-        .read_line(&mut line)
-        .unwrap_or_else(|e| panic!("reply to {cmd:?} from {addr}: {e}"));
-    assert!(
-        line.ends_with('\n'),
-        "counter at {addr} closed the connection instead of answering {cmd:?} (got {line:?})"
-    );
+    std::io::BufReader::new(stream).read_line(&mut line).unwrap_or_else(|e| panic!("reply to {cmd:?} from {addr}: {e}"));
+    assert!(line.ends_with('\n'), "counter at {addr} closed the connection instead of answering {cmd:?} (got {line:?})");
     line.trim().to_string()
 }
 
 /// A TCP connect to `addr` with retries until it succeeds (liveness-limited).
 #[track_caller]
 pub fn connect_with_retry(addr: &str) -> std::net::TcpStream {
-    let sa: std::net::SocketAddr = addr
-        .parse()
-        .unwrap_or_else(|e| panic!("bad address {addr}: {e}"));
+    let sa: std::net::SocketAddr = addr.parse().unwrap_or_else(|e| panic!("bad address {addr}: {e}"));
     let mut last_err = String::new();
     let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wait_for(&format!("a TCP connection to {addr}"), LIVENESS, || {

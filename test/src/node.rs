@@ -18,10 +18,7 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use crate::{
-    check_node, env_or, run_env, run_with, wait_container_state_on, wait_for, Output, Rig, COMMAND_LIMIT,
-    LIVENESS,
-};
+use crate::{check_node, env_or, run_env, run_with, wait_container_state_on, wait_for, Output, Rig, COMMAND_LIMIT, LIVENESS};
 
 /// One node of the rig.
 #[derive(Debug, Clone)]
@@ -284,7 +281,9 @@ impl Node {
             let exe = std::fs::read_link(format!("/proc/{pid}/exe")).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
             let name = exe.rsplit('/').next().unwrap_or_default();
             if name.starts_with("containerd-shim-") {
-                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default();
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+                    .unwrap_or_default();
                 let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
                 if cmdline.contains(&format!(" {} ", self.rig.address))
                     || cmdline.ends_with(&format!(" {}", self.rig.address))

@@ -45,10 +45,7 @@ impl Node {
     #[track_caller]
     pub fn torporctl(&self, args: &[&str]) -> Output {
         let bin = torporctl_path();
-        assert!(
-            Path::new(&bin).is_file(),
-            "torporctl not found at {bin} (cargo build --release -p torporctl, or set TORPOR_CTL)"
-        );
+        assert!(Path::new(&bin).is_file(), "torporctl not found at {bin} (cargo build --release -p torporctl, or set TORPOR_CTL)");
         run_env(&bin, args, None, COMMAND_LIMIT, &self.torpor_env())
     }
 

@@ -57,11 +57,8 @@ impl Agents {
         for n in &c.nodes {
             let log_path = format!("{}/agent-{}.log", c.state, n.name);
             let before = std::fs::metadata(&log_path).map(|m| m.len() as usize).unwrap_or(0);
-            let log = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&log_path)
-                .unwrap_or_else(|e| panic!("open {log_path}: {e}"));
+            let log =
+                std::fs::OpenOptions::new().create(true).append(true).open(&log_path).unwrap_or_else(|e| panic!("open {log_path}: {e}"));
             let mut cmd = Command::new(&bin);
             cmd.env("NODE_NAME", &n.name)
                 .env("KUBECONFIG", &c.kubeconfig)
@@ -154,11 +151,7 @@ pub fn pod_ip(p: &Value) -> String {
 
 /// The first container's id (without `containerd://`).
 pub fn container_id(p: &Value) -> String {
-    p["status"]["containerStatuses"][0]["containerID"]
-        .as_str()
-        .unwrap_or_default()
-        .trim_start_matches("containerd://")
-        .to_string()
+    p["status"]["containerStatuses"][0]["containerID"].as_str().unwrap_or_default().trim_start_matches("containerd://").to_string()
 }
 
 /// `kubectl exec POD -- ARGS`, which must succeed; its stdout.
@@ -417,7 +410,8 @@ mod tests {
 
     #[test]
     fn resp_replies_parse() {
-        let mut r = std::io::Cursor::new(b"+OK\r\n-ERR x\r\n:42\r\n$3\r\nabc\r\n$-1\r\n*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$2\r\nhi\r\n".to_vec());
+        let mut r =
+            std::io::Cursor::new(b"+OK\r\n-ERR x\r\n:42\r\n$3\r\nabc\r\n$-1\r\n*3\r\n$7\r\nmessage\r\n$4\r\nnews\r\n$2\r\nhi\r\n".to_vec());
         assert_eq!(read_resp(&mut r).unwrap(), Resp::Simple("OK".into()));
         assert_eq!(read_resp(&mut r).unwrap(), Resp::Error("ERR x".into()));
         assert_eq!(read_resp(&mut r).unwrap(), Resp::Int(42));

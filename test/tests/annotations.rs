@@ -7,10 +7,7 @@ use torpor_tests::*;
 
 /// Runs pod + container with `annotations` on the pod; returns the error
 /// output of the first step that failed, or None if everything succeeded.
-fn first_failure(
-    prefix: &str,
-    annotations: &[(&str, &str)],
-) -> (Option<Pod>, Option<(String, Output)>) {
+fn first_failure(prefix: &str, annotations: &[(&str, &str)]) -> (Option<Pod>, Option<(String, Output)>) {
     let pod = match Pod::try_run(prefix, PodOptions::annotated(annotations)) {
         Ok(p) => p,
         // The sandbox is created by the same runtime: refusing the bad pod
@@ -36,10 +33,7 @@ fn invalid_idle_after_fails_container_creation_naming_the_annotation() {
     let (step, out) = failure.expect("a pod with torpor.dev/idle-after=banana must not start");
     let text = out.all_output();
     eprintln!("refused at `crictl {step}`: {}", out.stderr.trim());
-    assert!(
-        text.contains("torpor.dev/idle-after"),
-        "the error of `crictl {step}` names the annotation:\n{out}"
-    );
+    assert!(text.contains("torpor.dev/idle-after"), "the error of `crictl {step}` names the annotation:\n{out}");
 }
 
 #[test]

@@ -50,19 +50,9 @@ struct NetPod {
 #[track_caller]
 fn net_pod(prefix: &str) -> NetPod {
     let pod = Pod::run(prefix);
-    let netns = pod.netns_path().unwrap_or_else(|| {
-        panic!(
-            "pod {} has no network namespace path: {}",
-            pod.id,
-            pod.inspect()
-        )
-    });
+    let netns = pod.netns_path().unwrap_or_else(|| panic!("pod {} has no network namespace path: {}", pod.id, pod.inspect()));
     let ip = pod.ip();
-    NetPod {
-        _pod: pod,
-        netns,
-        ip,
-    }
+    NetPod { _pod: pod, netns, ip }
 }
 
 impl NetPod {
@@ -100,16 +90,10 @@ fn counter_on(stream: &TcpStream, cmds: &[&str]) -> Vec<String> {
     let mut w = stream.try_clone().unwrap();
     cmds.iter()
         .map(|c| {
-            w.write_all(format!("{c}\n").as_bytes())
-                .unwrap_or_else(|e| panic!("send {c:?} to the counter: {e}"));
+            w.write_all(format!("{c}\n").as_bytes()).unwrap_or_else(|e| panic!("send {c:?} to the counter: {e}"));
             let mut line = String::new();
-            reader
-                .read_line(&mut line)
-                .unwrap_or_else(|e| panic!("reply to {c:?} from the counter: {e}"));
-            assert!(
-                !line.is_empty(),
-                "the counter closed the connection on {c:?}"
-            );
+            reader.read_line(&mut line).unwrap_or_else(|e| panic!("reply to {c:?} from the counter: {e}"));
+            assert!(!line.is_empty(), "the counter closed the connection on {c:?}");
             line.trim().to_string()
         })
         .collect()
@@ -132,10 +116,8 @@ fn tree_info(addr: &str) -> Value {
     let mut s = connect_with_retry(addr);
     s.set_read_timeout(Some(LIVENESS)).unwrap();
     let mut text = String::new();
-    s.read_to_string(&mut text)
-        .unwrap_or_else(|e| panic!("read from the tree actor at {addr}: {e}"));
-    serde_json::from_str(text.trim())
-        .unwrap_or_else(|e| panic!("tree actor at {addr} sent {text:?}: {e}"))
+    s.read_to_string(&mut text).unwrap_or_else(|e| panic!("read from the tree actor at {addr}: {e}"));
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("tree actor at {addr} sent {text:?}: {e}"))
 }
 
 /// A checkpoint image in containerd's image store (namespace `ns`); removed
@@ -162,21 +144,13 @@ struct TaskCheckpointImages {
 
 impl TaskCheckpointImages {
     fn new(ns: &str, id: &str) -> Self {
-        TaskCheckpointImages {
-            ns: ns.into(),
-            id: id.into(),
-        }
+        TaskCheckpointImages { ns: ns.into(), id: id.into() }
     }
 
     #[track_caller]
     fn list(&self) -> Vec<String> {
         let prefix = format!("containerd.io/checkpoint/{}:", self.id);
-        ctr_ok(&self.ns, &["images", "ls", "-q"])
-            .lines()
-            .map(str::trim)
-            .filter(|l| l.starts_with(&prefix))
-            .map(str::to_string)
-            .collect()
+        ctr_ok(&self.ns, &["images", "ls", "-q"]).lines().map(str::trim).filter(|l| l.starts_with(&prefix)).map(str::to_string).collect()
     }
 }
 
@@ -185,12 +159,7 @@ impl Drop for TaskCheckpointImages {
         let _ = std::panic::catch_unwind(|| {
             let prefix = format!("containerd.io/checkpoint/{}:", self.id);
             let out = ctr(&self.ns, &["images", "ls", "-q"]);
-            for name in out
-                .stdout
-                .lines()
-                .map(str::trim)
-                .filter(|l| l.starts_with(&prefix))
-            {
+            for name in out.stdout.lines().map(str::trim).filter(|l| l.starts_with(&prefix)) {
                 let _ = ctr(&self.ns, &["images", "rm", name]);
             }
         });
@@ -201,21 +170,8 @@ impl Drop for TaskCheckpointImages {
 /// dump and resumes it); the returned guard removes the image.
 #[track_caller]
 fn checkpoint_container(ns: &str, id: &str) -> CheckpointImage {
-    let image = CheckpointImage {
-        ns: ns.into(),
-        name: format!("localhost/torpor-test/checkpoint/{id}:1"),
-    };
-    ctr_ok(
-        ns,
-        &[
-            "containers",
-            "checkpoint",
-            "--rw",
-            "--task",
-            id,
-            &image.name,
-        ],
-    );
+    let image = CheckpointImage { ns: ns.into(), name: format!("localhost/torpor-test/checkpoint/{id}:1") };
+    ctr_ok(ns, &["containers", "checkpoint", "--rw", "--task", id, &image.name]);
     image
 }
 
@@ -224,9 +180,7 @@ fn checkpoint_container(ns: &str, id: &str) -> CheckpointImage {
 #[track_caller]
 fn remove_task_and_container(ns: &str, id: &str) {
     let _ = ctr(ns, &["task", "kill", "-a", "-s", "SIGKILL", id]);
-    wait_for(&format!("task {id} to stop"), LIVENESS, || {
-        matches!(task_status(ns, id).as_deref(), None | Some("STOPPED")).then_some(())
-    });
+    wait_for(&format!("task {id} to stop"), LIVENESS, || matches!(task_status(ns, id).as_deref(), None | Some("STOPPED")).then_some(()));
     if task_status(ns, id).is_some() {
         ctr_ok(ns, &["task", "delete", id]);
     }
@@ -236,25 +190,17 @@ fn remove_task_and_container(ns: &str, id: &str) {
 /// `ctr c restore --rw --live <id> <image>`.
 #[track_caller]
 fn restore(ns: &str, id: &str, image: &CheckpointImage) -> Output {
-    ctr(
-        ns,
-        &["containers", "restore", "--rw", "--live", id, &image.name],
-    )
+    ctr(ns, &["containers", "restore", "--rw", "--live", id, &image.name])
 }
 
 /// The rig's containerd root (from the config test/rig/up.sh wrote).
 fn containerd_root() -> PathBuf {
     let cfg = format!("{}/containerd.toml", rig().state_dir);
-    let text = std::fs::read_to_string(&cfg)
-        .unwrap_or_else(|e| panic!("read the rig's config {cfg}: {e}"));
+    let text = std::fs::read_to_string(&cfg).unwrap_or_else(|e| panic!("read the rig's config {cfg}: {e}"));
     text.lines()
         .find_map(|l| {
             let l = l.trim();
-            let v = l
-                .strip_prefix("root")?
-                .trim_start()
-                .strip_prefix('=')?
-                .trim();
+            let v = l.strip_prefix("root")?.trim_start().strip_prefix('=')?.trim();
             Some(PathBuf::from(v.trim_matches(|c| c == '\'' || c == '"')))
         })
         .unwrap_or_else(|| panic!("no `root = ...` in {cfg}"))
@@ -277,26 +223,12 @@ fn criu_blob(ns: &str, name: &str) -> PathBuf {
     let blob = index["manifests"]
         .as_array()
         .and_then(|m| m.iter().find(|d| d["mediaType"] == CRIU_TAR_MEDIA_TYPE))
-        .unwrap_or_else(|| {
-            panic!("checkpoint image {name} has no CRIU image ({CRIU_TAR_MEDIA_TYPE}): {index}")
-        });
-    assert!(
-        blob["size"].as_i64().unwrap_or(0) > 0,
-        "empty CRIU image in {name}: {index}"
-    );
+        .unwrap_or_else(|| panic!("checkpoint image {name} has no CRIU image ({CRIU_TAR_MEDIA_TYPE}): {index}"));
+    assert!(blob["size"].as_i64().unwrap_or(0) > 0, "empty CRIU image in {name}: {index}");
     let d = blob["digest"].as_str().unwrap();
-    let (algo, hex) = d
-        .split_once(':')
-        .unwrap_or_else(|| panic!("bad digest {d}"));
-    let path = containerd_root()
-        .join("io.containerd.content.v1.content/blobs")
-        .join(algo)
-        .join(hex);
-    assert!(
-        path.is_file(),
-        "content blob {} of {name} missing",
-        path.display()
-    );
+    let (algo, hex) = d.split_once(':').unwrap_or_else(|| panic!("bad digest {d}"));
+    let path = containerd_root().join("io.containerd.content.v1.content/blobs").join(algo).join(hex);
+    assert!(path.is_file(), "content blob {} of {name} missing", path.display());
     path
 }
 
@@ -304,15 +236,8 @@ fn criu_blob(ns: &str, name: &str) -> PathBuf {
 #[track_caller]
 fn criu_image_files(ns: &str, name: &str) -> Vec<String> {
     let blob = criu_blob(ns, name);
-    let out = run(
-        "tar",
-        [OsStrArg::from("-tf"), OsStrArg::from(blob.as_os_str())],
-    )
-    .ok();
-    out.lines()
-        .map(|l| l.trim_start_matches("./").to_string())
-        .filter(|l| !l.is_empty())
-        .collect()
+    let out = run("tar", [OsStrArg::from("-tf"), OsStrArg::from(blob.as_os_str())]).ok();
+    out.lines().map(|l| l.trim_start_matches("./").to_string()).filter(|l| !l.is_empty()).collect()
 }
 
 type OsStrArg = std::ffi::OsString;
@@ -328,39 +253,16 @@ struct CorruptedBlob {
 impl CorruptedBlob {
     #[track_caller]
     fn new(path: &Path, mutate: impl FnOnce(&Path)) -> CorruptedBlob {
-        let original =
-            std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        let original = std::fs::read(path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
         let dir = TempDir::new("criu-image");
-        run(
-            "tar",
-            [
-                OsStrArg::from("-C"),
-                dir.path().into(),
-                "-xf".into(),
-                path.into(),
-            ],
-        )
-        .ok();
+        run("tar", [OsStrArg::from("-C"), dir.path().into(), "-xf".into(), path.into()]).ok();
         mutate(dir.path());
         let tar = dir.path().with_extension("tar");
-        run(
-            "tar",
-            [
-                OsStrArg::from("-C"),
-                dir.path().into(),
-                "-cf".into(),
-                tar.clone().into(),
-                ".".into(),
-            ],
-        )
-        .ok();
+        run("tar", [OsStrArg::from("-C"), dir.path().into(), "-cf".into(), tar.clone().into(), ".".into()]).ok();
         let bytes = std::fs::read(&tar).unwrap();
         let _ = std::fs::remove_file(&tar);
         std::fs::write(path, bytes).unwrap_or_else(|e| panic!("rewrite {}: {e}", path.display()));
-        CorruptedBlob {
-            path: path.to_path_buf(),
-            original,
-        }
+        CorruptedBlob { path: path.to_path_buf(), original }
     }
 }
 
@@ -372,10 +274,7 @@ impl Drop for CorruptedBlob {
 
 /// runc state directories a container `id` of namespace `ns` may have.
 fn runc_state_dirs(ns: &str, id: &str) -> Vec<PathBuf> {
-    vec![
-        Path::new("/run/torpor/runc").join(ns).join(id),
-        Path::new("/run/containerd/runc").join(ns).join(id),
-    ]
+    vec![Path::new("/run/torpor/runc").join(ns).join(id), Path::new("/run/containerd/runc").join(ns).join(id)]
 }
 
 /// Everything a task `id` of namespace `ns` could leave behind on the host.
@@ -391,10 +290,7 @@ fn assert_nothing_left(ns: &str, id: &str) {
     for m in mounts_mentioning(id) {
         left.push(format!("mount: {m}"));
     }
-    let bundle = Path::new(&rig().containerd_state)
-        .join("io.containerd.runtime.v2.task")
-        .join(ns)
-        .join(id);
+    let bundle = Path::new(&rig().containerd_state).join("io.containerd.runtime.v2.task").join(ns).join(id);
     if bundle.exists() {
         left.push(format!("bundle {}", bundle.display()));
     }
@@ -412,19 +308,12 @@ fn assert_nothing_left(ns: &str, id: &str) {
             }
         }
     }
-    assert!(
-        left.is_empty(),
-        "left behind by {ns}/{id}:\n{}",
-        left.join("\n")
-    );
+    assert!(left.is_empty(), "left behind by {ns}/{id}:\n{}", left.join("\n"));
 }
 
 /// The bundle directory of a task.
 fn bundle_dir(ns: &str, id: &str) -> PathBuf {
-    Path::new(&rig().containerd_state)
-        .join("io.containerd.runtime.v2.task")
-        .join(ns)
-        .join(id)
+    Path::new(&rig().containerd_state).join("io.containerd.runtime.v2.task").join(ns).join(id)
 }
 
 fn find_tool(env_key: &str, name: &str) -> String {
@@ -434,10 +323,7 @@ fn find_tool(env_key: &str, name: &str) -> String {
         }
     }
     let path = std::env::var("PATH").unwrap_or_default();
-    for dir in path
-        .split(':')
-        .chain(["/usr/local/bin", "/usr/bin", "/usr/local/sbin", "/usr/sbin"])
-    {
+    for dir in path.split(':').chain(["/usr/local/bin", "/usr/bin", "/usr/local/sbin", "/usr/sbin"]) {
         let p = Path::new(dir).join(name);
         if p.is_file() {
             return p.to_string_lossy().into_owned();
@@ -465,10 +351,7 @@ fn cri_counter_continues_at_the_pod_ip_after_restore() {
     assert_eq!(container_state(&cid), "CONTAINER_RUNNING");
     assert_eq!(counter(&addr, &["get"]), ["3"]);
     let files = criu_image_files(K8S_NS, &image.name);
-    assert!(
-        files.iter().any(|f| f == "inventory.img"),
-        "CRIU image files: {files:?}"
-    );
+    assert!(files.iter().any(|f| f == "inventory.img"), "CRIU image files: {files:?}");
 
     crictl_ok(&["stop", "--timeout", "10", &cid]);
     crictl_ok(&["rm", &cid]);
@@ -476,18 +359,11 @@ fn cri_counter_continues_at_the_pod_ip_after_restore() {
 
     let rid = unique_name("ckpt-cri-restored");
     let _restored = CtrContainer::new(K8S_NS, &rid);
-    let out = ctr(
-        K8S_NS,
-        &["containers", "restore", "--rw", "--live", &rid, &image.name],
-    );
+    let out = ctr(K8S_NS, &["containers", "restore", "--rw", "--live", &rid, &image.name]);
     assert!(out.success(), "{out}");
     wait_task_status(K8S_NS, &rid, "RUNNING");
 
-    assert_eq!(
-        counter(&addr, &["get", "inc"]),
-        ["3", "4"],
-        "the counter continues where it was"
-    );
+    assert_eq!(counter(&addr, &["get", "inc"]), ["3", "4"], "the counter continues where it was");
     assert_eq!(pod.state(), "SANDBOX_READY");
 
     // restored into the existing sandbox: the pod's network namespace ...
@@ -497,12 +373,7 @@ fn cri_counter_continues_at_the_pod_ip_after_restore() {
         .and_then(|a| a.iter().find(|n| n["type"] == "network"))
         .and_then(|n| n["path"].as_str())
         .map(str::to_string)
-        .unwrap_or_else(|| {
-            panic!(
-                "restored container has no network namespace path: {}",
-                info["Spec"]
-            )
-        });
+        .unwrap_or_else(|| panic!("restored container has no network namespace path: {}", info["Spec"]));
     // (CRI names it /proc/<pause pid>/ns/net, the sandbox by its bind mount)
     let ns_id = |p: &str| {
         use std::os::unix::fs::MetadataExt;
@@ -510,26 +381,11 @@ fn cri_counter_continues_at_the_pod_ip_after_restore() {
         (m.dev(), m.ino())
     };
     let pod_netns = pod.netns_path().expect("pod network namespace path");
-    assert_eq!(
-        ns_id(&netns),
-        ns_id(&pod_netns),
-        "restored container's network namespace {netns} is not the pod's {pod_netns}"
-    );
-    assert_eq!(
-        info["Runtime"]["Name"],
-        runtime_type().as_str(),
-        "{}",
-        info["Runtime"]
-    );
+    assert_eq!(ns_id(&netns), ns_id(&pod_netns), "restored container's network namespace {netns} is not the pod's {pod_netns}");
+    assert_eq!(info["Runtime"]["Name"], runtime_type().as_str(), "{}", info["Runtime"]);
     // ... and the pod's shim (one shim per pod: none was started for it)
-    let shims: Vec<String> = processes_mentioning(&rid)
-        .into_iter()
-        .filter(|p| p.contains("containerd-shim"))
-        .collect();
-    assert!(
-        shims.is_empty(),
-        "a shim of its own for the restored container: {shims:?}"
-    );
+    let shims: Vec<String> = processes_mentioning(&rid).into_iter().filter(|p| p.contains("containerd-shim")).collect();
+    assert!(shims.is_empty(), "a shim of its own for the restored container: {shims:?}");
     // not even one that set itself up and left (its control socket)
     let dir = std::env::var("TORPOR_SHIM_SOCKET_DIR").unwrap_or_else(|_| "/run/torpor/shims".into());
     let sock = format!("{dir}/{rid}.sock");
@@ -546,27 +402,11 @@ fn rootfs_changes_and_memory_survive_ctr_checkpoint_restore() {
     assert_eq!(counter(&addr, &["inc", "inc"]), ["1", "2"]);
     let token = unique_name("token");
     let script = format!("echo {token} > /written.txt && mkdir -p /var/lib/actor && echo nested > /var/lib/actor/state && rm /etc/group");
-    let out = ctr(
-        NS,
-        &[
-            "task",
-            "exec",
-            "--exec-id",
-            "write",
-            &c.id,
-            "/bin/sh",
-            "-c",
-            &script,
-        ],
-    );
+    let out = ctr(NS, &["task", "exec", "--exec-id", "write", &c.id, "/bin/sh", "-c", &script]);
     assert!(out.success(), "{out}");
 
     let image = checkpoint_container(NS, &c.id);
-    assert_eq!(
-        task_status(NS, &c.id).as_deref(),
-        Some("RUNNING"),
-        "running after a checkpoint without --exit"
-    );
+    assert_eq!(task_status(NS, &c.id).as_deref(), Some("RUNNING"), "running after a checkpoint without --exit");
     assert_eq!(counter(&addr, &["get"]), ["2"]);
 
     remove_task_and_container(NS, &c.id);
@@ -589,11 +429,7 @@ fn rootfs_changes_and_memory_survive_ctr_checkpoint_restore() {
         ],
     );
     assert!(out.success(), "{out}");
-    assert_eq!(
-        out.stdout.lines().collect::<Vec<_>>(),
-        [token.as_str(), "nested", "group-gone"],
-        "{out}"
-    );
+    assert_eq!(out.stdout.lines().collect::<Vec<_>>(), [token.as_str(), "nested", "group-gone"], "{out}");
     assert_eq!(counter(&addr, &["get", "inc"]), ["2", "3"]);
 }
 
@@ -602,31 +438,13 @@ fn rootfs_changes_and_memory_survive_ctr_checkpoint_restore() {
 #[test]
 fn process_tree_survives_checkpoint_restore() {
     let pod = net_pod("ckpt-tree");
-    let c = run_in_pod(
-        &pod,
-        "ckpt-tree",
-        &[
-            "tree",
-            "--port",
-            "8081",
-            "--children",
-            "2",
-            "--threads",
-            "4",
-        ],
-    );
+    let c = run_in_pod(&pod, "ckpt-tree", &["tree", "--port", "8081", "--children", "2", "--threads", "4"]);
     let addr = pod.addr(8081);
     let before = wait_for("the tree actor's children", LIVENESS, || {
         let v = tree_info(&addr);
         (v["children_alive"] == 2 && v["children"].as_array().map(Vec::len) == Some(2)).then_some(v)
     });
-    let host_pids = |id: &str| -> usize {
-        ctr_ok(NS, &["task", "ps", id])
-            .lines()
-            .skip(1)
-            .filter(|l| !l.trim().is_empty())
-            .count()
-    };
+    let host_pids = |id: &str| -> usize { ctr_ok(NS, &["task", "ps", id]).lines().skip(1).filter(|l| !l.trim().is_empty()).count() };
     assert_eq!(host_pids(&c.id), 3, "parent and two children");
 
     let image = checkpoint_container(NS, &c.id);
@@ -639,14 +457,8 @@ fn process_tree_survives_checkpoint_restore() {
     wait_task_status(NS, &rid, "RUNNING");
 
     let after = tree_info(&addr);
-    assert_eq!(
-        after["pid"], before["pid"],
-        "same pid (in the container's pid namespace): {after}"
-    );
-    assert_eq!(
-        after["children"], before["children"],
-        "same children: {after}"
-    );
+    assert_eq!(after["pid"], before["pid"], "same pid (in the container's pid namespace): {after}");
+    assert_eq!(after["children"], before["children"], "same children: {after}");
     assert_eq!(after["children_alive"], 2, "{after}");
     assert_eq!(after["threads"], 4, "{after}");
     let os_threads = |v: &Value| v["os_threads"].as_u64().unwrap_or(0);
@@ -656,32 +468,18 @@ fn process_tree_survives_checkpoint_restore() {
         os_threads(&before),
         os_threads(&after)
     );
-    assert_eq!(
-        host_pids(&rid),
-        3,
-        "parent and two children after the restore"
-    );
+    assert_eq!(host_pids(&rid), 3, "parent and two children after the restore");
     let ticks = |v: &Value| -> Vec<u64> {
-        v["thread_ticks"]
-            .as_array()
-            .map(|a| a.iter().map(|t| t.as_u64().unwrap_or(0)).collect())
-            .unwrap_or_default()
+        v["thread_ticks"].as_array().map(|a| a.iter().map(|t| t.as_u64().unwrap_or(0)).collect()).unwrap_or_default()
     };
     assert_eq!(ticks(&after).len(), 4, "{after}");
-    assert!(
-        after["ticks"].as_u64() >= before["ticks"].as_u64(),
-        "ticks went back: {before} then {after}"
-    );
+    assert!(after["ticks"].as_u64() >= before["ticks"].as_u64(), "ticks went back: {before} then {after}");
     // every counting thread runs on after the restore
     let first = ticks(&after);
-    wait_for(
-        "every thread of the restored tree to tick",
-        LIVENESS,
-        || {
-            let now = ticks(&tree_info(&addr));
-            (now.len() == 4 && now.iter().zip(&first).all(|(n, f)| n > f)).then_some(())
-        },
-    );
+    wait_for("every thread of the restored tree to tick", LIVENESS, || {
+        let now = ticks(&tree_info(&addr));
+        (now.len() == 4 && now.iter().zip(&first).all(|(n, f)| n > f)).then_some(())
+    });
 }
 
 // ----------------------------------------------------- ctr task checkpoint
@@ -702,46 +500,18 @@ fn checkpoint_of_a_paused_task() {
     // into containerd's image store
     let out = ctr_ok(NS, &["task", "checkpoint", &c.id]);
     let name = out.trim().to_string();
-    assert!(
-        name.starts_with(&format!("containerd.io/checkpoint/{}:", c.id)),
-        "checkpoint name: {out}"
-    );
+    assert!(name.starts_with(&format!("containerd.io/checkpoint/{}:", c.id)), "checkpoint name: {out}");
     let files = criu_image_files(NS, &name);
-    assert!(
-        files.iter().any(|f| f == "inventory.img"),
-        "CRIU image files: {files:?}"
-    );
-    assert!(
-        files.iter().any(|f| f.starts_with("pages-")),
-        "CRIU image files: {files:?}"
-    );
-    assert_eq!(
-        task_status(NS, &c.id).as_deref(),
-        Some("PAUSED"),
-        "still paused after the checkpoint"
-    );
+    assert!(files.iter().any(|f| f == "inventory.img"), "CRIU image files: {files:?}");
+    assert!(files.iter().any(|f| f.starts_with("pages-")), "CRIU image files: {files:?}");
+    assert_eq!(task_status(NS, &c.id).as_deref(), Some("PAUSED"), "still paused after the checkpoint");
     ctr_ok(NS, &["images", "rm", &name]);
 
     // into a directory (--image-path), CRIU's log kept in the given --work-path
     let dir = TempDir::new("ckpt-paused");
     let (img, work) = (dir.path().join("image"), dir.path().join("work"));
-    ctr_ok(
-        NS,
-        &[
-            "task",
-            "checkpoint",
-            "--image-path",
-            img.to_str().unwrap(),
-            "--work-path",
-            work.to_str().unwrap(),
-            &c.id,
-        ],
-    );
-    assert!(
-        img.join("inventory.img").is_file(),
-        "no inventory.img in {}",
-        img.display()
-    );
+    ctr_ok(NS, &["task", "checkpoint", "--image-path", img.to_str().unwrap(), "--work-path", work.to_str().unwrap(), &c.id]);
+    assert!(img.join("inventory.img").is_file(), "no inventory.img in {}", img.display());
     let pages: u64 = std::fs::read_dir(&img)
         .unwrap()
         .flatten()
@@ -749,11 +519,7 @@ fn checkpoint_of_a_paused_task() {
         .map(|e| e.metadata().map(|m| m.len()).unwrap_or(0))
         .sum();
     assert!(pages > 0, "no memory pages in {}", img.display());
-    assert!(
-        work.join("dump.log").is_file(),
-        "CRIU's dump.log not kept in the work path {}",
-        work.display()
-    );
+    assert!(work.join("dump.log").is_file(), "CRIU's dump.log not kept in the work path {}", work.display());
     assert_eq!(task_status(NS, &c.id).as_deref(), Some("PAUSED"));
 
     ctr_ok(NS, &["task", "resume", &c.id]);
@@ -771,29 +537,18 @@ fn checkpoint_exit_option_stops_the_task() {
     let addr = pod.addr(8080);
     assert_eq!(counter(&addr, &["inc", "inc"]), ["1", "2"]);
 
-    let name = ctr_ok(NS, &["task", "checkpoint", &c.id])
-        .trim()
-        .to_string();
+    let name = ctr_ok(NS, &["task", "checkpoint", &c.id]).trim().to_string();
     assert_eq!(images.list(), std::slice::from_ref(&name));
-    assert_eq!(
-        task_status(NS, &c.id).as_deref(),
-        Some("RUNNING"),
-        "without --exit the task keeps running"
-    );
+    assert_eq!(task_status(NS, &c.id).as_deref(), Some("RUNNING"), "without --exit the task keeps running");
     assert_eq!(counter(&addr, &["get"]), ["2"]);
     // (the image name has a one-second resolution: make room for the next one)
     ctr_ok(NS, &["images", "rm", &name]);
 
-    let name = ctr_ok(NS, &["task", "checkpoint", "--exit", &c.id])
-        .trim()
-        .to_string();
+    let name = ctr_ok(NS, &["task", "checkpoint", "--exit", &c.id]).trim().to_string();
     wait_task_status(NS, &c.id, "STOPPED");
     assert_refused(&addr, "the task was checkpointed with --exit");
     let files = criu_image_files(NS, &name);
-    assert!(
-        files.iter().any(|f| f == "inventory.img"),
-        "CRIU image files: {files:?}"
-    );
+    assert!(files.iter().any(|f| f == "inventory.img"), "CRIU image files: {files:?}");
     let out = ctr(NS, &["task", "delete", &c.id]);
     assert!(out.success(), "{out}");
 }
@@ -815,19 +570,12 @@ fn crictl_checkpoint_export_is_readable_by_checkpointctl() {
     let archive_s = archive.to_string_lossy().into_owned();
     let out = crictl(&["checkpoint", &format!("--export={archive_s}"), &cid]);
     assert!(out.success(), "{out}");
-    assert_eq!(
-        container_state(&cid),
-        "CONTAINER_RUNNING",
-        "crictl checkpoint leaves the container running"
-    );
+    assert_eq!(container_state(&cid), "CONTAINER_RUNNING", "crictl checkpoint leaves the container running");
     assert_eq!(counter(&addr, &["get", "inc"]), ["2", "3"]);
 
     let listing = run("tar", ["-tf", archive_s.as_str()]).ok();
     for want in ["checkpoint/inventory.img", "config.dump", "spec.dump"] {
-        assert!(
-            listing.lines().any(|l| l.trim_start_matches("./") == want),
-            "{want} not in the archive:\n{listing}"
-        );
+        assert!(listing.lines().any(|l| l.trim_start_matches("./") == want), "{want} not in the archive:\n{listing}");
     }
 
     let show = run(&checkpointctl, ["show", archive_s.as_str()]);
@@ -838,45 +586,23 @@ fn crictl_checkpoint_export_is_readable_by_checkpointctl() {
     let plain = run(&checkpointctl, ["inspect", archive_s.as_str()]);
     assert!(plain.success(), "{plain}");
 
-    let out = run(
-        &checkpointctl,
-        [
-            "inspect",
-            "--format",
-            "json",
-            "--ps-tree",
-            "--files",
-            "--sockets",
-            "--mounts",
-            archive_s.as_str(),
-        ],
-    );
+    let out = run(&checkpointctl, ["inspect", "--format", "json", "--ps-tree", "--files", "--sockets", "--mounts", archive_s.as_str()]);
     assert!(out.success(), "{out}");
-    let v: Value = serde_json::from_str(&out.stdout)
-        .unwrap_or_else(|e| panic!("checkpointctl inspect JSON: {e}\n{out}"));
+    let v: Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("checkpointctl inspect JSON: {e}\n{out}"));
     let c = &v[0];
     assert_eq!(c["container_name"], "counter", "{c}");
     assert_eq!(c["runtime"], runtime_type().as_str(), "{c}");
     assert_eq!(c["engine"], "containerd", "{c}");
     assert_eq!(c["process_tree"]["command"], "actor", "{c}");
-    assert!(
-        c["checkpoint_size"]["memory_pages_size"]
-            .as_u64()
-            .unwrap_or(0)
-            > 0,
-        "{c}"
-    );
+    assert!(c["checkpoint_size"]["memory_pages_size"].as_u64().unwrap_or(0) > 0, "{c}");
     let listening = c["sockets"].as_array().into_iter().flatten().any(|p| {
-        p["open_sockets"].as_array().into_iter().flatten().any(|s| {
-            s["protocol"] == "TCP"
-                && s["data"]["state"] == "LISTEN"
-                && s["data"]["src_port"] == 8080
-        })
+        p["open_sockets"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["protocol"] == "TCP" && s["data"]["state"] == "LISTEN" && s["data"]["src_port"] == 8080)
     });
-    assert!(
-        listening,
-        "the counter's listening socket is in the checkpoint: {c}"
-    );
+    assert!(listening, "the counter's listening socket is in the checkpoint: {c}");
 }
 
 // ------------------------------------------------------------------ failures
@@ -893,34 +619,15 @@ fn checkpoint_of_a_stopped_container_fails_clearly() {
 
     let out = ctr(NS, &["task", "checkpoint", &id]);
     assert!(!out.success(), "{out}");
-    assert!(
-        out.stderr.to_lowercase().contains("stopped"),
-        "error does not say the task is stopped: {out}"
-    );
+    assert!(out.stderr.to_lowercase().contains("stopped"), "error does not say the task is stopped: {out}");
     let name = format!("localhost/torpor-test/checkpoint/{id}:1");
-    let _image = CheckpointImage {
-        ns: NS.into(),
-        name: name.clone(),
-    };
-    let out = ctr(
-        NS,
-        &["containers", "checkpoint", "--rw", "--task", &id, &name],
-    );
+    let _image = CheckpointImage { ns: NS.into(), name: name.clone() };
+    let out = ctr(NS, &["containers", "checkpoint", "--rw", "--task", &id, &name]);
     assert!(!out.success(), "{out}");
-    assert!(
-        out.stderr.to_lowercase().contains("stopped"),
-        "error does not say the task is stopped: {out}"
-    );
+    assert!(out.stderr.to_lowercase().contains("stopped"), "error does not say the task is stopped: {out}");
     let ls = ctr_ok(NS, &["images", "ls", "-q"]);
-    assert!(
-        !ls.lines().any(|l| l.trim() == name),
-        "checkpoint image created anyway:\n{ls}"
-    );
-    assert!(
-        images.list().is_empty(),
-        "checkpoint image created anyway: {:?}",
-        images.list()
-    );
+    assert!(!ls.lines().any(|l| l.trim() == name), "checkpoint image created anyway:\n{ls}");
+    assert!(images.list().is_empty(), "checkpoint image created anyway: {:?}", images.list());
     assert_eq!(task_status(NS, &id).as_deref(), Some("STOPPED"));
     let out = ctr(NS, &["task", "delete", &id]);
     assert!(out.success(), "{out}");
@@ -930,16 +637,9 @@ fn checkpoint_of_a_stopped_container_fails_clearly() {
     let cid = pod.start_actor("exits", &["exit", "0"]);
     wait_exited(&cid);
     let archive = pod.dir().join("checkpoint.tar");
-    let out = crictl(&[
-        "checkpoint",
-        &format!("--export={}", archive.display()),
-        &cid,
-    ]);
+    let out = crictl(&["checkpoint", &format!("--export={}", archive.display()), &cid]);
     assert!(!out.success(), "{out}");
-    assert!(
-        out.all_output().to_lowercase().contains("exited"),
-        "error does not say the container exited: {out}"
-    );
+    assert!(out.all_output().to_lowercase().contains("exited"), "error does not say the container exited: {out}");
     assert!(!archive.exists(), "archive written for a failed checkpoint");
 }
 
@@ -955,58 +655,23 @@ fn failed_dump_reports_criu_error_and_keeps_the_container_running() {
     assert_eq!(counter_on(&held, &["inc", "inc"]), ["1", "2"]);
 
     let name = format!("localhost/torpor-test/checkpoint/{}:1", c.id);
-    let _image = CheckpointImage {
-        ns: NS.into(),
-        name: name.clone(),
-    };
-    let out = ctr(
-        NS,
-        &["containers", "checkpoint", "--rw", "--task", &c.id, &name],
-    );
-    assert!(
-        !out.success(),
-        "checkpoint with an established TCP connection succeeded: {out}"
-    );
-    assert!(
-        out.stderr.to_lowercase().contains("criu"),
-        "error does not name CRIU: {out}"
-    );
+    let _image = CheckpointImage { ns: NS.into(), name: name.clone() };
+    let out = ctr(NS, &["containers", "checkpoint", "--rw", "--task", &c.id, &name]);
+    assert!(!out.success(), "checkpoint with an established TCP connection succeeded: {out}");
+    assert!(out.stderr.to_lowercase().contains("criu"), "error does not name CRIU: {out}");
     if is_torpor() {
         // torpor quotes CRIU's error lines and keeps the whole log beside the bundle
-        assert!(
-            out.stderr.contains("Connected TCP socket"),
-            "CRIU's reason is not quoted: {out}"
-        );
+        assert!(out.stderr.contains("Connected TCP socket"), "CRIU's reason is not quoted: {out}");
         let log = bundle_dir(NS, &c.id).join("criu-dump.log");
-        assert!(
-            out.stderr.contains(&log.to_string_lossy().into_owned()),
-            "error does not name {}: {out}",
-            log.display()
-        );
-        let text =
-            std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
-        assert!(
-            text.contains("Dumping FAILED"),
-            "{} holds:\n{text}",
-            log.display()
-        );
+        assert!(out.stderr.contains(&log.to_string_lossy().into_owned()), "error does not name {}: {out}", log.display());
+        let text = std::fs::read_to_string(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+        assert!(text.contains("Dumping FAILED"), "{} holds:\n{text}", log.display());
     }
     let ls = ctr_ok(NS, &["images", "ls", "-q"]);
-    assert!(
-        !ls.lines().any(|l| l.trim() == name),
-        "checkpoint image created for a failed dump:\n{ls}"
-    );
+    assert!(!ls.lines().any(|l| l.trim() == name), "checkpoint image created for a failed dump:\n{ls}");
 
-    assert_eq!(
-        task_status(NS, &c.id).as_deref(),
-        Some("RUNNING"),
-        "the container keeps running"
-    );
-    assert_eq!(
-        counter_on(&held, &["inc"]),
-        ["3"],
-        "the held connection still works"
-    );
+    assert_eq!(task_status(NS, &c.id).as_deref(), Some("RUNNING"), "the container keeps running");
+    assert_eq!(counter_on(&held, &["inc"]), ["3"], "the held connection still works");
     assert_eq!(counter(&addr, &["get"]), ["3"]);
 }
 
@@ -1027,27 +692,11 @@ fn restore_from_missing_or_corrupted_checkpoint_fails_clearly() {
     {
         let rid = unique_name("ckpt-missing");
         let _r = CtrContainer::new(NS, &rid);
-        let out = ctr(
-            NS,
-            &[
-                "containers",
-                "restore",
-                "--rw",
-                "--live",
-                &rid,
-                "localhost:1/torpor-test/no-such-checkpoint:1",
-            ],
-        );
+        let out = ctr(NS, &["containers", "restore", "--rw", "--live", &rid, "localhost:1/torpor-test/no-such-checkpoint:1"]);
         assert!(!out.success(), "{out}");
-        assert!(
-            out.stderr.contains("no-such-checkpoint"),
-            "error does not name the checkpoint: {out}"
-        );
+        assert!(out.stderr.contains("no-such-checkpoint"), "error does not name the checkpoint: {out}");
         let ls = ctr_ok(NS, &["containers", "ls", "-q"]);
-        assert!(
-            !ls.lines().any(|l| l.trim() == rid),
-            "container created from a missing checkpoint:\n{ls}"
-        );
+        assert!(!ls.lines().any(|l| l.trim() == rid), "container created from a missing checkpoint:\n{ls}");
         assert_nothing_left(NS, &rid);
     }
 
@@ -1066,13 +715,7 @@ fn restore_from_missing_or_corrupted_checkpoint_fails_clearly() {
         ),
         (
             "garbage inventory.img",
-            |dir| {
-                std::fs::write(
-                    dir.join("inventory.img"),
-                    b"this is not a CRIU image, just some garbage bytes\n",
-                )
-                .unwrap()
-            },
+            |dir| std::fs::write(dir.join("inventory.img"), b"this is not a CRIU image, just some garbage bytes\n").unwrap(),
             &["inventory.img", "criu-restore.log"],
         ),
         (
@@ -1092,41 +735,24 @@ fn restore_from_missing_or_corrupted_checkpoint_fails_clearly() {
         let rid = unique_name("ckpt-bad");
         let _r = CtrContainer::new(NS, &rid);
         let out = restore(NS, &rid, &image);
-        assert!(
-            !out.success(),
-            "restore from a checkpoint with {what} succeeded: {out}"
-        );
+        assert!(!out.success(), "restore from a checkpoint with {what} succeeded: {out}");
         let err = out.stderr.to_lowercase();
-        assert!(
-            err.contains("restore") || err.contains("criu") || err.contains("checkpoint"),
-            "{what}: unclear error: {out}"
-        );
+        assert!(err.contains("restore") || err.contains("criu") || err.contains("checkpoint"), "{what}: unclear error: {out}");
         if is_torpor() {
             for q in torpor_quotes {
-                assert!(
-                    out.stderr.contains(q),
-                    "{what}: error does not mention {q:?}: {out}"
-                );
+                assert!(out.stderr.contains(q), "{what}: error does not mention {q:?}: {out}");
             }
         }
         // no half-restored process; the task (if ctr left one) is only created
         let status = task_status(NS, &rid);
-        assert!(
-            matches!(status.as_deref(), None | Some("CREATED")),
-            "{what}: task is {status:?}"
-        );
-        assert_refused(
-            &addr,
-            &format!("the restore from a checkpoint with {what} failed"),
-        );
+        assert!(matches!(status.as_deref(), None | Some("CREATED")), "{what}: task is {status:?}");
+        assert_refused(&addr, &format!("the restore from a checkpoint with {what} failed"));
         if status.is_some() {
             let out = ctr(NS, &["task", "delete", &rid]);
             assert!(out.success(), "{what}: {out}");
         }
         ctr_ok(NS, &["containers", "rm", &rid]);
-        wait_for(&format!("the shim of {rid} to exit"), LIVENESS, || {
-            processes_mentioning(&rid).is_empty().then_some(())
-        });
+        wait_for(&format!("the shim of {rid} to exit"), LIVENESS, || processes_mentioning(&rid).is_empty().then_some(()));
         assert_nothing_left(NS, &rid);
     }
 
@@ -1156,13 +782,8 @@ impl CriulessRig {
         require_rig();
         let rig_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/rig");
         let state = format!("{}-nocriu", rig().state_dir);
-        let root = format!(
-            "{}-nocriu",
-            std::env::var("TORPOR_RIG_ROOT").unwrap_or_else(|_| "/var/lib/torpor-test".into())
-        );
-        let tag = state
-            .bytes()
-            .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
+        let root = format!("{}-nocriu", std::env::var("TORPOR_RIG_ROOT").unwrap_or_else(|_| "/var/lib/torpor-test".into()));
+        let tag = state.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
         // PATH without any directory holding criu (runc must stay reachable)
         let path = std::env::var("PATH").unwrap_or_default();
         let kept: Vec<&str> = path
@@ -1181,22 +802,14 @@ impl CriulessRig {
         let shim_dir = std::env::var("TORPOR_SHIM_DIR")
             .ok()
             .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| {
-                concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release").to_string()
-            });
+            .unwrap_or_else(|| concat!(env!("CARGO_MANIFEST_DIR"), "/../target/release").to_string());
         let shim = Path::new(&shim_dir).join("containerd-shim-torpor-v1");
         if shim.is_file() {
             std::fs::copy(&shim, bin.join("containerd-shim-torpor-v1")).unwrap();
         } else if is_torpor() {
-            panic!(
-                "{} not built (cargo build --release -p torpor-shim)",
-                shim.display()
-            );
+            panic!("{} not built (cargo build --release -p torpor-shim)", shim.display());
         }
-        let cni_net = format!(
-            "{}-nocriu",
-            std::env::var("TORPOR_RIG_CNI_NETWORK").unwrap_or_else(|_| "torpor-test".into())
-        );
+        let cni_net = format!("{}-nocriu", std::env::var("TORPOR_RIG_CNI_NETWORK").unwrap_or_else(|_| "torpor-test".into()));
         let cgroup = format!("{}-nocriu", rig().cgroup);
         let env = vec![
             ("PATH".to_string(), kept.join(":")),
@@ -1204,29 +817,18 @@ impl CriulessRig {
             ("TORPOR_RIG_ROOT".into(), root),
             ("TORPOR_RIG_CNI_NETWORK".into(), cni_net),
             ("TORPOR_RIG_BRIDGE".into(), format!("tpc{:08x}", tag)),
-            (
-                "TORPOR_RIG_SUBNET".into(),
-                format!("10.{}.0.0/16", 250 + tag % 5),
-            ),
+            ("TORPOR_RIG_SUBNET".into(), format!("10.{}.0.0/16", 250 + tag % 5)),
             ("TORPOR_RIG_CGROUP".into(), cgroup.clone()),
             ("TORPOR_SHIM_DIR".into(), bin.to_string_lossy().into_owned()),
             // one node is enough here
             ("TORPOR_RIG_NODE_B".into(), "0".into()),
         ];
-        let me = CriulessRig {
-            env,
-            address: format!("{state}/containerd.sock"),
-            bin,
-            cgroup,
-        };
+        let me = CriulessRig { env, address: format!("{state}/containerd.sock"), bin, cgroup };
         let out = me.script(&format!("{rig_dir}/up.sh"), &[]);
         if !out.success() {
             // up.sh may trip over its own image check on a loaded machine; it is idempotent
             let again = me.script(&format!("{rig_dir}/up.sh"), &[]);
-            assert!(
-                again.success(),
-                "second containerd did not come up:\n{out}\n{again}"
-            );
+            assert!(again.success(), "second containerd did not come up:\n{out}\n{again}");
         }
         me
     }
@@ -1255,10 +857,7 @@ impl CriulessRig {
 impl Drop for CriulessRig {
     fn drop(&mut self) {
         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let out = self.script(
-                concat!(env!("CARGO_MANIFEST_DIR"), "/rig/down.sh"),
-                &["--purge"],
-            );
+            let out = self.script(concat!(env!("CARGO_MANIFEST_DIR"), "/rig/down.sh"), &["--purge"]);
             if !out.success() {
                 eprintln!("tearing down the CRIU-less containerd: {out}");
             }
@@ -1276,72 +875,39 @@ fn checkpoint_without_usable_criu_fails_clearly() {
     let run = ctr_run_args(&side.cgroup, NS, &["-d"], &id, &["/actor", "counter"]);
     let out = side.ctr(&run.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(out.success(), "{out}");
-    wait_for("the task to run", LIVENESS, || {
-        (side.task_status(&id).as_deref() == Some("RUNNING")).then_some(())
-    });
+    wait_for("the task to run", LIVENESS, || (side.task_status(&id).as_deref() == Some("RUNNING")).then_some(()));
 
     let checkpoints = || -> Vec<String> {
         let prefix = format!("containerd.io/checkpoint/{id}:");
-        side.ctr(&["images", "ls", "-q"])
-            .ok()
-            .lines()
-            .filter(|l| l.starts_with(&prefix))
-            .map(str::to_string)
-            .collect()
+        side.ctr(&["images", "ls", "-q"]).ok().lines().filter(|l| l.starts_with(&prefix)).map(str::to_string).collect()
     };
 
     // no criu at all
     let out = side.ctr(&["task", "checkpoint", &id]);
     assert!(!out.success(), "checkpoint without criu succeeded: {out}");
     let err = out.stderr.to_lowercase();
-    assert!(
-        err.contains("criu") && err.contains("not found"),
-        "error does not say criu is missing: {out}"
-    );
-    assert_eq!(
-        side.task_status(&id).as_deref(),
-        Some("RUNNING"),
-        "the container keeps running"
-    );
+    assert!(err.contains("criu") && err.contains("not found"), "error does not say criu is missing: {out}");
+    assert_eq!(side.task_status(&id).as_deref(), Some("RUNNING"), "the container keeps running");
     assert!(checkpoints().is_empty(), "{:?}", checkpoints());
 
     // a criu that is too old: reports its version, speaks no RPC
     let stub = side.bin.join("criu");
-    std::fs::write(
-        &stub,
-        "#!/bin/sh\ncase \"$1\" in --version|-V) echo 'Version: 3.17.1'; exit 0;; esac\nexit 1\n",
-    )
-    .unwrap();
+    std::fs::write(&stub, "#!/bin/sh\ncase \"$1\" in --version|-V) echo 'Version: 3.17.1'; exit 0;; esac\nexit 1\n").unwrap();
     {
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&stub, std::fs::Permissions::from_mode(0o755)).unwrap();
     }
     let out = side.ctr(&["task", "checkpoint", &id]);
-    assert!(
-        !out.success(),
-        "checkpoint with an old criu succeeded: {out}"
-    );
-    assert!(
-        out.stderr.to_lowercase().contains("criu"),
-        "error does not name CRIU: {out}"
-    );
+    assert!(!out.success(), "checkpoint with an old criu succeeded: {out}");
+    assert!(out.stderr.to_lowercase().contains("criu"), "error does not name CRIU: {out}");
     if is_torpor() {
-        assert!(
-            out.stderr.contains("3.17.1"),
-            "error does not say which CRIU version was found (too old): {out}"
-        );
+        assert!(out.stderr.contains("3.17.1"), "error does not say which CRIU version was found (too old): {out}");
     }
-    assert_eq!(
-        side.task_status(&id).as_deref(),
-        Some("RUNNING"),
-        "the container keeps running"
-    );
+    assert_eq!(side.task_status(&id).as_deref(), Some("RUNNING"), "the container keeps running");
     assert!(checkpoints().is_empty(), "{:?}", checkpoints());
 
     let _ = side.ctr(&["task", "kill", "-s", "SIGKILL", &id]);
-    wait_for("the task to stop", LIVENESS, || {
-        matches!(side.task_status(&id).as_deref(), None | Some("STOPPED")).then_some(())
-    });
+    wait_for("the task to stop", LIVENESS, || matches!(side.task_status(&id).as_deref(), None | Some("STOPPED")).then_some(()));
     let out = side.ctr(&["task", "delete", &id]);
     assert!(out.success(), "{out}");
     let out = side.ctr(&["containers", "rm", &id]);

@@ -27,11 +27,7 @@ fn twenty_pods_concurrently_then_clean_removal() {
                     let id = pod.start_actor("main", &["sleep"]);
                     wait_container_state(&id, "CONTAINER_RUNNING");
                     let netns = pod.netns_path();
-                    Started {
-                        pod,
-                        container: id,
-                        netns,
-                    }
+                    Started { pod, container: id, netns }
                 });
                 let r = r.map_err(|e| {
                     e.downcast_ref::<String>()
@@ -55,37 +51,14 @@ fn twenty_pods_concurrently_then_clean_removal() {
             Err(e) => errors.push(e),
         }
     }
-    assert!(
-        errors.is_empty(),
-        "{} of {PODS} pods failed:\n{}",
-        errors.len(),
-        errors.join("\n---\n")
-    );
+    assert!(errors.is_empty(), "{} of {PODS} pods failed:\n{}", errors.len(), errors.join("\n---\n"));
     assert_eq!(started.len(), PODS);
 
     // all of them are listed as ready / running at the same time
-    let pods = crictl_json(&[
-        "pods",
-        "-o",
-        "json",
-        "--state",
-        "ready",
-        "--label",
-        "torpor-test=true",
-    ]);
-    let ready: Vec<String> = pods["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|p| p["id"].as_str().map(String::from))
-        .collect();
+    let pods = crictl_json(&["pods", "-o", "json", "--state", "ready", "--label", "torpor-test=true"]);
+    let ready: Vec<String> = pods["items"].as_array().unwrap().iter().filter_map(|p| p["id"].as_str().map(String::from)).collect();
     for s in &started {
-        assert!(
-            ready.contains(&s.pod.id),
-            "pod {} ({}) is ready",
-            s.pod.id,
-            s.pod.name
-        );
+        assert!(ready.contains(&s.pod.id), "pod {} ({}) is ready", s.pod.id, s.pod.name);
         assert_eq!(container_state(&s.container), "CONTAINER_RUNNING");
     }
     let mut ips: Vec<String> = started.iter().map(|s| s.pod.ip()).collect();
@@ -94,30 +67,17 @@ fn twenty_pods_concurrently_then_clean_removal() {
     assert_eq!(ips.len(), PODS, "every pod has its own IP");
 
     // what to look for afterwards
-    let ids: Vec<(String, String, Option<String>)> = started
-        .iter()
-        .map(|s| (s.pod.id.clone(), s.container.clone(), s.netns.clone()))
-        .collect();
+    let ids: Vec<(String, String, Option<String>)> =
+        started.iter().map(|s| (s.pod.id.clone(), s.container.clone(), s.netns.clone())).collect();
     for (_, _, netns) in &ids {
-        let ns = netns
-            .as_deref()
-            .expect("every pod has a network namespace path");
-        assert!(
-            std::path::Path::new(ns).exists(),
-            "netns {ns} exists while the pod runs"
-        );
+        let ns = netns.as_deref().expect("every pod has a network namespace path");
+        assert!(std::path::Path::new(ns).exists(), "netns {ns} exists while the pod runs");
     }
 
     // remove them all, concurrently as well
-    let handles: Vec<_> = started
-        .into_iter()
-        .map(|s| thread::spawn(move || std::panic::catch_unwind(move || s.pod.remove()).is_ok()))
-        .collect();
-    let failed = handles
-        .into_iter()
-        .map(|h| h.join().unwrap())
-        .filter(|ok| !ok)
-        .count();
+    let handles: Vec<_> =
+        started.into_iter().map(|s| thread::spawn(move || std::panic::catch_unwind(move || s.pod.remove()).is_ok())).collect();
+    let failed = handles.into_iter().map(|h| h.join().unwrap()).filter(|ok| !ok).count();
     assert_eq!(failed, 0, "{failed} pods failed to stop/remove cleanly");
 
     // nothing left: no pod, no shim, no mount, no netns
@@ -143,9 +103,5 @@ fn twenty_pods_concurrently_then_clean_removal() {
             }
         }
     }
-    assert!(
-        leftovers.is_empty(),
-        "left behind after removal:\n{}",
-        leftovers.join("\n")
-    );
+    assert!(leftovers.is_empty(), "left behind after removal:\n{}", leftovers.join("\n"));
 }

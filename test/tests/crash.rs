@@ -37,9 +37,7 @@ fn shim_pid(shim: &str) -> Option<u32> {
     let needle = format!(" -id {shim} ");
     for e in std::fs::read_dir("/proc").ok()?.flatten() {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let cmd = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-            .unwrap_or_default();
+        let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default();
         if cmd.contains("containerd-shim-torpor-v1") && cmd.contains(&needle) && !cmd.trim_end().ends_with(" delete") {
             return Some(pid);
         }
@@ -135,18 +133,14 @@ fn crash_with(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&s
     let out = torporctl(&["--json", op, a.shim()]);
     assert!(!out.success(), "the shim was to die at {point}, but the {op} succeeded: {out}");
     drop(armed);
-    wait_for(&format!("the shim (pid {pid}) to die at {point}"), LIVENESS, || {
-        (!Path::new(&format!("/proc/{pid}")).exists()).then_some(())
-    });
+    wait_for(&format!("the shim (pid {pid}) to die at {point}"), LIVENESS, || (!Path::new(&format!("/proc/{pid}")).exists()).then_some(()));
 
     // It died at that point, not elsewhere: the shim logged it.
     let shim = a.shim().to_string();
     let fired = if point.contains("-during-") { "failpoint: CRIU runs, killing the shim" } else { "failpoint: killing the shim" };
     let line = wait_for(&format!("the log line of the failpoint {point}"), LIVENESS, || {
         let log = std::fs::read_to_string(format!("{}/containerd.log", rig().state_dir)).unwrap_or_default();
-        log.lines()
-            .find(|l| l.contains(&format!("shim=\"{shim}\"")) && l.contains(fired))
-            .map(str::to_string)
+        log.lines().find(|l| l.contains(&format!("shim=\"{shim}\"")) && l.contains(fired)).map(str::to_string)
     });
     eprintln!("{point}: {line}");
 
@@ -185,16 +179,7 @@ fn crash_with(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&s
     };
     let new = counter(1).start(again);
     let Counter { pod: old, .. } = a;
-    AfterCrash {
-        kept,
-        old_shim: shim,
-        new,
-        sum,
-        actor,
-        _guard: guard,
-        _snapshots: snapshots,
-        _old: old,
-    }
+    AfterCrash { kept, old_shim: shim, new, sum, actor, _guard: guard, _snapshots: snapshots, _old: old }
 }
 
 /// Exactly one counter process runs for the pod `name` (old and new sandbox
@@ -203,10 +188,8 @@ fn crash_with(prefix: &str, point: &str, opts: PodOptions, again_name: Option<&s
 fn one_counter(name: &str) {
     // `/<cgroup>/pod-<name>/…` (cgroupfs) or `…/<cgroup>-pod_<name>.slice/…` (systemd)
     let parent = Node::a().rig.pod_cgroup_parent(name);
-    let all: Vec<String> = processes_in_cgroup(&format!("{}/", parent.trim_start_matches('/')))
-        .into_iter()
-        .filter(|p| p.contains("/actor counter"))
-        .collect();
+    let all: Vec<String> =
+        processes_in_cgroup(&format!("{}/", parent.trim_start_matches('/'))).into_iter().filter(|p| p.contains("/actor counter")).collect();
     assert_eq!(all.len(), 1, "one counter process of pod {name}: {all:?}");
 }
 
@@ -338,8 +321,7 @@ fn kept_checkpoint_is_restored_once_by_actor_id() {
 
     let second = Pod::run_with("crash-id-second", opts);
     // (CRI creates the task, and the shim sees the container, at its start.)
-    let created =
-        second.try_create(&counter(0).in_the_pods_pid_namespace().config()).unwrap_or_else(|o| panic!("crictl create: {o}"));
+    let created = second.try_create(&counter(0).in_the_pods_pid_namespace().config()).unwrap_or_else(|o| panic!("crictl create: {o}"));
     let out = crictl(&["start", &created]);
     assert!(!out.success(), "a second pod of a running actor must be refused: {out}");
     assert!(

@@ -21,12 +21,7 @@ fn pod_and_container_lifecycle() {
     let items = pods["items"].as_array().expect("pods list");
     assert_eq!(items.len(), 1, "crictl pods --id: {pods}");
     assert_eq!(items[0]["state"], "SANDBOX_READY");
-    assert_eq!(
-        items[0]["runtimeHandler"],
-        runtime_handler(),
-        "pod runs under the handler under test: {}",
-        items[0]
-    );
+    assert_eq!(items[0]["runtimeHandler"], runtime_handler(), "pod runs under the handler under test: {}", items[0]);
 
     let id = pod.create(&container_config("main", &["sleep"]));
     assert_eq!(container_state(&id), "CONTAINER_CREATED");
@@ -34,19 +29,11 @@ fn pod_and_container_lifecycle() {
     let v = wait_container_state(&id, "CONTAINER_RUNNING");
     assert_eq!(v["status"]["metadata"]["name"], "main");
     assert!(
-        v["status"]["image"]["image"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("actor")
-            || v["status"]["imageRef"].as_str().is_some(),
+        v["status"]["image"]["image"].as_str().unwrap_or_default().contains("actor") || v["status"]["imageRef"].as_str().is_some(),
         "inspect shows the image: {}",
         v["status"]
     );
-    assert!(
-        v["info"]["pid"].as_i64().unwrap_or(0) > 0,
-        "inspect shows a pid: {}",
-        v["info"]
-    );
+    assert!(v["info"]["pid"].as_i64().unwrap_or(0) > 0, "inspect shows a pid: {}", v["info"]);
 
     let ps = crictl_json(&["ps", "-o", "json", "--pod", &pod.id]);
     let ctrs = ps["containers"].as_array().expect("containers list");
@@ -58,24 +45,13 @@ fn pod_and_container_lifecycle() {
     assert_eq!(container_state(&id), "CONTAINER_EXITED");
     crictl_ok(&["rm", &id]);
     let ps = crictl_json(&["ps", "-a", "-o", "json", "--pod", &pod.id]);
-    assert_eq!(
-        ps["containers"].as_array().map(|a| a.len()),
-        Some(0),
-        "container gone after rm: {ps}"
-    );
+    assert_eq!(ps["containers"].as_array().map(|a| a.len()), Some(0), "container gone after rm: {ps}");
 
     let pod_id = pod.id.clone();
     pod.remove();
     let pods = crictl_json(&["pods", "-o", "json", "--id", &pod_id]);
-    assert_eq!(
-        pods["items"].as_array().map(|a| a.len()),
-        Some(0),
-        "pod gone after rmp: {pods}"
-    );
-    assert!(
-        !crictl(&["inspectp", &pod_id]).success(),
-        "inspectp of a removed pod must fail"
-    );
+    assert_eq!(pods["items"].as_array().map(|a| a.len()), Some(0), "pod gone after rmp: {pods}");
+    assert!(!crictl(&["inspectp", &pod_id]).success(), "inspectp of a removed pod must fail");
 }
 
 #[test]
@@ -85,19 +61,10 @@ fn exec_output_and_exit_codes() {
     wait_container_state(&id, "CONTAINER_RUNNING");
 
     // streaming exec (what `kubectl exec` uses)
-    let out = crictl(&[
-        "exec",
-        &id,
-        "/bin/sh",
-        "-c",
-        "echo hello-out; echo hello-err >&2",
-    ]);
+    let out = crictl(&["exec", &id, "/bin/sh", "-c", "echo hello-out; echo hello-err >&2"]);
     assert!(out.success(), "{out}");
     assert_eq!(out.stdout.trim(), "hello-out", "{out}");
-    assert!(
-        out.stderr.contains("hello-err"),
-        "stderr of the exec reaches the client: {out}"
-    );
+    assert!(out.stderr.contains("hello-err"), "stderr of the exec reaches the client: {out}");
 
     // exec sync (what kubelet's exec probes use)
     let out = crictl(&["exec", "-s", &id, "/bin/sh", "-c", "echo sync-out"]);
@@ -105,31 +72,15 @@ fn exec_output_and_exit_codes() {
     assert!(out.stdout.contains("sync-out"), "{out}");
     // ExecSync's exit_code reaches the client: crictl (1.37) exits 1 and
     // names the code ("... exited with 4: <stderr>")
-    let out = crictl(&[
-        "exec",
-        "-s",
-        &id,
-        "/bin/sh",
-        "-c",
-        "echo sync-err >&2; exit 4",
-    ]);
+    let out = crictl(&["exec", "-s", &id, "/bin/sh", "-c", "echo sync-err >&2; exit 4"]);
     assert!(!out.success(), "{out}");
-    assert!(
-        out.stderr.contains("exited with 4"),
-        "crictl names the exit code: {out}"
-    );
-    assert!(
-        out.stderr.contains("sync-err"),
-        "and the command's stderr: {out}"
-    );
+    assert!(out.stderr.contains("exited with 4"), "crictl names the exit code: {out}");
+    assert!(out.stderr.contains("sync-err"), "and the command's stderr: {out}");
 
     // streaming exec with a non-zero exit: crictl fails and reports the code
     let out = crictl(&["exec", &id, "/bin/sh", "-c", "exit 5"]);
     assert!(!out.success(), "{out}");
-    assert!(
-        out.stderr.contains("exit code 5"),
-        "crictl names the exit code: {out}"
-    );
+    assert!(out.stderr.contains("exit code 5"), "crictl names the exit code: {out}");
 
     // a command that does not exist fails
     let out = crictl(&["exec", "-s", &id, "/no/such/binary"]);
@@ -146,10 +97,7 @@ fn exec_with_stdin() {
     wait_container_state(&id, "CONTAINER_RUNNING");
 
     let input = b"first line\nsecond line\n";
-    let out = crictl_stdin(
-        &["exec", "-i", &id, "/bin/sh", "-c", "cat; echo eof-seen"],
-        input,
-    );
+    let out = crictl_stdin(&["exec", "-i", &id, "/bin/sh", "-c", "cat; echo eof-seen"], input);
     assert!(out.success(), "{out}");
     assert_eq!(out.stdout, "first line\nsecond line\neof-seen\n", "{out}");
 
@@ -170,17 +118,9 @@ fn exec_with_tty() {
         "{} --runtime-endpoint {} --timeout {} exec -it {} /bin/sh -c 'tty; echo cols=$(stty size)'",
         r.crictl, r.cri_endpoint, r.crictl_timeout, id
     );
-    let out = run_with(
-        "script",
-        ["-q", "-e", "-c", inner.as_str(), "/dev/null"],
-        Some(b""),
-        COMMAND_LIMIT,
-    );
+    let out = run_with("script", ["-q", "-e", "-c", inner.as_str(), "/dev/null"], Some(b""), COMMAND_LIMIT);
     assert!(out.success(), "{out}");
-    assert!(
-        out.stdout.contains("/dev/pts/"),
-        "the exec got a terminal: {out}"
-    );
+    assert!(out.stdout.contains("/dev/pts/"), "the exec got a terminal: {out}");
 }
 
 #[test]
@@ -201,31 +141,15 @@ fn logs_have_both_streams_in_order() {
     let want_err: Vec<u64> = (1..=20).filter(|n| n % 2 == 0).collect();
     assert_eq!(stdout_nums, want_out, "stdout lines, in order:\n{out}");
     assert_eq!(stderr_nums, want_err, "stderr lines, in order:\n{out}");
-    assert!(
-        out.stdout.lines().all(|l| l.ends_with("stdout")),
-        "only stdout lines on stdout:\n{out}"
-    );
-    assert!(
-        out.stderr.lines().all(|l| l.ends_with("stderr")),
-        "only stderr lines on stderr:\n{out}"
-    );
+    assert!(out.stdout.lines().all(|l| l.ends_with("stdout")), "only stdout lines on stdout:\n{out}");
+    assert!(out.stderr.lines().all(|l| l.ends_with("stderr")), "only stderr lines on stderr:\n{out}");
 
     // the log file kubelet reads (CRI log format: time stream tag message)
     let v = inspect_container(&id);
-    let log_path = v["status"]["logPath"]
-        .as_str()
-        .expect("logPath")
-        .to_string();
-    let text =
-        std::fs::read_to_string(&log_path).unwrap_or_else(|e| panic!("read {log_path}: {e}"));
-    assert!(
-        text.lines().any(|l| l.contains(" stdout F line 1 stdout")),
-        "{log_path}:\n{text}"
-    );
-    assert!(
-        text.lines().any(|l| l.contains(" stderr F line 2 stderr")),
-        "{log_path}:\n{text}"
-    );
+    let log_path = v["status"]["logPath"].as_str().expect("logPath").to_string();
+    let text = std::fs::read_to_string(&log_path).unwrap_or_else(|e| panic!("read {log_path}: {e}"));
+    assert!(text.lines().any(|l| l.contains(" stdout F line 1 stdout")), "{log_path}:\n{text}");
+    assert!(text.lines().any(|l| l.contains(" stderr F line 2 stderr")), "{log_path}:\n{text}");
 
     // --tail works on the stored log
     let out = crictl(&["logs", "--tail", "1", &id]);
@@ -263,10 +187,7 @@ fn stop_sends_sigterm_first() {
     // A long grace period: an actor that exits on SIGTERM is not SIGKILLed.
     crictl_ok(&["stop", "--timeout", "100", &id]);
     let (code, reason) = wait_exited(&id);
-    assert_eq!(
-        code, 0,
-        "the actor exits 0 on SIGTERM; it was not killed (reason {reason})"
-    );
+    assert_eq!(code, 0, "the actor exits 0 on SIGTERM; it was not killed (reason {reason})");
     wait_logs_contain(&id, "got terminated, exiting");
 }
 
@@ -295,10 +216,7 @@ fn removing_a_pod_removes_its_containers() {
     let pod_id = pod.id.clone();
     crictl_ok(&["rmp", "-f", &pod_id]);
     for id in [&a, &b] {
-        assert!(
-            !crictl(&["inspect", id]).success(),
-            "container {id} gone with its pod"
-        );
+        assert!(!crictl(&["inspect", id]).success(), "container {id} gone with its pod");
     }
     let pods = crictl_json(&["pods", "-o", "json", "--id", &pod_id]);
     assert_eq!(pods["items"].as_array().map(|a| a.len()), Some(0), "{pods}");

@@ -23,58 +23,20 @@ fn run_detached_ls_ps_exec_kill_delete_rm() {
     c.wait_status("RUNNING");
 
     let ls = ctr_ok(NS, &["containers", "ls", "-q"]);
-    assert!(
-        ls.lines().any(|l| l.trim() == c.id),
-        "ctr c ls lists it:\n{ls}"
-    );
+    assert!(ls.lines().any(|l| l.trim() == c.id), "ctr c ls lists it:\n{ls}");
     let info = ctr_ok(NS, &["containers", "info", &c.id]);
-    assert!(
-        info.contains(&runtime_type()),
-        "container runs under {}:\n{info}",
-        runtime_type()
-    );
+    assert!(info.contains(&runtime_type()), "container runs under {}:\n{info}", runtime_type());
 
     let ps = ctr_ok(NS, &["task", "ps", &c.id]);
-    let pids: Vec<u32> = ps
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
-        .collect();
-    assert!(
-        !pids.is_empty(),
-        "ctr task ps lists the actor's process:\n{ps}"
-    );
+    let pids: Vec<u32> = ps.lines().skip(1).filter_map(|l| l.split_whitespace().next()?.parse().ok()).collect();
+    assert!(!pids.is_empty(), "ctr task ps lists the actor's process:\n{ps}");
 
     // exec: stdout and the exit code come back
-    let out = ctr(
-        NS,
-        &[
-            "task",
-            "exec",
-            "--exec-id",
-            "x1",
-            &c.id,
-            "/bin/sh",
-            "-c",
-            "echo hi; exit 4",
-        ],
-    );
+    let out = ctr(NS, &["task", "exec", "--exec-id", "x1", &c.id, "/bin/sh", "-c", "echo hi; exit 4"]);
     assert_eq!(out.code, 4, "{out}");
     assert_eq!(out.stdout.trim(), "hi", "{out}");
     // the exec id can be reused once the exec is gone
-    let out = ctr(
-        NS,
-        &[
-            "task",
-            "exec",
-            "--exec-id",
-            "x1",
-            &c.id,
-            "/bin/sh",
-            "-c",
-            "exit 0",
-        ],
-    );
+    let out = ctr(NS, &["task", "exec", "--exec-id", "x1", &c.id, "/bin/sh", "-c", "exit 0"]);
     assert!(out.success(), "{out}");
 
     // kill (SIGTERM): the actor exits, the task is STOPPED
@@ -84,10 +46,7 @@ fn run_detached_ls_ps_exec_kill_delete_rm() {
     assert_eq!(c.task_status(), None, "task gone after delete");
     ctr_ok(NS, &["containers", "rm", &c.id]);
     let ls = ctr_ok(NS, &["containers", "ls", "-q"]);
-    assert!(
-        !ls.lines().any(|l| l.trim() == c.id),
-        "container gone after rm:\n{ls}"
-    );
+    assert!(!ls.lines().any(|l| l.trim() == c.id), "container gone after rm:\n{ls}");
 }
 
 #[test]
@@ -98,10 +57,7 @@ fn run_rm_returns_the_exit_code() {
     let out = ctr_run(NS, &["--rm"], &id, &["/actor", "exit", "7"]);
     assert_eq!(out.code, 7, "{out}");
     let ls = ctr_ok(NS, &["containers", "ls", "-q"]);
-    assert!(
-        !ls.lines().any(|l| l.trim() == id),
-        "--rm removed the container:\n{ls}"
-    );
+    assert!(!ls.lines().any(|l| l.trim() == id), "--rm removed the container:\n{ls}");
 }
 
 #[test]
@@ -126,19 +82,7 @@ fn pause_and_resume() {
     c.wait_status("RUNNING");
 
     // it really runs again
-    let out = ctr(
-        NS,
-        &[
-            "task",
-            "exec",
-            "--exec-id",
-            "after-resume",
-            &c.id,
-            "/bin/sh",
-            "-c",
-            "echo alive",
-        ],
-    );
+    let out = ctr(NS, &["task", "exec", "--exec-id", "after-resume", &c.id, "/bin/sh", "-c", "echo alive"]);
     assert!(out.success(), "{out}");
     assert_eq!(out.stdout.trim(), "alive");
 }
@@ -149,12 +93,7 @@ fn kill_of_a_term_ignoring_task_needs_sigkill() {
     c.wait_status("RUNNING");
     // make sure the actor is up (its handlers installed) before signalling
     wait_for("exec into the task", LIVENESS, || {
-        ctr(
-            NS,
-            &["task", "exec", "--exec-id", "ready", &c.id, "/bin/true"],
-        )
-        .success()
-        .then_some(())
+        ctr(NS, &["task", "exec", "--exec-id", "ready", &c.id, "/bin/true"]).success().then_some(())
     });
     ctr_ok(NS, &["task", "kill", "-s", "SIGKILL", &c.id]);
     c.wait_status("STOPPED");

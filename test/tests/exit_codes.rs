@@ -8,10 +8,7 @@ fn exit_code_is_reported_and_crash_loop_restarts_report_it_again() {
     let pod = Pod::run("exit3");
     let first = pod.start_actor("crasher", &["exit", "3"]);
     let (code, reason) = wait_exited(&first);
-    assert_eq!(
-        code, 3,
-        "crictl inspect shows the exit code (reason {reason})"
-    );
+    assert_eq!(code, 3, "crictl inspect shows the exit code (reason {reason})");
     assert_eq!(reason, "Error", "non-zero exit: reason Error");
 
     // kubelet's restart of a crash-looping container: attempt 1 in the same pod
@@ -47,16 +44,7 @@ fn oom_kill_is_reported_as_oomkilled() {
     cfg["linux"]["resources"] = json!({ "memory_limit_in_bytes": 64 * 1024 * 1024 });
     let id = pod.start_config(&cfg);
     let (code, reason) = wait_exited(&id);
-    assert_eq!(
-        reason,
-        "OOMKilled",
-        "exit code {code}: {}",
-        inspect_container(&id)["status"]
-    );
+    assert_eq!(reason, "OOMKilled", "exit code {code}: {}", inspect_container(&id)["status"]);
     assert_eq!(code, 137, "killed by SIGKILL");
-    assert_eq!(
-        pod.state(),
-        "SANDBOX_READY",
-        "an OOM in one container leaves the pod up"
-    );
+    assert_eq!(pod.state(), "SANDBOX_READY", "an OOM in one container leaves the pod up");
 }

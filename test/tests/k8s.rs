@@ -88,11 +88,7 @@ fn pod_ip(p: &Value) -> String {
 }
 
 fn container_id(p: &Value) -> String {
-    p["status"]["containerStatuses"][0]["containerID"]
-        .as_str()
-        .unwrap_or_default()
-        .trim_start_matches("containerd://")
-        .to_string()
+    p["status"]["containerStatuses"][0]["containerID"].as_str().unwrap_or_default().trim_start_matches("containerd://").to_string()
 }
 
 /// The CRI runtime handler of pod NS/NAME's sandbox on `node`.
@@ -101,12 +97,8 @@ fn runtime_handler(node: &KubeNode, ns: &str, name: &str) -> String {
     let out = node.crictl(&["pods", "--namespace", ns, "--name", name, "-o", "json"]);
     let text = out.clone().ok();
     let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("crictl pods: not JSON ({e}): {out}"));
-    let items: Vec<&Value> = v["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|i| i["metadata"]["name"] == name && i["state"] == "SANDBOX_READY")
-        .collect();
+    let items: Vec<&Value> =
+        v["items"].as_array().into_iter().flatten().filter(|i| i["metadata"]["name"] == name && i["state"] == "SANDBOX_READY").collect();
     assert_eq!(items.len(), 1, "one ready sandbox of {ns}/{name} on {}: {v}", node.name);
     items[0]["runtimeHandler"].as_str().unwrap_or_default().to_string()
 }
@@ -445,7 +437,10 @@ fn kubectl_logs_show_lines_from_before_and_after_a_suspend() {
         let t = ns.kubectl_ok(&["logs", "actor"]);
         (log_lines(&t).0 >= n_before + 3).then_some(t)
     });
-    assert!(after.starts_with(before.trim_end()), "the lines from before the suspend are still there:\n--- before ---\n{before}\n--- after ---\n{after}");
+    assert!(
+        after.starts_with(before.trim_end()),
+        "the lines from before the suspend are still there:\n--- before ---\n{before}\n--- after ---\n{after}"
+    );
     let (n_after, starts) = log_lines(&after);
     assert_eq!(starts, 1, "the process went on counting (it did not start again at line 1):\n{after}");
     assert!(n_after > n_before, "new lines after the resume ({n_before} -> {n_after})");
@@ -669,10 +664,7 @@ fn bad_torpor_annotation_shows_in_events_naming_it() {
         if waiting.contains("torpor.dev/idle-after") {
             return Some(format!("container status: {waiting}"));
         }
-        warnings(&ns, "actor")
-            .into_iter()
-            .find(|(_, m)| m.contains("torpor.dev/idle-after"))
-            .map(|(r, m)| format!("event {r}: {m}"))
+        warnings(&ns, "actor").into_iter().find(|(_, m)| m.contains("torpor.dev/idle-after")).map(|(r, m)| format!("event {r}: {m}"))
     });
     eprintln!("{msg}");
     assert!(msg.contains("banana"), "the message names the bad value too: {msg}");
@@ -741,7 +733,12 @@ fn idle_actor_with_probes_suspends_by_itself_but_not_while_a_node_client_asks() 
     let mut checks = 0;
     while t0.elapsed() < window {
         let now = record("in the window");
-        assert_eq!(now["state"], "RUNNING", "a client on the node asking every 2 s keeps the actor awake ({:?} into the window): {now}", t0.elapsed());
+        assert_eq!(
+            now["state"],
+            "RUNNING",
+            "a client on the node asking every 2 s keeps the actor awake ({:?} into the window): {now}",
+            t0.elapsed()
+        );
         assert_eq!(now["generation"], start["generation"], "no suspend in between ({:?} into the window): {now}", t0.elapsed());
         checks += 1;
         std::thread::sleep(Duration::from_millis(500));

@@ -187,7 +187,9 @@ fn helm_installs_on_the_labelled_node_only_and_upgrades_and_uninstalls_around_a_
     assert_eq!(p["spec"]["overhead"]["memory"], "7Mi", "the RuntimeClass's overhead");
     let addr = format!("{}:8080", p["status"]["podIP"].as_str().unwrap_or_default());
     assert_eq!(counter(&addr, "inc"), "1");
-    wait_until("the agent's label on web", LIVENESS, || (ns.pod("web")["metadata"]["labels"]["torpor.dev/state"] == "running").then_some(()));
+    wait_until("the agent's label on web", LIVENESS, || {
+        (ns.pod("web")["metadata"]["labels"]["torpor.dev/state"] == "running").then_some(())
+    });
     let out = kubectl_torpor(&["suspend", "-n", &ns.name, "web", "-o", "json"]);
     let v: Value = serde_json::from_str(&out.clone().ok()).unwrap_or(Value::Null);
     assert_eq!(v[0]["state"], "suspended", "{out}");

@@ -78,7 +78,10 @@ fn impostors() -> Impostors {
         ns.wait_ready(&name);
         let marker = impostor_cmdline(n);
         let pid = wait_until(&format!("the impostor containerd of {}", n.name), LIVENESS, || {
-            host_processes().into_iter().find(|(_, exe, cmd)| exe == "/usr/bin/containerd" && cmd.starts_with(&marker)).map(|(pid, _, _)| pid)
+            host_processes()
+                .into_iter()
+                .find(|(_, exe, cmd)| exe == "/usr/bin/containerd" && cmd.starts_with(&marker))
+                .map(|(pid, _, _)| pid)
         });
         eprintln!("{}: an impostor containerd runs as pid {pid} (pod {}/{name})", n.name, ns.name);
         pids.push((n.name.clone(), pid));
@@ -156,13 +159,7 @@ fn wait_label(ns: &Namespace, pod: &str, state: &str) -> Value {
 
 /// The pod's torpor.dev/Suspended condition.
 fn condition(p: &Value) -> Value {
-    p["status"]["conditions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|c| c["type"] == CONDITION)
-        .cloned()
-        .unwrap_or(Value::Null)
+    p["status"]["conditions"].as_array().into_iter().flatten().find(|c| c["type"] == CONDITION).cloned().unwrap_or(Value::Null)
 }
 
 /// The Events of `reason` about pod `pod`.
@@ -467,7 +464,13 @@ fn the_agent_cannot_touch_another_nodes_pods() {
     let out = annotate_as(&unbound, "on-a");
     assert!(!out.success() && out.stderr.contains("its token names no node"), "{out}");
     // and RBAC gives it nothing else
-    for (verb, res, sub) in [("create", "pods", ""), ("get", "secrets", ""), ("patch", "nodes", "status"), ("create", "pods", "exec"), ("delete", "daemonsets", "")] {
+    for (verb, res, sub) in [
+        ("create", "pods", ""),
+        ("get", "secrets", ""),
+        ("patch", "nodes", "status"),
+        ("create", "pods", "exec"),
+        ("delete", "daemonsets", ""),
+    ] {
         let subresource = format!("--subresource={sub}");
         let mut args = vec!["auth", "can-i", verb, res, "-A"];
         if !sub.is_empty() {
@@ -582,8 +585,17 @@ fn a_pod_running_its_own_containerd_does_not_steer_the_launcher() {
     }
     let procs = host_processes();
     for n in &cluster().nodes {
-        let impostor = inst.impostors.pids.iter().find(|(name, _)| name == &n.name).map(|(_, p)| *p).unwrap_or_else(|| panic!("no impostor on {}", n.name));
-        let imp = procs.iter().find(|(p, _, _)| *p == impostor).unwrap_or_else(|| panic!("{}: the impostor (pid {impostor}) is gone: signalled?", n.name));
+        let impostor = inst
+            .impostors
+            .pids
+            .iter()
+            .find(|(name, _)| name == &n.name)
+            .map(|(_, p)| *p)
+            .unwrap_or_else(|| panic!("no impostor on {}", n.name));
+        let imp = procs
+            .iter()
+            .find(|(p, _, _)| *p == impostor)
+            .unwrap_or_else(|| panic!("{}: the impostor (pid {impostor}) is gone: signalled?", n.name));
         assert!(imp.1.ends_with("/containerd") && imp.2.starts_with(&impostor_cmdline(n)), "{}: {imp:?}", n.name);
         let impostor_ns = mount_ns(&impostor.to_string());
         assert_ne!(impostor_ns, host_ns, "the impostor runs in its pod's mount namespace");
@@ -608,7 +620,10 @@ fn a_pod_running_its_own_containerd_does_not_steer_the_launcher() {
         let pod = node_pod(&n.name).unwrap_or_else(|| panic!("no torpor-node pod on {}", n.name));
         let pod_name = pod["metadata"]["name"].as_str().unwrap_or_default().to_string();
         let log = kubectl_ok(&["-n", "torpor-system", "logs", &pod_name, "-c", "snapshotter"]);
-        let line = log.lines().find(|l| l.contains("starting") && l.contains("torpor-snapshotter")).unwrap_or_else(|| panic!("{}: no start line in the snapshotter's log:\n{log}", n.name));
+        let line = log
+            .lines()
+            .find(|l| l.contains("starting") && l.contains("torpor-snapshotter"))
+            .unwrap_or_else(|| panic!("{}: no start line in the snapshotter's log:\n{log}", n.name));
         let sock = format!("{}/containerd.sock", n.state_dir());
         assert!(line.contains(&format!("containerd's (pid {real}, the peer of {sock})")), "{}: {line}", n.name);
         assert!(!line.contains(&format!("pid {impostor}")), "{}: {line}", n.name);
@@ -624,7 +639,12 @@ fn the_agent_container_is_unprivileged_and_has_no_host_root() {
     for n in &cluster().nodes {
         let pod = node_pod(&n.name).unwrap_or_else(|| panic!("no torpor-node pod on {}", n.name));
         let spec = &pod["spec"];
-        let agent = spec["containers"].as_array().into_iter().flatten().find(|c| c["name"] == "agent").unwrap_or_else(|| panic!("no agent container: {spec}"));
+        let agent = spec["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["name"] == "agent")
+            .unwrap_or_else(|| panic!("no agent container: {spec}"));
         let sc = &agent["securityContext"];
         assert_ne!(sc["privileged"], true, "{sc}");
         assert_eq!(sc["allowPrivilegeEscalation"], false, "{sc}");
@@ -633,7 +653,12 @@ fn the_agent_container_is_unprivileged_and_has_no_host_root() {
         assert!(sc["capabilities"]["add"].is_null(), "{sc}");
         assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault", "{sc}");
         for m in agent["volumeMounts"].as_array().into_iter().flatten() {
-            let vol = spec["volumes"].as_array().into_iter().flatten().find(|v| v["name"] == m["name"]).unwrap_or_else(|| panic!("no volume {m}"));
+            let vol = spec["volumes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|v| v["name"] == m["name"])
+                .unwrap_or_else(|| panic!("no volume {m}"));
             if let Some(path) = vol["hostPath"]["path"].as_str() {
                 assert_ne!(path.trim_end_matches('/'), "", "the agent mounts the host's /: {m}");
                 assert!(path.contains("torpor") && path.ends_with("/shims"), "the agent mounts only shim socket dirs of the host: {vol}");
@@ -650,14 +675,22 @@ fn the_agent_container_is_unprivileged_and_has_no_host_root() {
         .collect();
     for n in &cluster().nodes {
         let dir = n.shim_socket_dir();
-        let (pid, _) = agents.iter().find(|(_, cmd)| cmd.ends_with(&format!("--socket-dir {dir}"))).unwrap_or_else(|| panic!("{}: no torpor-agent on {dir}: {agents:?}", n.name));
+        let (pid, _) = agents
+            .iter()
+            .find(|(_, cmd)| cmd.ends_with(&format!("--socket-dir {dir}")))
+            .unwrap_or_else(|| panic!("{}: no torpor-agent on {dir}: {agents:?}", n.name));
         assert_eq!(proc_status(*pid, "CapEff"), "0000000000000000", "{}: the agent's capabilities", n.name);
         assert_eq!(proc_status(*pid, "CapPrm"), "0000000000000000", "{}: the agent's capabilities", n.name);
         assert_eq!(proc_status(*pid, "NoNewPrivs"), "1", "{}", n.name);
         assert_eq!(proc_status(*pid, "Seccomp"), "2", "{}: a seccomp filter", n.name);
         let root = format!("/proc/{pid}/root");
         let st = n.state_dir();
-        for host_file in [format!("{st}/containerd.sock"), format!("/host{st}/containerd.sock"), format!("{st}/torpor/store.sock"), format!("/host{st}/torpor/store.sock")] {
+        for host_file in [
+            format!("{st}/containerd.sock"),
+            format!("/host{st}/containerd.sock"),
+            format!("{st}/torpor/store.sock"),
+            format!("/host{st}/torpor/store.sock"),
+        ] {
             assert!(!std::path::Path::new(&format!("{root}{host_file}")).exists(), "{}: the agent sees {host_file}", n.name);
         }
         assert!(std::path::Path::new(&format!("{root}{dir}")).is_dir(), "{}: the agent has its shims' dir {dir}", n.name);
@@ -758,13 +791,16 @@ fn requests_of_a_suspended_actor_shrink_and_come_back() {
     let node = cluster().node("node-a");
     let cid = container_id(&p);
     let bundle = format!("{}/containerd/io.containerd.runtime.v2.task/k8s.io/{cid}/config.json", node.state_dir());
-    let spec: Value = serde_json::from_str(&std::fs::read_to_string(&bundle).unwrap_or_else(|e| panic!("{bundle}: {e}"))).unwrap_or(Value::Null);
+    let spec: Value =
+        serde_json::from_str(&std::fs::read_to_string(&bundle).unwrap_or_else(|e| panic!("{bundle}: {e}"))).unwrap_or(Value::Null);
     assert_eq!(spec["linux"]["resources"]["cpu"]["shares"], 10, "{}", spec["linux"]["resources"]);
 
     resume_by_annotation(&ns, "sleeper", "node-a", "1");
     let p = wait_requests(&ns, "sleeper", &original);
     assert_eq!(p["spec"]["containers"][0]["resources"]["limits"], limits);
-    wait_until("the agent's annotation removed", LIVENESS, || ns.pod("sleeper")["metadata"]["annotations"][REQUESTS].is_null().then_some(()));
+    wait_until("the agent's annotation removed", LIVENESS, || {
+        ns.pod("sleeper")["metadata"]["annotations"][REQUESTS].is_null().then_some(())
+    });
     let p = wait_actuated(&ns, "sleeper", "200m");
     let c = wait_until("condition RequestsRestored=True", LIVENESS, || {
         let c = condition_of(&ns.pod("sleeper"), RESTORED);
@@ -825,7 +861,8 @@ fn requests_back_deferred_when_the_node_filled_up() {
     // fill the node's CPU up to 100m short of what it can allocate
     let node = kubectl_json(&["get", "node", "node-b"]);
     let allocatable = millicores(node["status"]["allocatable"]["cpu"].as_str().unwrap_or("0"));
-    let pods = kubectl_json(&["get", "pods", "-A", "--field-selector", "spec.nodeName=node-b,status.phase!=Succeeded,status.phase!=Failed"]);
+    let pods =
+        kubectl_json(&["get", "pods", "-A", "--field-selector", "spec.nodeName=node-b,status.phase!=Succeeded,status.phase!=Failed"]);
     let used: i64 = pods["items"]
         .as_array()
         .into_iter()
@@ -871,7 +908,8 @@ fn requests_back_deferred_when_the_node_filled_up() {
 
 /// Bytes of a memory quantity (`4Gi`, `512Mi`, `7Mi`, `1G`, `123456`).
 fn bytes(q: &str) -> i64 {
-    let units = [("Ki", 1i64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("Ti", 1 << 40), ("k", 1000), ("M", 1_000_000), ("G", 1_000_000_000)];
+    let units =
+        [("Ki", 1i64 << 10), ("Mi", 1 << 20), ("Gi", 1 << 30), ("Ti", 1 << 40), ("k", 1000), ("M", 1_000_000), ("G", 1_000_000_000)];
     for (suffix, mult) in units {
         if let Some(n) = q.strip_suffix(suffix) {
             return n.parse::<i64>().unwrap_or_else(|e| panic!("{q}: {e}")) * mult;
@@ -1003,9 +1041,12 @@ fn density_sleeping_actors_fit_many_times_what_runc_fits() {
         let p = ns.pod(&format!("actors-{i}"));
         assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "1", "actors-{i} answers");
     }
-    let restarts: u64 = pods_of(&ns, "actors").iter().map(|p| p["status"]["containerStatuses"][0]["restartCount"].as_u64().unwrap_or(0)).sum();
+    let restarts: u64 =
+        pods_of(&ns, "actors").iter().map(|p| p["status"]["containerStatuses"][0]["restartCount"].as_u64().unwrap_or(0)).sum();
     assert_eq!(restarts, 0);
-    eprintln!("density on {node} ({allocatable} bytes allocatable, {free} free): runc {runc} pods of 512Mi, torpor all {n} in {placed_s:.1} s");
+    eprintln!(
+        "density on {node} ({allocatable} bytes allocatable, {free} free): runc {runc} pods of 512Mi, torpor all {n} in {placed_s:.1} s"
+    );
     if let Ok(path) = std::env::var("TORPOR_DENSITY_RESULTS") {
         let r = json!({"node": node, "allocatable_memory_bytes": allocatable, "free_memory_bytes": free, "request": "512Mi",
             "runc": runc, "torpor": n, "torpor_all_placed": true, "torpor_placed_s": placed_s});
@@ -1026,7 +1067,14 @@ fn density_an_actor_with_no_room_moves_with_its_state() {
     let prefer_b = json!({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
         {"weight": 100, "preference": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["node-b"]}]}}]}}});
     let resources = json!({"requests": {"cpu": "10m", "memory": "1Gi"}, "limits": {"memory": "1Gi"}});
-    ns.apply(&stateful_set("mover", 1, Some("torpor"), resources, json!({"torpor.dev/on-no-room": "move", "torpor.dev/on-stop": "suspend"}), prefer_b));
+    ns.apply(&stateful_set(
+        "mover",
+        1,
+        Some("torpor"),
+        resources,
+        json!({"torpor.dev/on-no-room": "move", "torpor.dev/on-stop": "suspend"}),
+        prefer_b,
+    ));
     let p = ns.wait_ready("mover-0");
     assert_eq!(p["spec"]["nodeName"], "node-b", "placed on the node it prefers");
     let uid = p["metadata"]["uid"].clone();
@@ -1072,7 +1120,8 @@ fn density_an_actor_with_no_room_moves_with_its_state() {
 /// kubelet's view of the memory node `node`'s pods use: the working set of
 /// its pods' cgroup (the summary API's system container `pods`), bytes.
 fn pods_working_set(node: &str) -> i64 {
-    let s: Value = serde_json::from_str(&kubectl_ok(&["get", "--raw", &format!("/api/v1/nodes/{node}/proxy/stats/summary")])).unwrap_or(Value::Null);
+    let s: Value =
+        serde_json::from_str(&kubectl_ok(&["get", "--raw", &format!("/api/v1/nodes/{node}/proxy/stats/summary")])).unwrap_or(Value::Null);
     let pods = s["node"]["systemContainers"].as_array().into_iter().flatten().find(|c| c["name"] == "pods").cloned().unwrap_or(Value::Null);
     pods["memory"]["workingSetBytes"].as_i64().unwrap_or_else(|| panic!("no working set of {node}'s pods in its summary: {}", s["node"]))
 }
@@ -1098,8 +1147,9 @@ fn density_an_evicted_actor_is_suspended_first() {
         {"weight": 100, "preference": {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}}]}}});
     let alloc_mib = 600;
     let resources = json!({"requests": {"cpu": "10m", "memory": "700Mi"}, "limits": {"memory": "1Gi"}});
-    let mut set: Value = serde_json::from_str(&stateful_set("evictee", 1, Some("torpor"), resources, json!({"torpor.dev/on-stop": "suspend"}), prefer_b))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut set: Value =
+        serde_json::from_str(&stateful_set("evictee", 1, Some("torpor"), resources, json!({"torpor.dev/on-stop": "suspend"}), prefer_b))
+            .unwrap_or_else(|e| panic!("{e}"));
     set["spec"]["template"]["spec"]["containers"][0]["args"] = json!(["counter", "--alloc-mib", alloc_mib.to_string()]);
     ns.apply(&set.to_string());
     let p = ns.wait_ready("evictee-0");
@@ -1122,7 +1172,10 @@ fn density_an_evicted_actor_is_suspended_first() {
     let hog_request = free_memory(node) - (50 << 20);
     let used_now = pods_working_set(node);
     let hog_mib = (allocatable + (150 << 20) - used_now - ((alloc_mib + 16) << 20)) >> 20;
-    assert!(hog_mib > 0 && hog_mib << 20 <= hog_request, "node {node}: allocatable {allocatable}, pods use {used_now}, free requests {hog_request}");
+    assert!(
+        hog_mib > 0 && hog_mib << 20 <= hog_request,
+        "node {node}: allocatable {allocatable}, pods use {used_now}, free requests {hog_request}"
+    );
     let hog = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hog"}, "spec": {
         "nodeName": node, "dnsPolicy": "Default", "enableServiceLinks": false, "terminationGracePeriodSeconds": 1,
         "containers": [{"name": "c", "image": ACTOR_IMAGE, "imagePullPolicy": "Never", "command": ["/actor"],
@@ -1131,7 +1184,9 @@ fn density_an_evicted_actor_is_suspended_first() {
     }});
     ns.apply(&hog.to_string());
     ns.wait_ready("hog");
-    wait_until("the hog allocated its memory", LIVENESS, || ns.kubectl(&["logs", "hog"]).stdout.contains("reached --max-mib").then_some(()));
+    wait_until("the hog allocated its memory", LIVENESS, || {
+        ns.kubectl(&["logs", "hog"]).stdout.contains("reached --max-mib").then_some(())
+    });
     assert!(!memory_pressure(node), "no pressure before the actor wakes: pods use {}", pods_working_set(node));
     eprintln!("{node}: allocatable {allocatable}, pods used {used_now} before the hog's {hog_mib} MiB, {} now", pods_working_set(node));
 

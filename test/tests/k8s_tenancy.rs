@@ -8,7 +8,7 @@
 
 use serde_json::{json, Value};
 use torpor_tests::cluster::*;
-use torpor_tests::workload::{annotate, runtime_class, suspend_by_annotation, resume_by_annotation, Agents};
+use torpor_tests::workload::{annotate, resume_by_annotation, runtime_class, suspend_by_annotation, Agents};
 
 /// A pod of RuntimeClass torpor on node-a running the counter (port 8080),
 /// with `annotations`.
@@ -31,11 +31,7 @@ fn counter_pod(name: &str, annotations: Value) -> String {
 
 /// The namespace's event messages about pod `pod`.
 fn event_messages(ns: &Namespace, pod: &str) -> Vec<String> {
-    ns.events()
-        .iter()
-        .filter(|e| e["involvedObject"]["name"] == pod)
-        .filter_map(|e| e["message"].as_str().map(str::to_string))
-        .collect()
+    ns.events().iter().filter(|e| e["involvedObject"]["name"] == pod).filter_map(|e| e["message"].as_str().map(str::to_string)).collect()
 }
 
 /// Waits until an event of pod `pod` contains `what`; all its messages.

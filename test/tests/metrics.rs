@@ -53,7 +53,10 @@ fn suspend_and_resume_move_the_metrics_and_promtool_accepts_them() {
         moved.then_some(m)
     });
     for phase in ["prepare", "freeze", "fsync"] {
-        assert!(value(&after_suspend, &count(phase, "suspend")) > value(&before, &count(phase, "suspend")), "phase {phase}: {after_suspend:?}");
+        assert!(
+            value(&after_suspend, &count(phase, "suspend")) > value(&before, &count(phase, "suspend")),
+            "phase {phase}: {after_suspend:?}"
+        );
     }
     assert!(
         value(&after_suspend, r#"torpor_lifecycle_operations_total{op="suspend",outcome="ok"}"#)
@@ -89,14 +92,20 @@ fn suspend_and_resume_move_the_metrics_and_promtool_accepts_them() {
         ("torpor_store_fetched_bytes_total".into(), "bytes fetched"),
         (r#"torpor_lifecycle_operations_total{op="resume",outcome="ok"}"#.into(), "resumes"),
     ] {
-        assert!(value(&after, &key) > value(&before, &key), "{what} ({key}) did not go up: before {} after {}", value(&before, &key), value(&after, &key));
+        assert!(
+            value(&after, &key) > value(&before, &key),
+            "{what} ({key}) did not go up: before {} after {}",
+            value(&before, &key),
+            value(&after, &key)
+        );
     }
     assert!(value(&after, "torpor_store_local_budget_bytes") > 0.0, "{after:?}");
     assert!(value(&after, "torpor_store_actor_leases") >= 1.0, "this actor's lease at least: {after:?}");
-    for key in ["torpor_store_deduplicated_bytes_total", "torpor_store_lease_renew_failures_total", "torpor_lifecycle_reports_dropped_total"] {
+    for key in
+        ["torpor_store_deduplicated_bytes_total", "torpor_store_lease_renew_failures_total", "torpor_lifecycle_reports_dropped_total"]
+    {
         assert!(after.contains_key(key), "{key} is exposed: {after:?}");
     }
-
 
     // Asleep again, woken by a connection: the trigger says so.
     c.suspend();

@@ -54,16 +54,7 @@ fn pods_get_distinct_ips_and_reach_each_other() {
     // from pod b to pod a over the bridge (busybox wget in the actor image,
     // HTTP GET /inc on the counter's port)
     let _ = connect_with_retry(&format!("{ipa}:8080"));
-    let out = crictl(&[
-        "exec",
-        "-s",
-        &cb,
-        "/bin/wget",
-        "-q",
-        "-O",
-        "-",
-        &format!("http://{ipa}:8080/inc"),
-    ]);
+    let out = crictl(&["exec", "-s", &cb, "/bin/wget", "-q", "-O", "-", &format!("http://{ipa}:8080/inc")]);
     assert!(out.success(), "{out}");
     assert_eq!(out.stdout.trim(), "1", "{out}");
 }

@@ -21,8 +21,7 @@ const UID: u32 = 1000;
 /// The `Uid:` line of /proc/<pid>/status: real, effective, saved, fs uid.
 #[track_caller]
 fn uids(pid: u32) -> String {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_else(|e| panic!("read /proc/{pid}/status: {e}"));
     status
         .lines()
         .find_map(|l| l.strip_prefix("Uid:"))
@@ -35,8 +34,7 @@ fn uids(pid: u32) -> String {
 /// /proc/<pid>/limits as it reads.
 #[track_caller]
 fn limits(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/limits"))
-        .unwrap_or_else(|e| panic!("read /proc/{pid}/limits: {e}"))
+    std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap_or_else(|e| panic!("read /proc/{pid}/limits: {e}"))
 }
 
 /// The counter's one process (host pid), checked to run as `UID`.

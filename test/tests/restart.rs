@@ -17,15 +17,9 @@ fn repo() -> PathBuf {
 
 fn restart_containerd() {
     let pidfile = format!("{}/containerd.pid", rig().state_dir);
-    let pid: i32 = std::fs::read_to_string(&pidfile)
-        .unwrap_or_else(|e| panic!("read {pidfile}: {e}"))
-        .trim()
-        .parse()
-        .unwrap();
+    let pid: i32 = std::fs::read_to_string(&pidfile).unwrap_or_else(|e| panic!("read {pidfile}: {e}")).trim().parse().unwrap();
     assert!(run("kill", ["-TERM", &pid.to_string()]).success());
-    wait_for("the rig's containerd to exit", LIVENESS, || {
-        (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(())
-    });
+    wait_for("the rig's containerd to exit", LIVENESS, || (!std::path::Path::new(&format!("/proc/{pid}")).exists()).then_some(()));
     let up = run(&repo().join("test/rig/up.sh").to_string_lossy(), &[] as &[&str]);
     assert!(up.success(), "test/rig/up.sh after the restart: {up}");
 }

@@ -55,37 +55,18 @@ fn daemon() -> Daemon {
     let state = &rig().state_dir;
     Daemon {
         root: env_path("TORPOR_RIG_SNAPSHOTTER_ROOT", format!("{root}/snapshotter")),
-        socket: env_path(
-            "TORPOR_RIG_SNAPSHOTTER_SOCKET",
-            format!("{state}/torpor/snapshotter.sock"),
-        ),
-        pidfile: env_path(
-            "TORPOR_RIG_SNAPSHOTTER_PIDFILE",
-            format!("{state}/snapshotter.pid"),
-        ),
-        log: env_path(
-            "TORPOR_RIG_SNAPSHOTTER_LOG",
-            format!("{state}/snapshotter.log"),
-        ),
-        rig_dir: env_path(
-            "TORPOR_RIG_DIR",
-            concat!(env!("CARGO_MANIFEST_DIR"), "/rig").to_string(),
-        ),
+        socket: env_path("TORPOR_RIG_SNAPSHOTTER_SOCKET", format!("{state}/torpor/snapshotter.sock")),
+        pidfile: env_path("TORPOR_RIG_SNAPSHOTTER_PIDFILE", format!("{state}/snapshotter.pid")),
+        log: env_path("TORPOR_RIG_SNAPSHOTTER_LOG", format!("{state}/snapshotter.log")),
+        rig_dir: env_path("TORPOR_RIG_DIR", concat!(env!("CARGO_MANIFEST_DIR"), "/rig").to_string()),
     }
 }
 
 impl Daemon {
     fn pid(&self) -> u32 {
-        let s = std::fs::read_to_string(&self.pidfile)
-            .unwrap_or_else(|e| panic!("read {}: {e}", self.pidfile.display()));
-        let pid: u32 = s
-            .trim()
-            .parse()
-            .unwrap_or_else(|e| panic!("pid file {}: {s:?}: {e}", self.pidfile.display()));
-        assert!(
-            Path::new(&format!("/proc/{pid}")).exists(),
-            "torpor-snapshotter (pid {pid}) is not running"
-        );
+        let s = std::fs::read_to_string(&self.pidfile).unwrap_or_else(|e| panic!("read {}: {e}", self.pidfile.display()));
+        let pid: u32 = s.trim().parse().unwrap_or_else(|e| panic!("pid file {}: {s:?}: {e}", self.pidfile.display()));
+        assert!(Path::new(&format!("/proc/{pid}")).exists(), "torpor-snapshotter (pid {pid}) is not running");
         pid
     }
 
@@ -136,11 +117,7 @@ impl Snapshots {
         let key = self.key(prefix);
         if verb == "view" {
             let p = parent.expect("a view in these tests has a parent");
-            snap_ok(&[
-                "label",
-                p,
-                &format!("containerd.io/gc.ref.snapshot.torpor/{key}={key}"),
-            ]);
+            snap_ok(&["label", p, &format!("containerd.io/gc.ref.snapshot.torpor/{key}={key}")]);
         }
         let mut a = vec![verb, "--mounts", key.as_str()];
         if let Some(p) = parent {
@@ -180,30 +157,20 @@ struct Mount {
 
 impl Mount {
     fn option(&self, key: &str) -> Option<&str> {
-        self.options
-            .iter()
-            .find_map(|o| o.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
+        self.options.iter().find_map(|o| o.strip_prefix(key).and_then(|v| v.strip_prefix('=')))
     }
 }
 
 #[track_caller]
 fn parse_mounts(json: &str) -> Vec<Mount> {
-    let v: serde_json::Value =
-        serde_json::from_str(json).unwrap_or_else(|e| panic!("mounts JSON {json:?}: {e}"));
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_else(|e| panic!("mounts JSON {json:?}: {e}"));
     v.as_array()
         .unwrap_or_else(|| panic!("mounts JSON is not a list: {json}"))
         .iter()
         .map(|m| Mount {
             kind: m["Type"].as_str().unwrap_or_default().to_string(),
             source: m["Source"].as_str().unwrap_or_default().to_string(),
-            options: m["Options"]
-                .as_array()
-                .map(|o| {
-                    o.iter()
-                        .filter_map(|x| x.as_str().map(String::from))
-                        .collect()
-                })
-                .unwrap_or_default(),
+            options: m["Options"].as_array().map(|o| o.iter().filter_map(|x| x.as_str().map(String::from)).collect()).unwrap_or_default(),
         })
         .collect()
 }
@@ -214,9 +181,7 @@ fn parse_mounts(json: &str) -> Vec<Mount> {
 fn upper_of(ns: &str, key: &str) -> PathBuf {
     let out = snap(ns, &["info", key]).ok();
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let p = v["Labels"]["containerd.io/snapshot/overlay.upperdir"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no upperdir label on {key}: {out}"));
+    let p = v["Labels"]["containerd.io/snapshot/overlay.upperdir"].as_str().unwrap_or_else(|| panic!("no upperdir label on {key}: {out}"));
     PathBuf::from(p)
 }
 
@@ -235,11 +200,7 @@ impl Mounted {
         std::fs::create_dir(&target).unwrap();
         let cmd = snap_ok(&["mounts", target.to_str().unwrap(), key]);
         let argv: Vec<&str> = cmd.split_whitespace().collect();
-        assert_eq!(
-            argv.first(),
-            Some(&"mount"),
-            "ctr snapshots mounts printed {cmd:?}"
-        );
+        assert_eq!(argv.first(), Some(&"mount"), "ctr snapshots mounts printed {cmd:?}");
         run("mount", &argv[1..]).ok();
         Mounted { target, _dir: dir }
     }
@@ -261,10 +222,7 @@ impl Drop for Mounted {
 #[track_caller]
 fn usage(key: &str) -> (u64, u64) {
     let out = snap_ok(&["usage", "-b", key]);
-    let line = out
-        .lines()
-        .find(|l| l.split_whitespace().next() == Some(key))
-        .unwrap_or_else(|| panic!("no usage line for {key}:\n{out}"));
+    let line = out.lines().find(|l| l.split_whitespace().next() == Some(key)).unwrap_or_else(|| panic!("no usage line for {key}:\n{out}"));
     let f: Vec<&str> = line.split_whitespace().collect();
     (f[1].parse().unwrap(), f[2].parse().unwrap())
 }
@@ -279,19 +237,13 @@ fn kind_in_ls(ls: &str, key: &str) -> Option<String> {
 // ------------------------------------------- the daemon's socket, directly
 
 fn block_on<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(f)
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 }
 
 async fn client(socket: &Path) -> SnapshotsClient<tonic::transport::Channel> {
     let socket = socket.to_path_buf();
     let channel = tonic::transport::Endpoint::from_static("http://[::]:0")
-        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
-            tokio::net::UnixStream::connect(socket.clone())
-        }))
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| tokio::net::UnixStream::connect(socket.clone())))
         .await
         .expect("connect to torpor-snapshotter's socket");
     SnapshotsClient::new(channel)
@@ -304,10 +256,7 @@ fn backend_list(filters: &[&str]) -> Result<Vec<grpc::Info>, tonic::Status> {
     block_on(async {
         let mut c = client(&d.socket).await;
         let mut stream = c
-            .list(grpc::ListSnapshotsRequest {
-                snapshotter: "torpor".into(),
-                filters: filters.iter().map(|s| s.to_string()).collect(),
-            })
+            .list(grpc::ListSnapshotsRequest { snapshotter: "torpor".into(), filters: filters.iter().map(|s| s.to_string()).collect() })
             .await?
             .into_inner();
         let mut all = Vec::new();
@@ -334,12 +283,7 @@ fn backend_stat(key: &str) -> Result<grpc::Info, tonic::Status> {
     let d = daemon();
     block_on(async {
         let mut c = client(&d.socket).await;
-        let r = c
-            .stat(grpc::StatSnapshotRequest {
-                snapshotter: "torpor".into(),
-                key: key.into(),
-            })
-            .await?;
+        let r = c.stat(grpc::StatSnapshotRequest { snapshotter: "torpor".into(), key: key.into() }).await?;
         Ok(r.into_inner().info.unwrap_or_default())
     })
 }
@@ -348,11 +292,7 @@ fn backend_remove(key: &str) -> Result<(), tonic::Status> {
     let d = daemon();
     block_on(async {
         let mut c = client(&d.socket).await;
-        c.remove(grpc::RemoveSnapshotRequest {
-            snapshotter: "torpor".into(),
-            key: key.into(),
-        })
-        .await?;
+        c.remove(grpc::RemoveSnapshotRequest { snapshotter: "torpor".into(), key: key.into() }).await?;
         Ok(())
     })
 }
@@ -372,11 +312,7 @@ fn prepare_commit_view_chain_mounts_and_usage() {
     assert_eq!(m[0].kind, "bind", "{m:?}");
     assert!(m[0].options.contains(&"rw".to_string()), "{m:?}");
     let a_upper = PathBuf::from(&m[0].source);
-    assert!(
-        a_upper.starts_with(d.snapshots_dir()) && a_upper.ends_with("fs"),
-        "{} is not <root>/snapshots/<id>/fs",
-        a_upper.display()
-    );
+    assert!(a_upper.starts_with(d.snapshots_dir()) && a_upper.ends_with("fs"), "{} is not <root>/snapshots/<id>/fs", a_upper.display());
     {
         let mnt = Mounted::new(&a);
         std::fs::write(mnt.path("a.txt"), "A").unwrap();
@@ -385,20 +321,12 @@ fn prepare_commit_view_chain_mounts_and_usage() {
     }
     assert_eq!(std::fs::read_to_string(a_upper.join("a.txt")).unwrap(), "A");
     let ca = s.commit(&a, "snap-A");
-    assert_eq!(
-        upper_of(NS, &ca),
-        a_upper,
-        "commit keeps the snapshot's directory"
-    );
+    assert_eq!(upper_of(NS, &ca), a_upper, "commit keeps the snapshot's directory");
 
     // b on A: overlay, lower = A, upper/work = its own
     let (b, m) = s.create("prepare", "snap-b", Some(&ca));
     assert_eq!(m[0].kind, "overlay", "{m:?}");
-    assert_eq!(
-        m[0].option("lowerdir"),
-        Some(a_upper.to_str().unwrap()),
-        "{m:?}"
-    );
+    assert_eq!(m[0].option("lowerdir"), Some(a_upper.to_str().unwrap()), "{m:?}");
     let b_upper = PathBuf::from(m[0].option("upperdir").expect("upperdir"));
     assert!(b_upper.starts_with(d.snapshots_dir()), "{m:?}");
     let b_work = m[0].option("workdir").expect("workdir");
@@ -414,43 +342,23 @@ fn prepare_commit_view_chain_mounts_and_usage() {
     }
     // usage of an active snapshot: walked in its upper dir
     let (bytes, inodes) = usage(&b);
-    assert!(
-        bytes >= bytes0 + (1 << 20),
-        "usage after writing 1 MiB: {bytes} (before {bytes0})"
-    );
+    assert!(bytes >= bytes0 + (1 << 20), "usage after writing 1 MiB: {bytes} (before {bytes0})");
     // root, b.txt, shared, big, the whiteout of `gone`
     assert!(inodes >= 5, "inodes {inodes}");
     let cb = s.commit(&b, "snap-B");
-    assert_eq!(
-        usage(&cb),
-        (bytes, inodes),
-        "committed usage is the one measured at commit"
-    );
+    assert_eq!(usage(&cb), (bytes, inodes), "committed usage is the one measured at commit");
 
     // a view on B (two layers): read-only overlay, nearest layer first
     let (v, m) = s.create("view", "snap-v", Some(&cb));
     assert_eq!(m[0].kind, "overlay", "{m:?}");
-    assert_eq!(
-        m[0].option("lowerdir"),
-        Some(format!("{}:{}", b_upper.display(), a_upper.display()).as_str()),
-        "{m:?}"
-    );
+    assert_eq!(m[0].option("lowerdir"), Some(format!("{}:{}", b_upper.display(), a_upper.display()).as_str()), "{m:?}");
     assert!(m[0].option("upperdir").is_none(), "{m:?}");
     {
         let mnt = Mounted::new(&v);
-        assert_eq!(
-            std::fs::read_to_string(mnt.path("shared")).unwrap(),
-            "from-b"
-        );
+        assert_eq!(std::fs::read_to_string(mnt.path("shared")).unwrap(), "from-b");
         assert_eq!(std::fs::read_to_string(mnt.path("a.txt")).unwrap(), "A");
-        assert!(
-            !mnt.path("gone").exists(),
-            "the whiteout in B hides A's file"
-        );
-        assert!(
-            std::fs::write(mnt.path("new"), "x").is_err(),
-            "a view is read-only"
-        );
+        assert!(!mnt.path("gone").exists(), "the whiteout in B hides A's file");
+        assert!(std::fs::write(mnt.path("new"), "x").is_err(), "a view is read-only");
     }
     // a view on the single layer A: a read-only bind mount of A
     let (v1, m) = s.create("view", "snap-v1", Some(&ca));
@@ -465,14 +373,9 @@ fn prepare_commit_view_chain_mounts_and_usage() {
     assert_eq!(kind_in_ls(&ls, &v).as_deref(), Some("View"), "{ls}");
     let tree = snap_ok(&["tree"]);
     let pos = |k: &str| {
-        tree.lines()
-            .position(|l| l.trim_start_matches([' ', '\\', '_']).trim() == k)
-            .unwrap_or_else(|| panic!("{k} not in tree:\n{tree}"))
+        tree.lines().position(|l| l.trim_start_matches([' ', '\\', '_']).trim() == k).unwrap_or_else(|| panic!("{k} not in tree:\n{tree}"))
     };
-    assert!(
-        pos(&ca) < pos(&cb) && pos(&cb) < pos(&v),
-        "tree order:\n{tree}"
-    );
+    assert!(pos(&ca) < pos(&cb) && pos(&cb) < pos(&v), "tree order:\n{tree}");
     let info: serde_json::Value = serde_json::from_str(&snap_ok(&["info", &cb])).unwrap();
     assert_eq!(info["Kind"], "Committed", "{info}");
     assert_eq!(info["Parent"], ca.as_str(), "{info}");
@@ -484,17 +387,11 @@ fn prepare_commit_view_chain_mounts_and_usage() {
     assert!(again.success(), "{again}");
     s.0.push(a_dup_key(&cb));
     let dup = snap(NS, &["prepare", &a_dup_key(&cb), &cb]);
-    assert!(
-        !dup.success() && dup.all_output().contains("already exists"),
-        "{dup}"
-    );
+    assert!(!dup.success() && dup.all_output().contains("already exists"), "{dup}");
     let bad = snap(NS, &["commit", &unique_name("snap-x"), &v]);
     assert!(!bad.success(), "a view cannot be committed: {bad}");
     let on_active = snap(NS, &["prepare", &unique_name("snap-y"), &a_dup_key(&cb)]);
-    assert!(
-        !on_active.success(),
-        "the parent must be committed: {on_active}"
-    );
+    assert!(!on_active.success(), "the parent must be committed: {on_active}");
 
     drop(s);
     for p in [&a_upper, &b_upper] {
@@ -541,40 +438,20 @@ fn labels_and_list_filters_reach_the_snapshotter() {
     let label = "containerd.io/snapshot/torpor.test";
     snap_ok(&["label", &c, &format!("{label}=one"), "local-only=x"]);
     let info = backend_stat(&bkey).unwrap();
-    assert_eq!(
-        info.labels.get(label).map(String::as_str),
-        Some("one"),
-        "{info:?}"
-    );
+    assert_eq!(info.labels.get(label).map(String::as_str), Some("one"), "{info:?}");
     assert!(!info.labels.contains_key("local-only"), "{info:?}");
     snap_ok(&["label", &c, &format!("{label}=two")]);
-    assert_eq!(
-        backend_stat(&bkey)
-            .unwrap()
-            .labels
-            .get(label)
-            .map(String::as_str),
-        Some("two")
-    );
+    assert_eq!(backend_stat(&bkey).unwrap().labels.get(label).map(String::as_str), Some("two"));
     let shown: serde_json::Value = serde_json::from_str(&snap_ok(&["info", &c])).unwrap();
     assert_eq!(shown["Labels"][label], "two", "{shown}");
 
     // List with containerd's filter syntax, on the daemon's socket
-    let names = |f: &[&str]| -> Vec<String> {
-        backend_list(f)
-            .unwrap()
-            .into_iter()
-            .map(|i| i.name)
-            .collect()
-    };
+    let names = |f: &[&str]| -> Vec<String> { backend_list(f).unwrap().into_iter().map(|i| i.name).collect() };
     let by_label = names(&[&format!("labels.\"{label}\"==two")]);
     assert_eq!(by_label, vec![bkey.clone()]);
     assert!(names(&["kind==committed"]).contains(&bkey));
     assert!(!names(&["kind==active"]).contains(&bkey));
-    assert!(
-        names(&["kind==active", &format!("name=={bkey}")]).contains(&bkey),
-        "filters OR"
-    );
+    assert!(names(&["kind==active", &format!("name=={bkey}")]).contains(&bkey), "filters OR");
     // unique names are [a-z0-9-]: no regex metacharacters
     assert!(names(&[&format!("name~=/{c}$/")]).contains(&bkey));
     let e = backend_list(&["kind=="]).unwrap_err();
@@ -633,11 +510,7 @@ impl Drop for Namespace {
             }
             for sn in ["torpor", "overlayfs"] {
                 let ls = snap_like(&ns, sn, &["ls"]).stdout;
-                let keys: Vec<String> = ls
-                    .lines()
-                    .skip(1)
-                    .filter_map(|l| l.split_whitespace().next().map(String::from))
-                    .collect();
+                let keys: Vec<String> = ls.lines().skip(1).filter_map(|l| l.split_whitespace().next().map(String::from)).collect();
                 for k in keys.iter().rev() {
                     let _ = snap_like(&ns, sn, &["rm", k]);
                 }
@@ -658,10 +531,7 @@ fn actor_image_tar() -> PathBuf {
     let rd = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
     rd.flatten()
         .map(|e| e.path())
-        .find(|p| {
-            p.extension().is_some_and(|x| x == "tar")
-                && p.file_name().unwrap().to_string_lossy().contains("actor")
-        })
+        .find(|p| p.extension().is_some_and(|x| x == "tar") && p.file_name().unwrap().to_string_lossy().contains("actor"))
         .unwrap_or_else(|| panic!("no actor image tar in {}", dir.display()))
 }
 
@@ -672,59 +542,31 @@ fn image_unpacks_through_it_and_a_container_runs_on_it() {
     let d = daemon();
     let ns = Namespace(unique_name("snaptest"));
     let tar = actor_image_tar();
-    ctr(
-        &ns.0,
-        &[
-            "images",
-            "import",
-            "--local",
-            "--snapshotter",
-            "torpor",
-            tar.to_str().unwrap(),
-        ],
-    )
-    .ok();
+    ctr(&ns.0, &["images", "import", "--local", "--snapshotter", "torpor", tar.to_str().unwrap()]).ok();
     // the layer is a committed snapshot of the daemon, with the image's files
     let ls = snap(&ns.0, &["ls"]).ok();
-    let committed: Vec<&str> = ls
-        .lines()
-        .skip(1)
-        .filter(|l| l.trim_end().ends_with("Committed"))
-        .filter_map(|l| l.split_whitespace().next())
-        .collect();
-    assert!(
-        !committed.is_empty(),
-        "no committed snapshot after unpack:\n{ls}"
-    );
+    let committed: Vec<&str> =
+        ls.lines().skip(1).filter(|l| l.trim_end().ends_with("Committed")).filter_map(|l| l.split_whitespace().next()).collect();
+    assert!(!committed.is_empty(), "no committed snapshot after unpack:\n{ls}");
     let uppers: Vec<PathBuf> = committed.iter().map(|k| upper_of(&ns.0, k)).collect();
     for u in &uppers {
         assert!(u.starts_with(d.snapshots_dir()), "{}", u.display());
     }
-    assert!(
-        uppers.iter().any(|u| u.join("actor").is_file()),
-        "/actor is in none of the unpacked layers {uppers:?}"
-    );
+    assert!(uppers.iter().any(|u| u.join("actor").is_file()), "/actor is in none of the unpacked layers {uppers:?}");
     let bk = backend_key(&ns.0, committed[0]);
     assert!(bk.starts_with(&format!("{}/", ns.0)), "{bk}");
 
     // and a container runs from it (ctr run --snapshotter torpor)
     let id = unique_name("snap-run");
     let c = CtrContainer::new(&ns.0, &id);
-    let out = ctr_run(
-        &ns.0,
-        &["--snapshotter", "torpor"],
-        &id,
-        &["/bin/sh", "-c", "test -x /actor && echo rootfs-ok"],
-    );
+    let out = ctr_run(&ns.0, &["--snapshotter", "torpor"], &id, &["/bin/sh", "-c", "test -x /actor && echo rootfs-ok"]);
     assert!(out.stdout.contains("rootfs-ok"), "{out}");
     drop(c);
 }
 
 /// The mountinfo line of a container's rootfs (`<bundle>/rootfs`).
 fn rootfs_mount(container_id: &str) -> Option<String> {
-    mounts_mentioning(&format!("/{container_id}/rootfs"))
-        .into_iter()
-        .find(|l| l.contains(" - overlay "))
+    mounts_mentioning(&format!("/{container_id}/rootfs")).into_iter().find(|l| l.contains(" - overlay "))
 }
 
 #[test]
@@ -734,17 +576,9 @@ fn pod_rootfs_lives_in_the_snapshotter() {
     let pod = Pod::run("snap-pod");
     let cid = pod.start_actor("c", &["sleep"]);
     wait_container_state(&cid, "CONTAINER_RUNNING");
-    let line = rootfs_mount(&cid).unwrap_or_else(|| {
-        panic!(
-            "no overlay rootfs mount for {cid}:\n{}",
-            mounts_mentioning(&cid).join("\n")
-        )
-    });
-    let upper = line
-        .split([',', ' '])
-        .find_map(|o| o.strip_prefix("upperdir="))
-        .unwrap_or_else(|| panic!("no upperdir in {line}"))
-        .to_string();
+    let line = rootfs_mount(&cid).unwrap_or_else(|| panic!("no overlay rootfs mount for {cid}:\n{}", mounts_mentioning(&cid).join("\n")));
+    let upper =
+        line.split([',', ' ']).find_map(|o| o.strip_prefix("upperdir=")).unwrap_or_else(|| panic!("no upperdir in {line}")).to_string();
     let upper = PathBuf::from(upper);
     if is_torpor() {
         assert!(
@@ -755,25 +589,14 @@ fn pod_rootfs_lives_in_the_snapshotter() {
         );
     } else {
         assert!(
-            upper
-                .to_string_lossy()
-                .contains("io.containerd.snapshotter.v1.overlayfs"),
+            upper.to_string_lossy().contains("io.containerd.snapshotter.v1.overlayfs"),
             "runtime {}'s rootfs should be on overlayfs: {line}",
             runtime_handler()
         );
     }
     // what the container writes lands in that upper dir
-    crictl_ok(&[
-        "exec",
-        &cid,
-        "/bin/sh",
-        "-c",
-        "echo marker > /torpor-marker",
-    ]);
-    assert_eq!(
-        std::fs::read_to_string(upper.join("torpor-marker")).unwrap_or_default(),
-        "marker\n"
-    );
+    crictl_ok(&["exec", &cid, "/bin/sh", "-c", "echo marker > /torpor-marker"]);
+    assert_eq!(std::fs::read_to_string(upper.join("torpor-marker")).unwrap_or_default(), "marker\n");
     pod.remove();
     // containerd removes the container's snapshot (through the daemon)
     wait_collected(&upper);
@@ -790,26 +613,13 @@ fn backend_state() -> BTreeMap<String, SnapshotInfo> {
         .expect("list")
         .into_iter()
         .map(|i| {
-            (
-                i.name,
-                (
-                    i.kind,
-                    i.parent,
-                    i.labels.into_iter().collect(),
-                    i.created_at
-                        .map(|t| t.seconds * 1_000_000_000 + t.nanos as i64),
-                ),
-            )
+            (i.name, (i.kind, i.parent, i.labels.into_iter().collect(), i.created_at.map(|t| t.seconds * 1_000_000_000 + t.nanos as i64)))
         })
         .collect()
 }
 
 fn wait_gone(pid: u32) {
-    wait_for(
-        &format!("torpor-snapshotter (pid {pid}) to exit"),
-        LIVENESS,
-        || (!Path::new(&format!("/proc/{pid}")).exists()).then_some(()),
-    );
+    wait_for(&format!("torpor-snapshotter (pid {pid}) to exit"), LIVENESS, || (!Path::new(&format!("/proc/{pid}")).exists()).then_some(()));
 }
 
 /// Starts the daemon again the way the rig does (test/rig/up.sh, which
@@ -817,13 +627,7 @@ fn wait_gone(pid: u32) {
 #[track_caller]
 fn start_daemon(d: &Daemon) {
     let up = d.rig_dir.join("up.sh");
-    run_with(
-        up.to_str().unwrap(),
-        Vec::<String>::new(),
-        None,
-        COMMAND_LIMIT,
-    )
-    .ok();
+    run_with(up.to_str().unwrap(), Vec::<String>::new(), None, COMMAND_LIMIT).ok();
     d.pid();
 }
 
@@ -855,45 +659,24 @@ fn restart_keeps_every_snapshot(sig: &str) {
 
     // What must survive: this test's snapshots, the pod's, the image layers.
     // (Other snapshots may be removed meanwhile by containerd's GC of earlier tests.)
-    let ours = [
-        ca.clone(),
-        b.clone(),
-        v.clone(),
-        cid.clone(),
-        pod.id.clone(),
-    ];
+    let ours = [ca.clone(), b.clone(), v.clone(), cid.clone(), pod.id.clone()];
     let stable = |all: &BTreeMap<String, _>| -> BTreeMap<String, _> {
         all.iter()
-            .filter(|(k, _)| {
-                k.contains("/sha256:") || ours.iter().any(|o| k.ends_with(&format!("/{o}")))
-            })
+            .filter(|(k, _)| k.contains("/sha256:") || ours.iter().any(|o| k.ends_with(&format!("/{o}"))))
             .map(|(k, v): (&String, &SnapshotInfo)| (k.clone(), v.clone()))
             .collect()
     };
     let before = stable(&backend_state());
-    assert!(
-        before.len() > ours.len(),
-        "expected this test's snapshots and image layers in {before:?}"
-    );
+    assert!(before.len() > ours.len(), "expected this test's snapshots and image layers in {before:?}");
     let pid = d.pid();
     run("kill", [format!("-{sig}"), pid.to_string()]).ok();
     wait_gone(pid);
-    let orphans = [
-        d.snapshots_dir().join("new-1-999"),
-        d.snapshots_dir().join("987654321"),
-    ];
+    let orphans = [d.snapshots_dir().join("new-1-999"), d.snapshots_dir().join("987654321")];
     if sig == "TERM" {
-        assert!(
-            !d.socket.exists(),
-            "a clean shutdown removes {}",
-            d.socket.display()
-        );
+        assert!(!d.socket.exists(), "a clean shutdown removes {}", d.socket.display());
         let log = d.log_text();
         let tail: String = log.lines().rev().take(20).collect::<Vec<_>>().join("\n");
-        assert!(
-            tail.contains("torpor-snapshotter stopped"),
-            "log tail:\n{tail}"
-        );
+        assert!(tail.contains("torpor-snapshotter stopped"), "log tail:\n{tail}");
     } else {
         assert!(d.socket.exists(), "SIGKILL leaves the socket behind");
         // what a crash mid-create leaves: directories without a record
@@ -909,32 +692,20 @@ fn restart_keeps_every_snapshot(sig: &str) {
         assert!(!o.exists(), "orphan {} not removed at start", o.display());
     }
     if sig == "KILL" {
-        assert!(
-            d.log_text().contains("replacing stale socket"),
-            "stale socket not replaced"
-        );
+        assert!(d.log_text().contains("replacing stale socket"), "stale socket not replaced");
     }
 
     // containerd uses it again: mounts, files, usage, commit, new children
     assert_eq!(usage(&b), b_usage);
-    assert_eq!(
-        std::fs::read_to_string(b_upper.join("active")).unwrap(),
-        "in b"
-    );
+    assert_eq!(std::fs::read_to_string(b_upper.join("active")).unwrap(), "in b");
     {
         let mnt = Mounted::new(&b);
-        assert_eq!(
-            std::fs::read_to_string(mnt.path("kept")).unwrap(),
-            "before restart"
-        );
+        assert_eq!(std::fs::read_to_string(mnt.path("kept")).unwrap(), "before restart");
         assert_eq!(std::fs::read_to_string(mnt.path("active")).unwrap(), "in b");
     }
     {
         let mnt = Mounted::new(&v);
-        assert_eq!(
-            std::fs::read_to_string(mnt.path("kept")).unwrap(),
-            "before restart"
-        );
+        assert_eq!(std::fs::read_to_string(mnt.path("kept")).unwrap(), "before restart");
     }
     let cb = s.commit(&b, "rs-B");
     let (c2, _) = s.create("prepare", "rs-c", Some(&cb));

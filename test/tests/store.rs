@@ -116,13 +116,7 @@ fn rig_key_back() -> Cleanup {
 fn transfers(kind: &str, name: &str) -> Vec<Value> {
     let out = torporctl(&["--json", "snapshots", "status"]);
     let v: Value = serde_json::from_str(&out.stdout).unwrap_or(Value::Null);
-    v["transfers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|t| t["kind"] == kind && t["snapshot"] == name)
-        .cloned()
-        .collect()
+    v["transfers"].as_array().into_iter().flatten().filter(|t| t["kind"] == kind && t["snapshot"] == name).cloned().collect()
 }
 
 /// Flips one byte of `path` at `offset` (twice = repaired).
@@ -269,7 +263,10 @@ fn resume_from_s3_is_streamed_and_its_working_set_comes_first_the_next_time() {
         .find(|l| l.contains("streamed from the object tier") && l.contains(&name))
         .unwrap_or_else(|| panic!("the snapshotter logs the stream of {name}"));
     eprintln!("{line}");
-    assert!(line.contains("working_set_pages=") && !line.contains("working_set_pages=0 "), "the second stream fetched the first one's working set first: {line}");
+    assert!(
+        line.contains("working_set_pages=") && !line.contains("working_set_pages=0 "),
+        "the second stream fetched the first one's working set first: {line}"
+    );
     assert_eq!(c.cmd("get"), "4", "the counter continues");
     assert_eq!(c.cmd("sum"), sum, "the memory came back intact");
 }
@@ -384,7 +381,11 @@ fn clones_made_during_a_stream_join_it_and_are_stopped_with_it_when_it_breaks() 
     }
     drop(down);
     let s = snapshot(&name);
-    assert_eq!((s["durable"].clone(), s["local"].clone()), (Value::Bool(true), Value::Bool(false)), "intact in S3, no partial local copy: {s}");
+    assert_eq!(
+        (s["durable"].clone(), s["local"].clone()),
+        (Value::Bool(true), Value::Bool(false)),
+        "intact in S3, no partial local copy: {s}"
+    );
 
     // Each clone's next trigger retries: the snapshot streams once more.
     // (A resume asked for: whether the clone's ports are held after the
@@ -453,7 +454,10 @@ fn corrupt_chunk_in_s3_refuses_the_resume() {
         });
         let why = st["last_error"].as_str().unwrap_or_default();
         eprintln!("refused while streaming: {why}");
-        assert!(why.contains(&name) && (why.contains("corrupt") || why.contains("digest")), "the reason names the snapshot and the bad data: {st}");
+        assert!(
+            why.contains(&name) && (why.contains("corrupt") || why.contains("digest")),
+            "the reason names the snapshot and the bad data: {st}"
+        );
         assert!(c.processes().is_empty(), "stopped: {:?}", c.processes());
     } else {
         assert_refused_as(&c, &name, out);
@@ -499,7 +503,10 @@ fn assert_refused(c: &Counter, name: &str) {
 fn assert_refused_as(c: &Counter, name: &str, out: Output) {
     assert!(!out.success(), "a resume from corrupt data must be refused: {out}");
     assert!(out.stderr.contains(name), "the error names the snapshot {name}: {out}");
-    assert!(out.stderr.to_lowercase().contains("corrupt") || out.stderr.contains("mismatch") || out.stderr.contains("digest"), "the error says the data is bad: {out}");
+    assert!(
+        out.stderr.to_lowercase().contains("corrupt") || out.stderr.contains("mismatch") || out.stderr.contains("digest"),
+        "the error says the data is bad: {out}"
+    );
     eprintln!("refused: {}", out.stderr.trim());
     let st = c.status();
     assert_eq!(st["state"], "SUSPENDED", "{st}");
@@ -533,13 +540,15 @@ fn restore_by_identity_through_the_store() {
     // A third pod of the actor while the second runs: refused.
     let third = Pod::run_with("store-id-c", PodOptions::actor(&actor));
     // (CRI creates the task, and the shim sees the container, at its start.)
-    let created = third
-        .try_create(&CounterSpec::new().in_the_pods_pid_namespace().config())
-        .unwrap_or_else(|o| panic!("crictl create: {o}"));
+    let created =
+        third.try_create(&CounterSpec::new().in_the_pods_pid_namespace().config()).unwrap_or_else(|o| panic!("crictl create: {o}"));
     let out = crictl(&["start", &created]);
     assert!(!out.success(), "a second pod of a running actor must be refused: {out}");
     let text = out.all_output();
-    assert!(text.contains(&format!("actor {actor} already runs on this node")) && text.contains(second.shim()), "the refusal names the actor and its holder: {out}");
+    assert!(
+        text.contains(&format!("actor {actor} already runs on this node")) && text.contains(second.shim()),
+        "the refusal names the actor and its holder: {out}"
+    );
     assert_eq!(second.cmd("get"), "4", "the running one is untouched");
 }
 
@@ -622,7 +631,10 @@ fn snapshot_under_an_unknown_key_is_refused_until_the_key_is_back() {
     start_daemon_with_key("rig-other");
     let out = torporctl(&["--json", "resume", c.shim()]);
     assert!(!out.success(), "a resume from a snapshot under an unknown key must be refused: {out}");
-    assert!(out.stderr.contains(&name) && out.stderr.contains(&format!("key \"{rig_key}\"")), "the error names the snapshot and the key id: {out}");
+    assert!(
+        out.stderr.contains(&name) && out.stderr.contains(&format!("key \"{rig_key}\"")),
+        "the error names the snapshot and the key id: {out}"
+    );
     assert!(out.stderr.contains("does not have"), "the error says why: {out}");
     eprintln!("refused: {}", out.stderr.trim());
     let st = c.status();

@@ -44,11 +44,7 @@ fn actor(prefix: &str, extra: &[&str]) -> Counter {
 fn init_pid(container: &str) -> u32 {
     let v = inspect_container(container);
     let pid = v["info"]["pid"].as_u64().unwrap_or(0) as u32;
-    assert!(
-        pid > 0,
-        "crictl inspect {container} has no pid: {}",
-        v["info"]["pid"]
-    );
+    assert!(pid > 0, "crictl inspect {container} has no pid: {}", v["info"]["pid"]);
     pid
 }
 
@@ -65,10 +61,7 @@ fn memory_cgroup(pid: u32) -> Option<(PathBuf, &'static str)> {
         }
     }
     let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
-    Some((
-        Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/')),
-        "memory.current",
-    ))
+    Some((Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/')), "memory.current"))
 }
 
 fn read_u64(p: &Path) -> Option<u64> {
@@ -78,9 +71,7 @@ fn read_u64(p: &Path) -> Option<u64> {
 /// Whether host pid `pid` is (still) a process of `container` that has not
 /// been reaped.
 fn pid_alive_in(pid: u32, container: &str) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-        .map(|c| c.contains(container))
-        .unwrap_or(false)
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map(|c| c.contains(container)).unwrap_or(false)
 }
 
 /// Host pids of the processes in `container`'s cgroups whose command line
@@ -94,9 +85,8 @@ fn container_processes(container: &str, needle: &str) -> Vec<u32> {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))
-            .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
-            .unwrap_or_default();
+        let cmdline =
+            std::fs::read(format!("/proc/{pid}/cmdline")).map(|b| String::from_utf8_lossy(&b).replace('\0', " ")).unwrap_or_default();
         if cmdline.contains(needle) && pid_alive_in(pid, container) {
             found.push(pid);
         }
@@ -124,10 +114,7 @@ impl Drop for ExecSession {
 }
 
 fn panic_text(e: Box<dyn std::any::Any + Send>) -> String {
-    e.downcast_ref::<String>()
-        .cloned()
-        .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_else(|| "panic".into())
+    e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string())).unwrap_or_else(|| "panic".into())
 }
 
 // -------------------------------------------------------------------- tests
@@ -140,25 +127,13 @@ fn suspend_resume_keeps_state() {
     assert_eq!(a.inc(), 1);
     assert_eq!(a.inc(), 2);
     let sum = a.cmd("sum");
-    assert!(
-        sum.len() == 8 && sum != "00000000",
-        "checksum of the 64 MiB allocation: {sum:?}"
-    );
+    assert!(sum.len() == 8 && sum != "00000000", "checksum of the 64 MiB allocation: {sum:?}");
 
     let pid = init_pid(&a.container);
-    let (cg, usage_file) = memory_cgroup(pid)
-        .unwrap_or_else(|| panic!("no memory cgroup for pid {pid} of {}", a.container));
-    assert!(
-        cg.to_string_lossy().contains(&a.container),
-        "memory cgroup {} of pid {pid} is the container's",
-        cg.display()
-    );
-    let before = read_u64(&cg.join(usage_file))
-        .unwrap_or_else(|| panic!("cannot read {}", cg.join(usage_file).display()));
-    assert!(
-        before >= 48 * MIB,
-        "the counter's memory cgroup holds its 64 MiB allocation before the suspend: {before} bytes"
-    );
+    let (cg, usage_file) = memory_cgroup(pid).unwrap_or_else(|| panic!("no memory cgroup for pid {pid} of {}", a.container));
+    assert!(cg.to_string_lossy().contains(&a.container), "memory cgroup {} of pid {pid} is the container's", cg.display());
+    let before = read_u64(&cg.join(usage_file)).unwrap_or_else(|| panic!("cannot read {}", cg.join(usage_file).display()));
+    assert!(before >= 48 * MIB, "the counter's memory cgroup holds its 64 MiB allocation before the suspend: {before} bytes");
 
     // By the default actor id, <pod namespace>/<pod name>.
     let name = a.actor.clone();
@@ -166,18 +141,12 @@ fn suspend_resume_keeps_state() {
     assert_eq!(st["actor"].as_str(), Some(name.as_str()), "{st}");
     assert_eq!(st["state"], "RUNNING", "{st}");
     assert!(
-        st["containers"]
-            .as_array()
-            .is_some_and(|c| c.iter().any(|c| c == &a.container)),
+        st["containers"].as_array().is_some_and(|c| c.iter().any(|c| c == &a.container)),
         "the actor is made of the counter container: {st}"
     );
 
     let out = torporctl(&["--json", "suspend", &name]);
-    assert!(
-        out.success(),
-        "suspend by actor id failed: {out}\n{}",
-        a.diagnostics(&[])
-    );
+    assert!(out.success(), "suspend by actor id failed: {out}\n{}", a.diagnostics(&[]));
     let st = a.status();
     assert_eq!(st["state"], "SUSPENDED", "{st}");
     assert!(st["generation"].as_u64().unwrap_or(0) >= 1, "{st}");
@@ -189,24 +158,15 @@ fn suspend_resume_keeps_state() {
 
     // The process is gone (and reaped), and its memory is freed.
     let what = format!("pid {pid} of the suspended container to be gone");
-    wait_for(&what, LIVENESS, || {
-        (!pid_alive_in(pid, &a.container)).then_some(())
-    });
+    wait_for(&what, LIVENESS, || (!pid_alive_in(pid, &a.container)).then_some(()));
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    assert!(
-        !(status.contains("State:\tZ") && status.contains(&format!("Pid:\t{pid}\n"))),
-        "pid {pid} is a zombie after the suspend"
-    );
+    assert!(!(status.contains("State:\tZ") && status.contains(&format!("Pid:\t{pid}\n"))), "pid {pid} is a zombie after the suspend");
     let usage = cg.join(usage_file);
-    let freed = wait_for(
-        "the container's memory to be freed",
-        LIVENESS,
-        || match read_u64(&usage) {
-            None if !cg.exists() => Some("cgroup removed".to_string()),
-            Some(u) if u < 16 * MIB => Some(format!("{u} bytes charged")),
-            _ => None,
-        },
-    );
+    let freed = wait_for("the container's memory to be freed", LIVENESS, || match read_u64(&usage) {
+        None if !cg.exists() => Some("cgroup removed".to_string()),
+        Some(u) if u < 16 * MIB => Some(format!("{u} bytes charged")),
+        _ => None,
+    });
     eprintln!("after suspend: {freed} (was {before} bytes)");
 
     let st = a.op("resume");
@@ -219,34 +179,18 @@ fn suspend_resume_keeps_state() {
 
     // The restored process lives in the container's cgroup again, with its memory.
     let pids = container_processes(&a.container, "/actor counter");
-    assert_eq!(
-        pids.len(),
-        1,
-        "one restored counter process in the container: {pids:?}"
-    );
+    assert_eq!(pids.len(), 1, "one restored counter process in the container: {pids:?}");
     let (cg2, _) = memory_cgroup(pids[0]).expect("memory cgroup of the restored process");
-    assert_eq!(
-        cg2, cg,
-        "the restored process is in the container's memory cgroup"
-    );
+    assert_eq!(cg2, cg, "the restored process is in the container's memory cgroup");
     let after = read_u64(&cg2.join(usage_file)).unwrap_or(0);
-    assert!(
-        after >= 48 * MIB,
-        "the 64 MiB are charged to the container's memory cgroup again: {after} bytes"
-    );
+    assert!(after >= 48 * MIB, "the 64 MiB are charged to the container's memory cgroup again: {after} bytes");
 
     // The restored process gets the stop signal and its exit is reported.
     crictl_ok(&["stop", "-t", "60", &a.container]);
     let (code, reason) = wait_exited(&a.container);
-    assert_eq!(
-        code, 0,
-        "the restored counter exits 0 on SIGTERM ({reason})"
-    );
+    assert_eq!(code, 0, "the restored counter exits 0 on SIGTERM ({reason})");
     let log = std::fs::read_to_string(a.pod.log_dir.join("counter.log")).unwrap_or_default();
-    assert!(
-        log.contains("got terminated, exiting"),
-        "container log:\n{log}"
-    );
+    assert!(log.contains("got terminated, exiting"), "container log:\n{log}");
 }
 
 #[test]
@@ -274,11 +218,7 @@ fn rootfs_changes_survive_suspend() {
 
     let out = crictl(&["exec", "-s", &a.container, "/bin/cat", "/data/marker"]);
     assert!(out.success(), "{out}");
-    assert_eq!(
-        out.stdout.trim(),
-        token,
-        "the file written before the suspend"
-    );
+    assert_eq!(out.stdout.trim(), token, "the file written before the suspend");
     assert_eq!(a.inc(), 2);
 }
 
@@ -302,7 +242,10 @@ fn cgroup_limits(pid: u32) -> Vec<(String, String)> {
 
 /// What runc says of the container (`runc state`, the shim's runc root).
 fn runc_state(container: &str) -> Value {
-    let out = std::process::Command::new("runc").args(["--root", "/run/torpor/runc/k8s.io", "state", container]).output().expect("run runc state");
+    let out = std::process::Command::new("runc")
+        .args(["--root", "/run/torpor/runc/k8s.io", "state", container])
+        .output()
+        .expect("run runc state");
     assert!(out.status.success(), "runc state {container}: {}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).expect("runc state's JSON")
 }
@@ -324,7 +267,14 @@ fn a_restore_without_runc_leaves_runcs_state_and_the_limits() {
     assert!(before.contains(&("memory.limit_in_bytes".into(), (512 * MIB).to_string())), "{before:?}");
     let bundle = PathBuf::from(format!("{}/io.containerd.runtime.v2.task/k8s.io/{}", a.pod.node.rig.containerd_state, a.container));
     let template = bundle.join("torpor-restore-template.json");
-    let restores = |by: &str| a.pod.node.log_about(&[&a.container], 400).lines().filter(|l| l.contains("container restored") && l.contains(&format!("criu_driven_by=\"{by}\""))).count();
+    let restores = |by: &str| {
+        a.pod
+            .node
+            .log_about(&[&a.container], 400)
+            .lines()
+            .filter(|l| l.contains("container restored") && l.contains(&format!("criu_driven_by=\"{by}\"")))
+            .count()
+    };
 
     a.op("suspend");
     assert_eq!(a.state(), "SUSPENDED");
@@ -369,7 +319,14 @@ fn the_containers_tmpfs_mounts_come_back() {
     assert_eq!(a.inc(), 1);
     let token = unique_name("in-dev");
     let mounts_of = |a: &Counter| {
-        let out = crictl(&["exec", "-s", &a.container, "/bin/sh", "-c", "grep -E ' /dev | /sys/fs/cgroup | /dev/pts ' /proc/self/mountinfo | cut -d' ' -f5,6,9-"]);
+        let out = crictl(&[
+            "exec",
+            "-s",
+            &a.container,
+            "/bin/sh",
+            "-c",
+            "grep -E ' /dev | /sys/fs/cgroup | /dev/pts ' /proc/self/mountinfo | cut -d' ' -f5,6,9-",
+        ]);
         assert!(out.success(), "{out}");
         out.stdout
     };
@@ -411,11 +368,7 @@ fn exec_into_suspended_resumes_first() {
     assert_eq!(a.state(), "SUSPENDED");
 
     let out = crictl(&["exec", &a.container, "/bin/sh", "-c", "echo hi"]);
-    assert!(
-        out.success(),
-        "exec into a suspended container: {out}\n{}",
-        a.diagnostics(&[])
-    );
+    assert!(out.success(), "exec into a suspended container: {out}\n{}", a.diagnostics(&[]));
     assert_eq!(out.stdout.trim(), "hi", "{out}");
     let st = a.status();
     assert_eq!(st["state"], "RUNNING", "the exec resumed the actor: {st}");
@@ -426,11 +379,7 @@ fn exec_into_suspended_resumes_first() {
     a.op("suspend");
     assert_eq!(a.state(), "SUSPENDED");
     let out = crictl(&["exec", "-s", &a.container, "/bin/sh", "-c", "echo hi again"]);
-    assert!(
-        out.success(),
-        "exec -s into a suspended container: {out}\n{}",
-        a.diagnostics(&[])
-    );
+    assert!(out.success(), "exec -s into a suspended container: {out}\n{}", a.diagnostics(&[]));
     assert_eq!(out.stdout.trim(), "hi again", "{out}");
     assert_eq!(a.state(), "RUNNING");
     assert_eq!(a.inc(), 4, "counter intact");
@@ -448,39 +397,20 @@ fn stop_and_remove_suspended() {
     let sandbox = a.shim().to_string();
     let dir = Node::a().actor_dir(&sandbox);
     let sock = Node::a().control_socket(&sandbox);
-    assert!(
-        dir.join("actor.json").is_file(),
-        "{} exists while the actor is suspended",
-        dir.join("actor.json").display()
-    );
-    assert!(
-        sock.exists(),
-        "{} exists while the pod runs",
-        sock.display()
-    );
+    assert!(dir.join("actor.json").is_file(), "{} exists while the actor is suspended", dir.join("actor.json").display());
+    assert!(sock.exists(), "{} exists while the pod runs", sock.display());
 
     let out = crictl(&["stop", "-t", "2", &a.container]);
-    assert!(
-        out.success(),
-        "crictl stop of a suspended container: {out}\n{}",
-        a.diagnostics(&[])
-    );
+    assert!(out.success(), "crictl stop of a suspended container: {out}\n{}", a.diagnostics(&[]));
     let (code, reason) = wait_exited(&a.container);
-    assert!(
-        code == 137 || code == 143,
-        "exit code of a stopped suspended container: {code} ({reason})"
-    );
+    assert!(code == 137 || code == 143, "exit code of a stopped suspended container: {code} ({reason})");
     crictl_ok(&["rm", &a.container]);
     let actor = default_actor(&a.pod.name);
     let _snapshots = Cleanup::snapshots(&actor);
     let Counter { pod, container, .. } = a;
     pod.remove();
 
-    wait_for(
-        &format!("{} to be removed", dir.display()),
-        LIVENESS,
-        || (!dir.exists()).then_some(()),
-    );
+    wait_for(&format!("{} to be removed", dir.display()), LIVENESS, || (!dir.exists()).then_some(()));
     // Retention: the removal of a SUSPENDED actor keeps its snapshot in
     // the store (restorable by identity later).
     let snaps = store_snapshots(&actor);
@@ -492,20 +422,9 @@ fn stop_and_remove_suspended() {
             shims.is_empty().then_some(())
         })
     }));
-    assert!(
-        gone.is_ok(),
-        "processes left for pod {sandbox}:\n{}",
-        shims.join("\n")
-    );
-    assert!(
-        processes_mentioning(&container).is_empty(),
-        "processes left for container {container}"
-    );
-    wait_for(
-        &format!("{} to be removed", sock.display()),
-        LIVENESS,
-        || (!sock.exists()).then_some(()),
-    );
+    assert!(gone.is_ok(), "processes left for pod {sandbox}:\n{}", shims.join("\n"));
+    assert!(processes_mentioning(&container).is_empty(), "processes left for container {container}");
+    wait_for(&format!("{} to be removed", sock.display()), LIVENESS, || (!sock.exists()).then_some(()));
 }
 
 #[test]
@@ -517,25 +436,14 @@ fn failed_suspend_leaves_actor_running() {
 
     // A long exec session: the suspend must be refused while it runs.
     let needle = "sleep 2999";
-    let session = ExecSession {
-        container: a.container.clone(),
-        needle: needle.into(),
-    };
+    let session = ExecSession { container: a.container.clone(), needle: needle.into() };
     let cid = a.container.clone();
     let exec = thread::spawn(move || crictl(&["exec", &cid, "/bin/sh", "-c", needle]));
-    wait_for("the exec session to run", LIVENESS, || {
-        (!container_processes(&a.container, needle).is_empty()).then_some(())
-    });
+    wait_for("the exec session to run", LIVENESS, || (!container_processes(&a.container, needle).is_empty()).then_some(()));
 
     let out = torporctl(&["suspend", a.shim()]);
-    assert!(
-        !out.success(),
-        "suspend with an exec session running must fail: {out}"
-    );
-    assert!(
-        out.stderr.contains("exec"),
-        "the error says why (an exec session is running): {out}"
-    );
+    assert!(!out.success(), "suspend with an exec session running must fail: {out}");
+    assert!(out.stderr.contains("exec"), "the error says why (an exec session is running): {out}");
     let st = a.status();
     assert_eq!(st["state"], "RUNNING", "{st}");
     let err = st["last_error"].as_str().unwrap_or_default();
@@ -549,10 +457,7 @@ fn failed_suspend_leaves_actor_running() {
     eprintln!("exec session ended: code {}", out.code);
     let st = a.op("suspend");
     assert_eq!(st["state"], "SUSPENDED", "{st}");
-    assert!(
-        st["last_error"].is_null(),
-        "a successful suspend clears last_error: {st}"
-    );
+    assert!(st["last_error"].is_null(), "a successful suspend clears last_error: {st}");
     assert_eq!(a.state(), "SUSPENDED");
     a.op("resume");
     assert_eq!(a.inc(), 3);
@@ -674,9 +579,7 @@ fn freeze_and_thaw() {
     // The request sent while frozen is answered after the thaw.
     held.set_read_timeout(Some(LIVENESS)).unwrap();
     line.clear();
-    reader
-        .read_line(&mut line)
-        .expect("the held request is answered after the thaw");
+    reader.read_line(&mut line).expect("the held request is answered after the thaw");
     assert_eq!(line.trim(), "1", "reply to the request sent while frozen");
     assert_eq!(a.inc(), 2, "value intact");
 
@@ -699,18 +602,12 @@ fn torporctl_errors() {
     for op in ["status", "suspend", "resume", "freeze"] {
         let out = torporctl(&[op, &missing]);
         assert!(!out.success(), "{op} of an unknown actor must fail: {out}");
-        assert!(
-            out.stderr.contains(&missing),
-            "the error names the actor: {out}"
-        );
+        assert!(out.stderr.contains(&missing), "the error names the actor: {out}");
     }
     // invalid name
     let out = torporctl(&["suspend", "a;b"]);
     assert!(!out.success(), "{out}");
-    assert!(
-        out.stderr.contains("a;b") && !out.stderr.contains("panicked"),
-        "a clear error for an invalid name: {out}"
-    );
+    assert!(out.stderr.contains("a;b") && !out.stderr.contains("panicked"), "a clear error for an invalid name: {out}");
 
     let a = actor("susp-errors", &[]);
     assert_eq!(a.inc(), 1);
@@ -727,15 +624,9 @@ fn torporctl_errors() {
     a.op("suspend");
     let out = torporctl(&["suspend", short]);
     assert!(!out.success(), "a second suspend must fail: {out}");
-    assert!(
-        out.stderr.contains("SUSPENDED"),
-        "the error says the actor is already SUSPENDED: {out}"
-    );
+    assert!(out.stderr.contains("SUSPENDED"), "the error says the actor is already SUSPENDED: {out}");
     let st = a.status();
-    assert_eq!(
-        st["state"], "SUSPENDED",
-        "the refused suspend changed nothing: {st}"
-    );
+    assert_eq!(st["state"], "SUSPENDED", "the refused suspend changed nothing: {st}");
     assert_eq!(st["generation"], 1, "{st}");
 
     a.op("resume");
@@ -759,10 +650,7 @@ fn soak_200_cycles() {
         assert_eq!(got, value + 1, "cycle {cycle}: counter after the resume");
         value = got;
         if cycle % 50 == 0 {
-            eprintln!(
-                "soak: {cycle} cycles, last suspend {} ms, resume {} ms",
-                st["last_suspend_ms"], st["last_resume_ms"]
-            );
+            eprintln!("soak: {cycle} cycles, last suspend {} ms, resume {} ms", st["last_suspend_ms"], st["last_resume_ms"]);
         }
     }
     assert_eq!(container_state(&a.container), "CONTAINER_RUNNING");
@@ -803,12 +691,7 @@ fn twenty_actors_concurrently() {
             Err(e) => errors.push(e),
         }
     }
-    assert!(
-        errors.is_empty(),
-        "{} of {N} actors did not start:\n{}",
-        errors.len(),
-        errors.join("\n---\n")
-    );
+    assert!(errors.is_empty(), "{} of {N} actors did not start:\n{}", errors.len(), errors.join("\n---\n"));
 
     // Apply `op` to all at once; returns the failures.
     let all = |op: &'static str, want: &'static str| -> Vec<String> {
@@ -825,18 +708,11 @@ fn twenty_actors_concurrently() {
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .filter_map(|h| h.join().expect("thread").err())
-            .collect()
+        handles.into_iter().filter_map(|h| h.join().expect("thread").err()).collect()
     };
 
     let failed = all("suspend", "SUSPENDED");
-    assert!(
-        failed.is_empty(),
-        "concurrent suspends failed:\n{}",
-        failed.join("\n---\n")
-    );
+    assert!(failed.is_empty(), "concurrent suspends failed:\n{}", failed.join("\n---\n"));
 
     // all SUSPENDED at the same time (one status of every actor on the node)
     let out = torporctl(&["--json", "status"]);
@@ -856,11 +732,7 @@ fn twenty_actors_concurrently() {
     }
 
     let failed = all("resume", "RUNNING");
-    assert!(
-        failed.is_empty(),
-        "concurrent resumes failed:\n{}",
-        failed.join("\n---\n")
-    );
+    assert!(failed.is_empty(), "concurrent resumes failed:\n{}", failed.join("\n---\n"));
     for a in &actors {
         assert_eq!(a.inc(), 2, "counter of {} after the resume", a.pod.name);
     }
@@ -877,15 +749,8 @@ fn twenty_actors_concurrently() {
             })
         })
         .collect();
-    let failed: Vec<String> = handles
-        .into_iter()
-        .filter_map(|h| h.join().expect("thread").err())
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "removal failed:\n{}",
-        failed.join("\n---\n")
-    );
+    let failed: Vec<String> = handles.into_iter().filter_map(|h| h.join().expect("thread").err()).collect();
+    assert!(failed.is_empty(), "removal failed:\n{}", failed.join("\n---\n"));
 }
 
 // ------------------------------------------- beyond the basic list: rollback
@@ -912,18 +777,12 @@ fn freezer_state(pid: u32) -> Option<String> {
         let mut f = line.splitn(3, ':');
         let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
         if ctrls.split(',').any(|c| c == "freezer") {
-            let p = Path::new("/sys/fs/cgroup/freezer")
-                .join(path.trim_start_matches('/'))
-                .join("freezer.state");
-            return std::fs::read_to_string(p)
-                .ok()
-                .map(|s| s.trim().to_string());
+            let p = Path::new("/sys/fs/cgroup/freezer").join(path.trim_start_matches('/')).join("freezer.state");
+            return std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
         }
     }
     let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let p = Path::new("/sys/fs/cgroup")
-        .join(path.trim_start_matches('/'))
-        .join("cgroup.freeze");
+    let p = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/')).join("cgroup.freeze");
     let v = std::fs::read_to_string(p).ok()?;
     Some(if v.trim() == "1" { "FROZEN" } else { "THAWED" }.to_string())
 }
@@ -968,17 +827,9 @@ fn pod_with_counter_before_ghost(prefix: &str) -> (Pod, String, String) {
     let mut ghosts = Vec::new();
     let mut pair = None;
     for i in 0..16 {
-        counters.push(pod.create(&container_config(
-            &format!("counter{i}"),
-            &["counter", "--port", "8080"],
-        )));
+        counters.push(pod.create(&container_config(&format!("counter{i}"), &["counter", "--port", "8080"])));
         ghosts.push(pod.create(&ghost_config(&format!("ghost{i}"))));
-        pair = counters.iter().find_map(|c| {
-            ghosts
-                .iter()
-                .find(|g| c < *g)
-                .map(|g| (c.clone(), g.clone()))
-        });
+        pair = counters.iter().find_map(|c| ghosts.iter().find(|g| c < *g).map(|g| (c.clone(), g.clone())));
         if pair.is_some() {
             break;
         }
@@ -993,22 +844,10 @@ fn pod_with_counter_before_ghost(prefix: &str) -> (Pod, String, String) {
     crictl_ok(&["start", &ghost]);
     wait_container_state(&counter, "CONTAINER_RUNNING");
     wait_container_state(&ghost, "CONTAINER_RUNNING");
-    let log = pod.log_dir.join(format!(
-        "{}.log",
-        inspect_container(&ghost)["status"]["metadata"]["name"]
-            .as_str()
-            .unwrap_or("ghost0")
-    ));
-    wait_for(
-        "the ghost container to hold its deleted file",
-        LIVENESS,
-        || {
-            std::fs::read_to_string(&log)
-                .ok()
-                .filter(|t| t.contains("holding"))
-                .map(|_| ())
-        },
-    );
+    let log = pod.log_dir.join(format!("{}.log", inspect_container(&ghost)["status"]["metadata"]["name"].as_str().unwrap_or("ghost0")));
+    wait_for("the ghost container to hold its deleted file", LIVENESS, || {
+        std::fs::read_to_string(&log).ok().filter(|t| t.contains("holding")).map(|_| ())
+    });
     (pod, counter, ghost)
 }
 
@@ -1027,55 +866,24 @@ fn failed_checkpoint_rolls_back() {
     let ghost_pid = init_pid(&ghost);
 
     let out = torporctl(&["suspend", a.shim()]);
-    assert!(
-        !out.success(),
-        "the suspend must fail (CRIU cannot dump the ghost file): {out}"
-    );
-    assert!(
-        out.stderr.contains("ghost file"),
-        "the error quotes CRIU's reason: {out}"
-    );
+    assert!(!out.success(), "the suspend must fail (CRIU cannot dump the ghost file): {out}");
+    assert!(out.stderr.contains("ghost file"), "the error quotes CRIU's reason: {out}");
     let st = a.status();
-    assert_eq!(
-        st["state"],
-        "RUNNING",
-        "{st}\n{}",
-        a.diagnostics(&[&ghost])
-    );
+    assert_eq!(st["state"], "RUNNING", "{st}\n{}", a.diagnostics(&[&ghost]));
     assert_eq!(st["generation"], 0, "a failed suspend does not count: {st}");
-    assert!(
-        st["last_error"]
-            .as_str()
-            .is_some_and(|e| e.contains("ghost file")),
-        "last_error says why: {st}"
-    );
+    assert!(st["last_error"].as_str().is_some_and(|e| e.contains("ghost file")), "last_error says why: {st}");
     for c in [&counter, &ghost] {
         assert_eq!(container_state(c), "CONTAINER_RUNNING", "{c}");
     }
     // The counter was dumped (its process ended) and restored with its state.
-    wait_for(
-        "the dumped counter's old process to be gone",
-        LIVENESS,
-        || (!pid_alive_in(counter_pid, &counter)).then_some(()),
-    );
+    wait_for("the dumped counter's old process to be gone", LIVENESS, || (!pid_alive_in(counter_pid, &counter)).then_some(()));
     assert_eq!(a.inc(), 3, "the counter came back with its value");
     let pids = container_processes(&counter, "/actor counter");
     assert_eq!(pids.len(), 1, "one restored counter process: {pids:?}");
-    assert_eq!(
-        freezer_state(pids[0]).as_deref(),
-        Some("THAWED"),
-        "restored counter"
-    );
+    assert_eq!(freezer_state(pids[0]).as_deref(), Some("THAWED"), "restored counter");
     // The ghost container was never stopped, and it is thawed.
-    assert!(
-        pid_alive_in(ghost_pid, &ghost),
-        "the ghost container's process survives"
-    );
-    assert_eq!(
-        freezer_state(ghost_pid).as_deref(),
-        Some("THAWED"),
-        "ghost container"
-    );
+    assert!(pid_alive_in(ghost_pid, &ghost), "the ghost container's process survives");
+    assert_eq!(freezer_state(ghost_pid).as_deref(), Some("THAWED"), "ghost container");
     // Nothing of the failed suspend reached the snapshot store (its
     // staging was aborted), and no CRIU work files are left.
     let snaps = store_snapshots(&default_actor(&a.pod.name));
@@ -1086,10 +894,7 @@ fn failed_checkpoint_rolls_back() {
     // The restored counter is a proper container process: stop reports its exit.
     crictl_ok(&["stop", "-t", "60", &counter]);
     let (code, reason) = wait_exited(&counter);
-    assert_eq!(
-        code, 0,
-        "the restored counter exits 0 on SIGTERM ({reason})"
-    );
+    assert_eq!(code, 0, "the restored counter exits 0 on SIGTERM ({reason})");
 }
 
 /// A suspend of a FROZEN actor that fails part-way must leave a record that
@@ -1110,22 +915,12 @@ fn failed_suspend_of_frozen_actor_is_consistent() {
     // frozen counter's accept queue makes CRIU fail on the counter instead,
     // see suspend_of_frozen_actor_with_pending_connection)
     let counter_pid = init_pid(&counter);
-    assert_eq!(
-        freezer_state(counter_pid).as_deref(),
-        Some("FROZEN"),
-        "counter"
-    );
+    assert_eq!(freezer_state(counter_pid).as_deref(), Some("FROZEN"), "counter");
     assert_eq!(freezer_state(ghost_pid).as_deref(), Some("FROZEN"), "ghost");
 
     let out = torporctl(&["suspend", a.shim()]);
-    assert!(
-        !out.success(),
-        "the suspend must fail (CRIU cannot dump the ghost file): {out}"
-    );
-    assert!(
-        out.stderr.contains("ghost file"),
-        "it fails on the ghost container: {out}"
-    );
+    assert!(!out.success(), "the suspend must fail (CRIU cannot dump the ghost file): {out}");
+    assert!(out.stderr.contains("ghost file"), "it fails on the ghost container: {out}");
     // Whatever the record says, the rollback must not lose a container.
     for c in [&counter, &ghost] {
         let v = inspect_container(c);
@@ -1166,11 +961,7 @@ fn failed_suspend_of_frozen_actor_is_consistent() {
             );
         }
         "RUNNING" => {
-            assert_eq!(
-                answer.as_deref(),
-                Some("1"),
-                "RUNNING, so the counter answers; {st}"
-            );
+            assert_eq!(answer.as_deref(), Some("1"), "RUNNING, so the counter answers; {st}");
         }
         other => panic!("state {other} after a failed suspend of a FROZEN actor: {st}"),
     }
@@ -1187,67 +978,40 @@ fn failed_suspend_of_frozen_actor_is_consistent() {
 fn two_containers_suspend_as_one() {
     torpor_only();
     let a = actor("susp-two", &[]);
-    let logs = a
-        .pod
-        .start_actor("logs", &["logs", "--lines", "0", "--interval-ms", "50"]);
+    let logs = a.pod.start_actor("logs", &["logs", "--lines", "0", "--interval-ms", "50"]);
     wait_container_state(&logs, "CONTAINER_RUNNING");
     let log_file = a.pod.log_dir.join("logs.log");
     let line_numbers = || -> Vec<u64> {
         let text = std::fs::read_to_string(&log_file).unwrap_or_default();
-        text.lines()
-            .filter_map(|l| l.split(" line ").nth(1))
-            .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
-            .collect()
+        text.lines().filter_map(|l| l.split(" line ").nth(1)).filter_map(|rest| rest.split_whitespace().next()?.parse().ok()).collect()
     };
-    wait_for("the logs container to print", LIVENESS, || {
-        (line_numbers().len() >= 5).then_some(())
-    });
+    wait_for("the logs container to print", LIVENESS, || (line_numbers().len() >= 5).then_some(()));
     assert_eq!(a.inc(), 1);
 
     let st = a.op("suspend");
     assert_eq!(st["state"], "SUSPENDED", "{st}");
-    let members: BTreeSet<&str> = st["containers"]
-        .as_array()
-        .map(|c| c.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    assert_eq!(
-        members,
-        BTreeSet::from([a.container.as_str(), logs.as_str()]),
-        "the actor is both app containers (not the sandbox): {st}"
-    );
+    let members: BTreeSet<&str> = st["containers"].as_array().map(|c| c.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+    assert_eq!(members, BTreeSet::from([a.container.as_str(), logs.as_str()]), "the actor is both app containers (not the sandbox): {st}");
     for c in [&a.container, &logs] {
         assert_eq!(container_state(c), "CONTAINER_RUNNING", "{c}");
-        assert!(
-            container_processes(c, "/actor").is_empty(),
-            "no process of {c} while suspended"
-        );
+        assert!(container_processes(c, "/actor").is_empty(), "no process of {c} while suspended");
     }
     let printed = line_numbers().len();
 
     let st = a.op("resume");
     assert_eq!(st["state"], "RUNNING", "{st}");
     assert_eq!(a.inc(), 2, "counter intact");
-    wait_for(
-        "the logs container to print again after the resume",
-        LIVENESS,
-        || (line_numbers().len() >= printed + 5).then_some(()),
-    );
+    wait_for("the logs container to print again after the resume", LIVENESS, || (line_numbers().len() >= printed + 5).then_some(()));
 
     // Stop it (its output drains) and check no line went missing or twice.
     crictl_ok(&["stop", "-t", "60", &logs]);
     let (code, reason) = wait_exited(&logs);
-    assert_eq!(
-        code, 0,
-        "the restored logs process exits 0 on SIGTERM ({reason})"
-    );
+    assert_eq!(code, 0, "the restored logs process exits 0 on SIGTERM ({reason})");
     let mut nums = line_numbers();
     nums.sort();
     let n = nums.len() as u64;
     let expected: Vec<u64> = (1..=n).collect();
-    assert_eq!(
-        nums, expected,
-        "lines 1..{n} each exactly once in the container log across suspend/resume"
-    );
+    assert_eq!(nums, expected, "lines 1..{n} each exactly once in the container log across suspend/resume");
 }
 
 /// FROZEN -> SUSPENDED (the freeze-first path of the design) while a client
@@ -1265,11 +1029,7 @@ fn suspend_of_frozen_actor_with_pending_connection() {
     let held = connect_with_retry(&a.addr());
 
     let out = torporctl(&["suspend", a.shim()]);
-    assert!(
-        out.success(),
-        "suspend of a FROZEN actor with a connection in its accept queue failed: {out}\n{}",
-        a.diagnostics(&[])
-    );
+    assert!(out.success(), "suspend of a FROZEN actor with a connection in its accept queue failed: {out}\n{}", a.diagnostics(&[]));
     assert_eq!(a.state(), "SUSPENDED");
     a.op("resume");
     assert_eq!(a.state(), "RUNNING");
@@ -1316,10 +1076,7 @@ fn failed_restore_mid_pod_is_undone_and_stays_wakeable() {
     assert!(out.stderr.contains("restore-fails"), "the error names the failed restore: {out}");
     let st = a.status();
     assert_eq!(st["state"], "SUSPENDED", "a failed restore leaves the actor SUSPENDED: {st}");
-    assert!(
-        st["last_error"].as_str().unwrap_or_default().contains("restore-fails"),
-        "last_error says why: {st}"
-    );
+    assert!(st["last_error"].as_str().unwrap_or_default().contains("restore-fails"), "last_error says why: {st}");
     for c in [&a.container, &logs] {
         assert!(
             container_processes(c, "/actor").is_empty(),
@@ -1329,23 +1086,16 @@ fn failed_restore_mid_pod_is_undone_and_stays_wakeable() {
     }
     // Not deaf: the port is held again, and a connection is a wake-up
     // (which fails too, backed off, while the fault lasts).
-    let held = std::net::TcpStream::connect_timeout(
-        &a.addr().parse().expect("counter address"),
-        Duration::from_secs(5),
-    );
+    let held = std::net::TcpStream::connect_timeout(&a.addr().parse().expect("counter address"), Duration::from_secs(5));
     assert!(held.is_ok(), "the actor's port is held again after the failed restore: {held:?}");
     drop(held);
-    wait_for("the wake-up on the held port to fail and back off", LIVENESS, || {
-        (a.state() == "SUSPENDED").then_some(())
-    });
+    wait_for("the wake-up on the held port to fail and back off", LIVENESS, || (a.state() == "SUSPENDED").then_some(()));
 
     drop(armed);
     assert_eq!(a.inc(), 2, "the next connection resumes the actor with its state");
     assert_eq!(a.state(), "RUNNING");
     assert!(a.status()["last_error"].is_null(), "a successful resume clears last_error");
-    wait_for("the logs container to run again", LIVENESS, || {
-        (!container_processes(&logs, "/actor").is_empty()).then_some(())
-    });
+    wait_for("the logs container to run again", LIVENESS, || (!container_processes(&logs, "/actor").is_empty()).then_some(()));
 }
 
 /// Issue 14 #9: with `torpor.dev/on-restore-failure: cold-start`, a restore
@@ -1388,10 +1138,7 @@ fn full_disk_at_the_suspended_save_still_commits_and_wakes() {
     let st = a.op("suspend");
     drop(armed);
     assert_eq!(st["state"], "SUSPENDED", "{st}");
-    assert!(
-        st["last_error"].as_str().unwrap_or_default().contains("could not be saved"),
-        "the failed save is reported: {st}"
-    );
+    assert!(st["last_error"].as_str().unwrap_or_default().contains("could not be saved"), "the failed save is reported: {st}");
     assert!(container_processes(&a.container, "/actor").is_empty(), "the actor is dumped");
     let committed = wait_for("the dump to be committed despite the failed save", LIVENESS, || {
         let st = a.status();
@@ -1563,7 +1310,8 @@ fn memory_two_containers_share_stays_shared() {
 #[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn a_fifo_between_two_containers_survives_suspend() {
     torpor_only();
-    let (a, side) = app_and_sidecar("susp-fifo", &["counter", "--port", "8081", "--fifo-write", "/shared/pipe"], &["--fifo-read", "/shared/pipe"]);
+    let (a, side) =
+        app_and_sidecar("susp-fifo", &["counter", "--port", "8081", "--fifo-write", "/shared/pipe"], &["--fifo-read", "/shared/pipe"]);
     let side_addr = format!("{}:8081", a.ip);
     assert_eq!(counter_cmd(&side_addr, "fifo send"), "sent 1");
     assert_eq!(a.cmd("fifo read"), "msg 1");
@@ -1691,7 +1439,10 @@ fn the_deferred_prefetch_brings_every_page() {
     let logs: Vec<PathBuf> = files_below(&work).into_iter().filter(|p| p.file_name().is_some_and(|n| n == "lazy-pages.log")).collect();
     assert_eq!(logs.len(), 1, "one lazy-pages log of the resume: {logs:?}");
     let log = std::fs::read_to_string(&logs[0]).unwrap_or_default();
-    let delayed = log.lines().find(|l| l.contains("Background transfer in ")).unwrap_or_else(|| panic!("{:?}: the daemon did not delay its background transfer:\n{log}", logs[0]));
+    let delayed = log
+        .lines()
+        .find(|l| l.contains("Background transfer in "))
+        .unwrap_or_else(|| panic!("{:?}: the daemon did not delay its background transfer:\n{log}", logs[0]));
     assert!(delayed.contains("Background transfer in 1000 ms"), "the shim's default delay: {delayed}");
     let (started, ended) = (log.find("Background transfer starts"), log.rfind("Background transfer starts"));
     assert!(started.is_some() && started == ended, "{:?}: the background transfer starts once:\n{log}", logs[0]);

@@ -139,7 +139,9 @@ fn an_app_and_its_sidecar_move_to_node_b_with_their_unix_connection() {
     let shared = pod.dir().join("shared");
     std::fs::create_dir_all(&shared).unwrap();
     pod.start_config(&sidecar(&shared));
-    let app = |shared: &std::path::Path| counter(8, &seed).extra_args(&["--peer", "/shared/peer.sock"]).mount(&shared.to_string_lossy(), "/shared");
+    let app = |shared: &std::path::Path| {
+        counter(8, &seed).extra_args(&["--peer", "/shared/peer.sock"]).mount(&shared.to_string_lossy(), "/shared")
+    };
     let c = app(&shared).start(pod);
     assert_eq!(c.cmd("peer"), "pong 1");
     c.inc_from(0, 3);

@@ -92,7 +92,9 @@ fn pids(procs: &[(u32, String, String)]) -> BTreeSet<u32> {
 /// rows, unaligned and tuples only (`-XAtq`). Must succeed.
 #[track_caller]
 fn psql(ns: &Namespace, pod: &str, sql: &str) -> String {
-    exec(ns, pod, &["psql", "-h", "/tmp", "-U", "postgres", "-d", "postgres", "-XAtq", "-v", "ON_ERROR_STOP=1", "-c", sql]).trim().to_string()
+    exec(ns, pod, &["psql", "-h", "/tmp", "-U", "postgres", "-d", "postgres", "-XAtq", "-v", "ON_ERROR_STOP=1", "-c", sql])
+        .trim()
+        .to_string()
 }
 
 /// Waits until the server takes queries (a new postmaster recovers first).
@@ -180,7 +182,11 @@ fn postgres(suspend: bool) {
     wait_restarted(&ns, pod, 1);
     wait_psql(&ns, pod);
     assert_ne!(psql(&ns, pod, "select pg_postmaster_start_time()"), started, "a new postmaster");
-    assert_eq!(psql(&ns, pod, "select count(*), sum(id), md5(string_agg(body, ',' order by id)) from notes"), sum, "committed rows survive the crash");
+    assert_eq!(
+        psql(&ns, pod, "select count(*), sum(id), md5(string_agg(body, ',' order by id)) from notes"),
+        sum,
+        "committed rows survive the crash"
+    );
     all_run_as(&processes(&ns, pod), "postgres", 5);
 
     // rows written before the suspend
@@ -188,7 +194,8 @@ fn postgres(suspend: bool) {
     let sum = psql(&ns, pod, "select count(*), sum(id), md5(string_agg(body, ',' order by id)) from notes");
     assert!(sum.starts_with("1500|"), "{sum}");
     let started = psql(&ns, pod, "select pg_postmaster_start_time()");
-    let commits_before: u64 = psql(&ns, pod, "select xact_commit from pg_stat_database where datname = 'postgres'").parse().expect("xact_commit");
+    let commits_before: u64 =
+        psql(&ns, pod, "select xact_commit from pg_stat_database where datname = 'postgres'").parse().expect("xact_commit");
     let procs = processes(&ns, pod);
     let shared = shared_kib(&ns, pod);
     let segments = sysv_segments(&ns, pod);
@@ -200,14 +207,21 @@ fn postgres(suspend: bool) {
         resume_by_annotation(&ns, pod);
     }
 
-    assert_eq!(psql(&ns, pod, "select count(*), sum(id), md5(string_agg(body, ',' order by id)) from notes"), sum, "rows written before the suspend");
+    assert_eq!(
+        psql(&ns, pod, "select count(*), sum(id), md5(string_agg(body, ',' order by id)) from notes"),
+        sum,
+        "rows written before the suspend"
+    );
     assert_eq!(psql(&ns, pod, "select pg_postmaster_start_time()"), started, "the same postmaster, restored");
-    let commits_after: u64 = psql(&ns, pod, "select xact_commit from pg_stat_database where datname = 'postgres'").parse().expect("xact_commit");
+    let commits_after: u64 =
+        psql(&ns, pod, "select xact_commit from pg_stat_database where datname = 'postgres'").parse().expect("xact_commit");
     assert!(commits_after >= commits_before, "statistics in shared memory kept: {commits_after} commits now, {commits_before} before");
     let after = processes(&ns, pod);
     assert_eq!(pids(&after), pids(&procs), "the same processes: {after:?} vs {procs:?}");
     assert_eq!(shared_kib(&ns, pod), shared, "the same shared mappings");
-    let attached = |v: &[(String, String, u64)]| v.iter().filter(|(_, _, n)| *n > 0).map(|(k, id, _)| (k.clone(), id.clone())).collect::<BTreeSet<_>>();
+    let attached = |v: &[(String, String, u64)]| {
+        v.iter().filter(|(_, _, n)| *n > 0).map(|(k, id, _)| (k.clone(), id.clone())).collect::<BTreeSet<_>>()
+    };
     let after = sysv_segments(&ns, pod);
     assert_eq!(attached(&after), attached(&segments), "the same SysV segments, attached again: {after:?} vs {segments:?}");
     psql(&ns, pod, "insert into notes values (1501, 'after the resume')");
@@ -262,10 +276,7 @@ fn redis(suspend: bool) {
     let id = client.cmd(&["CLIENT", "ID"]);
     assert!(matches!(id, Resp::Int(_)), "{id:?}");
     let mut subscriber = Redis::connect(&addr);
-    assert_eq!(
-        subscriber.cmd(&["SUBSCRIBE", "news"]),
-        Resp::Array(Some(vec![bulk("subscribe"), bulk("news"), Resp::Int(1)]))
-    );
+    assert_eq!(subscriber.cmd(&["SUBSCRIBE", "news"]), Resp::Array(Some(vec![bulk("subscribe"), bulk("news"), Resp::Int(1)])));
 
     if suspend {
         suspend_by_annotation(&ns, pod);
@@ -306,16 +317,18 @@ fn run_id(client: &mut Redis) -> String {
         Resp::Bulk(Some(text)) => text,
         other => panic!("INFO server: {other:?}"),
     };
-    info.lines()
-        .find_map(|l| l.strip_prefix("run_id:"))
-        .unwrap_or_else(|| panic!("no run_id in INFO server: {info}"))
-        .trim()
-        .to_string()
+    info.lines().find_map(|l| l.strip_prefix("run_id:")).unwrap_or_else(|| panic!("no run_id in INFO server: {info}")).trim().to_string()
 }
 
 /// The torpor annotations on the pod (the agent's among them).
 fn torpor_annotations(p: &Value) -> BTreeSet<String> {
-    p["metadata"]["annotations"].as_object().into_iter().flatten().map(|(k, _)| k.clone()).filter(|k| k.starts_with("torpor.dev/")).collect()
+    p["metadata"]["annotations"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, _)| k.clone())
+        .filter(|k| k.starts_with("torpor.dev/"))
+        .collect()
 }
 
 /// Issue 37, item 3, through kubelet: a non-root container (Redis, uid

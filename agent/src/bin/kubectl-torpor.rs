@@ -156,7 +156,12 @@ async fn run(cli: Cli) -> Result<(), Error> {
         );
         return Ok(());
     }
-    let mut sel = Selection { names: Vec::new(), namespace: cli.namespace.clone(), all_namespaces: cli.all_namespaces, selector: cli.selector.clone() };
+    let mut sel = Selection {
+        names: Vec::new(),
+        namespace: cli.namespace.clone(),
+        all_namespaces: cli.all_namespaces,
+        selector: cli.selector.clone(),
+    };
     let (change, names, snapshots) = match &cli.command {
         Command::Status { pods } => (None, pods.clone(), false),
         Command::Snapshots { pods } => (None, pods.clone(), true),

@@ -12,7 +12,11 @@ use torpor_agent::resize::Floors;
 use torpor_agent::Error;
 
 #[derive(Parser)]
-#[command(name = "torpor-agent", version, about = "Suspend and resume this node's torpor pods from their torpor.dev/desired-state annotation")]
+#[command(
+    name = "torpor-agent",
+    version,
+    about = "Suspend and resume this node's torpor pods from their torpor.dev/desired-state annotation"
+)]
 struct Cli {
     /// This node's name (from the downward API: spec.nodeName).
     #[arg(long, env = "NODE_NAME", default_value = "")]
@@ -108,13 +112,13 @@ fn run(cli: Cli) -> Result<(), Error> {
         true => Some(Floors::new(&cli.cpu_floor, &cli.memory_floor).map_err(Error::Usage)?),
         false => None,
     };
-    let metrics_address = match cli.metrics_address.trim() {
-        "" => None,
-        a => Some(
-            a.parse::<std::net::SocketAddr>()
-                .map_err(|e| Error::Usage(format!("--metrics-address (TORPOR_AGENT_METRICS_ADDRESS) {a:?}: not an address and port: {e}")))?,
-        ),
-    };
+    let metrics_address =
+        match cli.metrics_address.trim() {
+            "" => None,
+            a => Some(a.parse::<std::net::SocketAddr>().map_err(|e| {
+                Error::Usage(format!("--metrics-address (TORPOR_AGENT_METRICS_ADDRESS) {a:?}: not an address and port: {e}"))
+            })?),
+        };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -122,7 +126,14 @@ fn run(cli: Cli) -> Result<(), Error> {
         .map_err(|source| Error::Io { what: "start the async runtime".into(), source })?;
     rt.block_on(async {
         let client = kube::Client::try_default().await.map_err(|e| Error::Config(e.to_string()))?;
-        let cfg = Config { node: cli.node, socket_dir: cli.socket_dir, resync: Duration::from_secs(cli.resync_s.max(1)), shrink, metrics_address, move_after: Duration::from_secs(cli.move_after_s) };
+        let cfg = Config {
+            node: cli.node,
+            socket_dir: cli.socket_dir,
+            resync: Duration::from_secs(cli.resync_s.max(1)),
+            shrink,
+            metrics_address,
+            move_after: Duration::from_secs(cli.move_after_s),
+        };
         agent::run(client, cfg).await
     })
 }

@@ -47,8 +47,7 @@ impl Claim {
     /// holder if another process holds it.
     pub fn take_in(dir: &Path, actor: &str, shim: &str) -> Result<Claim> {
         std::fs::create_dir_all(dir).io_context(|| format!("create {dir:?}"))?;
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-            .io_context(|| format!("chmod 0700 {dir:?}"))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).io_context(|| format!("chmod 0700 {dir:?}"))?;
         let path = claim_path(dir, actor);
         // The file can be unlinked by its holder between our open and our
         // lock: then the lock is on a file nobody else finds; retry.

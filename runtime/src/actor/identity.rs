@@ -20,13 +20,12 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use crate::actor::Store;
-use crate::error::{Error, Result};
-use crate::oci::spec::CRI_CONTAINER_NAME;
 use crate::actor::snapshots::Snapshots;
 use crate::actor::store_client::SnapshotRef;
+use crate::actor::Store;
+use crate::error::{Error, Result};
 use crate::oci::annotations::{RestoreSource, RESTORE_FROM};
-
+use crate::oci::spec::CRI_CONTAINER_NAME;
 
 /// Who an app container is, across pods and shims.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,11 +60,7 @@ impl std::fmt::Display for Identity {
 /// its checkout). A `clone_of` actor without any snapshot is an error
 /// naming the annotation. Whether the snapshot holds an image of the
 /// container (`<name>/`) is seen once it is checked out.
-pub async fn find_restorable(
-    store: &dyn Snapshots,
-    identity: &Identity,
-    clone_of: Option<&RestoreSource>,
-) -> Result<Option<SnapshotRef>> {
+pub async fn find_restorable(store: &dyn Snapshots, identity: &Identity, clone_of: Option<&RestoreSource>) -> Result<Option<SnapshotRef>> {
     if let Some(own) = store.latest(&identity.actor).await? {
         return Ok(Some(own));
     }

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, IoContext, Result};
 use crate::actor::store_client::{SnapshotRef, Staging};
+use crate::error::{Error, IoContext, Result};
 
 /// Where torpor keeps node state (suspended images, actor records).
 pub const STATE_ROOT: &str = "/var/lib/torpor";
@@ -249,10 +249,7 @@ impl Record {
 
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// The on-disk home of one actor: `<root>/actors/<key>/`.
@@ -268,9 +265,7 @@ impl Store {
         if key.is_empty() || key.contains('/') || key == "." || key == ".." {
             return Err(Error::InvalidArgument(format!("actor key {key:?} is not a valid name")));
         }
-        Ok(Store {
-            dir: root.join("actors").join(key),
-        })
+        Ok(Store { dir: root.join("actors").join(key) })
     }
 
     pub fn dir(&self) -> &Path {
@@ -306,10 +301,7 @@ impl Store {
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = self.dir.join(format!(".actor.json.{}.{seq}.tmp", std::process::id()));
-        let json = serde_json::to_vec_pretty(rec).map_err(|source| Error::Json {
-            context: "encode actor record".into(),
-            source,
-        })?;
+        let json = serde_json::to_vec_pretty(rec).map_err(|source| Error::Json { context: "encode actor record".into(), source })?;
         let written = (|| {
             let mut f = File::create(&tmp).io_context(|| format!("create {tmp:?}"))?;
             f.write_all(&json).io_context(|| format!("write {tmp:?}"))?;
@@ -327,15 +319,9 @@ impl Store {
     pub fn load(&self) -> Result<Option<Record>> {
         let p = self.record_path();
         match fs::read(&p) {
-            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|source| Error::Json {
-                context: format!("parse {p:?}"),
-                source,
-            }),
+            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|source| Error::Json { context: format!("parse {p:?}"), source }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(Error::Io {
-                context: format!("read {p:?}"),
-                source: e,
-            }),
+            Err(e) => Err(Error::Io { context: format!("read {p:?}"), source: e }),
         }
     }
 
@@ -352,10 +338,7 @@ impl Store {
     pub fn remove(&self) -> Result<()> {
         crate::system::mounts::detach_under(&self.dir);
         match fs::remove_dir_all(&self.dir) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Io {
-                context: format!("remove {:?}", self.dir),
-                source: e,
-            }),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::Io { context: format!("remove {:?}", self.dir), source: e }),
             _ => Ok(()),
         }
     }
@@ -363,9 +346,7 @@ impl Store {
 
 /// fsync of a directory (after a rename or a create in it).
 pub fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .io_context(|| format!("fsync {dir:?}"))
+    File::open(dir).and_then(|d| d.sync_all()).io_context(|| format!("fsync {dir:?}"))
 }
 
 #[cfg(test)]

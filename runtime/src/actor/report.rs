@@ -144,9 +144,10 @@ pub fn reason(e: &Error) -> &'static str {
             StoreErrorKind::NotFound => "store_not_found",
             StoreErrorKind::Corrupt => "store_corrupt",
             StoreErrorKind::LeaseHeld | StoreErrorKind::LeaseLost => "lease",
-            StoreErrorKind::InvalidArgument | StoreErrorKind::FailedPrecondition | StoreErrorKind::Unimplemented | StoreErrorKind::Other => {
-                "store_refused"
-            }
+            StoreErrorKind::InvalidArgument
+            | StoreErrorKind::FailedPrecondition
+            | StoreErrorKind::Unimplemented
+            | StoreErrorKind::Other => "store_refused",
         },
         Error::Runc { .. } => "runc",
         Error::Io { .. } | Error::Sys { .. } => "io",
@@ -184,7 +185,12 @@ pub fn phase(name: &'static str) {
 /// the state it left (`record` reads the actor's record). An operation
 /// refused because the actor is not in a state it starts from (nothing
 /// was done) reports the state only.
-pub async fn operation<T>(store: &Arc<dyn Snapshots>, op: Op, record: impl Fn() -> Option<Record>, run: impl Future<Output = Result<T>>) -> Result<T> {
+pub async fn operation<T>(
+    store: &Arc<dyn Snapshots>,
+    op: Op,
+    record: impl Fn() -> Option<Record>,
+    run: impl Future<Output = Result<T>>,
+) -> Result<T> {
     reported(store, op, None, record, run).await
 }
 
@@ -370,7 +376,8 @@ mod tests {
 
     #[tokio::test]
     async fn an_unreachable_daemon_neither_blocks_nor_fails_the_operation() {
-        let store: Arc<dyn Snapshots> = Arc::new(crate::actor::store_client::SnapshotStore::at("/nonexistent/torpor-test/store.sock".into()));
+        let store: Arc<dyn Snapshots> =
+            Arc::new(crate::actor::store_client::SnapshotStore::at("/nonexistent/torpor-test/store.sock".into()));
         let before = DROPPED.load(Ordering::Relaxed);
         let mut rec = Record::new("ns/a".into());
         rec.state = Lifecycle::Suspended;

@@ -180,10 +180,7 @@ fn corrupt(root: &Path, why: String) -> Error {
 /// Opens `path` for reading without following a symlink in its last
 /// component, refusing anything but a regular file.
 fn open_regular(path: &Path) -> std::io::Result<File> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)?;
+    let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(path)?;
     if !f.metadata()?.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
@@ -191,12 +188,8 @@ fn open_regular(path: &Path) -> std::io::Result<File> {
 }
 
 fn relative(root: &Path, path: &Path) -> Result<String> {
-    let rel = path
-        .strip_prefix(root)
-        .map_err(|_| Error::FailedPrecondition(format!("{path:?} is outside {root:?}")))?;
-    rel.to_str()
-        .map(String::from)
-        .ok_or_else(|| Error::FailedPrecondition(format!("{path:?} is not UTF-8")))
+    let rel = path.strip_prefix(root).map_err(|_| Error::FailedPrecondition(format!("{path:?} is outside {root:?}")))?;
+    rel.to_str().map(String::from).ok_or_else(|| Error::FailedPrecondition(format!("{path:?} is not UTF-8")))
 }
 
 /// A sealed path must stay below the dump's root.

@@ -28,7 +28,13 @@ pub trait Snapshots: Send + Sync {
     /// A staging directory to dump a new snapshot into.
     async fn begin_staging(&self, actor: &str) -> Result<Staging>;
     /// The staging committed as the actor's newest snapshot.
-    async fn commit_staging(&self, actor: &str, staging: &Staging, labels: HashMap<String, String>, keep_local: Option<Duration>) -> Result<SnapshotRef>;
+    async fn commit_staging(
+        &self,
+        actor: &str,
+        staging: &Staging,
+        labels: HashMap<String, String>,
+        keep_local: Option<Duration>,
+    ) -> Result<SnapshotRef>;
     /// The staging dropped; logged.
     async fn abort_logged(&self, staging: &Staging);
     /// A view of a staging not committed yet, as the checkout of `snap`.
@@ -64,7 +70,13 @@ impl Snapshots for SnapshotStore {
     async fn begin_staging(&self, actor: &str) -> Result<Staging> {
         SnapshotStore::begin_staging(self, actor).await
     }
-    async fn commit_staging(&self, actor: &str, staging: &Staging, labels: HashMap<String, String>, keep_local: Option<Duration>) -> Result<SnapshotRef> {
+    async fn commit_staging(
+        &self,
+        actor: &str,
+        staging: &Staging,
+        labels: HashMap<String, String>,
+        keep_local: Option<Duration>,
+    ) -> Result<SnapshotRef> {
         SnapshotStore::commit_staging(self, actor, staging, labels, keep_local).await
     }
     async fn abort_logged(&self, staging: &Staging) {

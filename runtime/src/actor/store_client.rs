@@ -135,9 +135,9 @@ impl SnapshotStore {
                 format!("the snapshot store socket {} does not exist: is torpor-snapshotter running?", socket.display()),
             ));
         }
-        let c = ttrpc::asynchronous::Client::connect(&format!("unix://{}", socket.display()))
-            .await
-            .map_err(|e| Error::store(StoreErrorKind::Unavailable, format!("connect to the snapshot store at {}: {e}", socket.display())))?;
+        let c = ttrpc::asynchronous::Client::connect(&format!("unix://{}", socket.display())).await.map_err(|e| {
+            Error::store(StoreErrorKind::Unavailable, format!("connect to the snapshot store at {}: {e}", socket.display()))
+        })?;
         let client = api::StoreClient::new(c);
         *self.client.lock().unwrap_or_else(|p| p.into_inner()) = Some(client.clone());
         Ok(client)
@@ -198,12 +198,7 @@ impl SnapshotStore {
         Ok(Staging { id: r.staging_id, path: PathBuf::from(r.path) })
     }
 
-    pub async fn commit(
-        &self,
-        staging: &Staging,
-        labels: HashMap<String, String>,
-        keep_local: Option<Duration>,
-    ) -> Result<SnapshotRef> {
+    pub async fn commit(&self, staging: &Staging, labels: HashMap<String, String>, keep_local: Option<Duration>) -> Result<SnapshotRef> {
         let mut req = api::CommitRequest::new();
         req.staging_id = staging.id.clone();
         req.labels = labels;
@@ -354,9 +349,7 @@ impl SnapshotStore {
 impl SnapshotStore {
     /// A staging directory for a new snapshot of `actor`.
     pub async fn begin_staging(&self, actor: &str) -> Result<Staging> {
-        self.begin(actor)
-            .await
-            .map_err(|e| e.context(&format!("suspend of actor {actor}: no staging directory in the snapshot store")))
+        self.begin(actor).await.map_err(|e| e.context(&format!("suspend of actor {actor}: no staging directory in the snapshot store")))
     }
 
     /// Commits a suspend's staging directory. A staging the store no
@@ -433,7 +426,12 @@ impl SnapshotStore {
 
     /// Releases a checkout lease; logged, never fails.
     pub async fn release_logged(&self, lease: &str) {
-        let co = Checkout { snapshot: SnapshotRef { actor: String::new(), generation: 0 }, path: PathBuf::new(), page_server: None, lease: lease.to_string() };
+        let co = Checkout {
+            snapshot: SnapshotRef { actor: String::new(), generation: 0 },
+            path: PathBuf::new(),
+            page_server: None,
+            lease: lease.to_string(),
+        };
         match self.release(&co).await {
             Ok(()) => {}
             Err(e) if e.is_store(StoreErrorKind::NotFound) => {}

@@ -170,9 +170,9 @@ impl Actor {
         let started = std::time::Instant::now();
         // From a streamed checkout: its memory is served while it arrives.
         let hold = adopted.as_ref().is_some_and(|a| a.checkout.page_server.is_some()).then(ExitHold::default);
-        let streamed = adopted
-            .as_ref()
-            .and_then(|a| a.checkout.page_server.as_deref().zip(hold.as_ref()).map(|(socket, hold)| PageSource { socket, lease: &a.checkout.lease, hold }));
+        let streamed = adopted.as_ref().and_then(|a| {
+            a.checkout.page_server.as_deref().zip(hold.as_ref()).map(|(socket, hold)| PageSource { socket, lease: &a.checkout.lease, hold })
+        });
         let work = criu_work(bundle_dir);
         // The pid, and whether a lazy-pages daemon goes on reading the checkout.
         let restored = match self.link_fds_of_image(id, image) {
@@ -235,7 +235,15 @@ impl Actor {
     /// `hold` is the streamed restore's (see [`PageSource::hold`]);
     /// `served_lazily`: a lazy-pages daemon still reads the checkout, which
     /// is released once it is done.
-    pub(crate) async fn recovered(&self, id: &str, adopted: &Adopted, pending: bool, ms: u64, hold: Option<ExitHold>, served_lazily: bool) -> Result<()> {
+    pub(crate) async fn recovered(
+        &self,
+        id: &str,
+        adopted: &Adopted,
+        pending: bool,
+        ms: u64,
+        hold: Option<ExitHold>,
+        served_lazily: bool,
+    ) -> Result<()> {
         let streamed = hold.is_some();
         let release_now = !streamed && !served_lazily;
         if release_now {

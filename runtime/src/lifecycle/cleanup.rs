@@ -124,7 +124,11 @@ pub(super) async fn settle(snaps: &dyn Snapshots, store: &Store, mut rec: Record
             false
         }
         Lifecycle::Suspending => {
-            warn!(actor = rec.actor.as_str(), generation = rec.generation, "the shim died during a suspend, before every dump completed: nothing to commit, the actor's containers were killed");
+            warn!(
+                actor = rec.actor.as_str(),
+                generation = rec.generation,
+                "the shim died during a suspend, before every dump completed: nothing to commit, the actor's containers were killed"
+            );
             if let Some(st) = &rec.staging {
                 snaps.abort_logged(&st.to_staging()).await;
             }
@@ -143,8 +147,13 @@ pub(super) async fn settle(snaps: &dyn Snapshots, store: &Store, mut rec: Record
                         rec.last_error = Some("the shim died before its suspend was committed: committed by the cleanup".into());
                     }
                     Err(e) => {
-                        warn!(actor = rec.actor.as_str(), staging = st.id.as_str(), "the shim died before its suspend was committed, and the commit by the cleanup failed: {e}");
-                        rec.last_error = Some(format!("the shim died before its suspend was committed; the commit by the cleanup failed: {e}"));
+                        warn!(
+                            actor = rec.actor.as_str(),
+                            staging = st.id.as_str(),
+                            "the shim died before its suspend was committed, and the commit by the cleanup failed: {e}"
+                        );
+                        rec.last_error =
+                            Some(format!("the shim died before its suspend was committed; the commit by the cleanup failed: {e}"));
                     }
                 }
                 true
@@ -188,15 +197,9 @@ impl CleanupLock {
         let dir = root.join("locks");
         std::fs::create_dir_all(&dir).io_context(|| format!("create {dir:?}"))?;
         let path = dir.join(format!("{shim}.lock"));
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .io_context(|| format!("open {path:?}"))?;
-        let lock = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| e)
-            .io_context(|| format!("lock {path:?}"))?;
+        let f = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).io_context(|| format!("open {path:?}"))?;
+        let lock =
+            nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| e).io_context(|| format!("lock {path:?}"))?;
         Ok(CleanupLock { path, _lock: lock })
     }
 }

@@ -142,9 +142,10 @@ impl Actor {
         };
         t.mark("begin_staging");
         let persisted = self.update(|r| {
-            r.generation = r.generation.checked_add(1).ok_or_else(|| {
-                Error::FailedPrecondition(format!("actor {}: generation {} cannot grow", r.actor, r.generation))
-            })?;
+            r.generation = r
+                .generation
+                .checked_add(1)
+                .ok_or_else(|| Error::FailedPrecondition(format!("actor {}: generation {} cannot grow", r.actor, r.generation)))?;
             r.state = Lifecycle::Suspending;
             r.containers = ids.to_vec();
             r.staging = Some(StagingRecord { id: staging.id.clone(), path: staging.path.clone() });
@@ -168,7 +169,16 @@ impl Actor {
     /// the actor is `was` again (an actor of the freeze `tier` thawed and
     /// RUNNING), with the reason.
     #[allow(clippy::too_many_arguments)]
-    async fn dump_into(&self, dir: &record::Store, rec: &Record, staging: &Staging, netns: Option<&Path>, was: Lifecycle, tier: bool, t: &mut Timing) -> Result<Vec<TcpConnection>> {
+    async fn dump_into(
+        &self,
+        dir: &record::Store,
+        rec: &Record,
+        staging: &Staging,
+        netns: Option<&Path>,
+        was: Lifecycle,
+        tier: bool,
+        t: &mut Timing,
+    ) -> Result<Vec<TcpConnection>> {
         let images: Vec<(String, PathBuf)> = rec.containers.iter().map(|id| (id.clone(), staging.path.join(name_of(rec, id)))).collect();
         // The fsync after the dump then waits for its last part only.
         let writeback = EarlyWriteback::start(&staging.path, writeback::EVERY);
@@ -267,7 +277,12 @@ impl Actor {
                     }
                     Err(e) => {
                         let lost = e.is_store(StoreErrorKind::NotFound);
-                        warn!(actor = actor.as_str(), staging = staging.id.as_str(), "commit of the suspend failed{}: {e}", if lost { "" } else { " (retrying)" });
+                        warn!(
+                            actor = actor.as_str(),
+                            staging = staging.id.as_str(),
+                            "commit of the suspend failed{}: {e}",
+                            if lost { "" } else { " (retrying)" }
+                        );
                         me.commit_settled(&staging, Err(&e));
                         let _ = tx.send(CommitState::Failed(e.to_string()));
                         if lost {
@@ -326,7 +341,15 @@ impl Actor {
     /// connections between them, found in the pod's `netns`); on a failure,
     /// bring back what was touched, to the state it had (`was_frozen`: paused).
     /// The TCP connections of the pod's netns the dumps kept.
-    async fn checkpoint_all(&self, dir: &record::Store, rec: &Record, netns: Option<&Path>, images: &[(String, PathBuf)], was_frozen: bool, t: &mut Timing) -> Result<Vec<TcpConnection>> {
+    async fn checkpoint_all(
+        &self,
+        dir: &record::Store,
+        rec: &Record,
+        netns: Option<&Path>,
+        images: &[(String, PathBuf)],
+        was_frozen: bool,
+        t: &mut Timing,
+    ) -> Result<Vec<TcpConnection>> {
         let generation = rec.generation;
         for (id, _) in images {
             if self.tasks.has_live_execs(id)? {
@@ -452,11 +475,17 @@ impl Actor {
     /// `network_locked`: the shim holds the pod's network lock.
     /// The container's own tmpfs mounts are archived by torpor, not CRIU
     /// ([`crate::system::tmpfs`]).
-    async fn dump_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path, mut external: Vec<String>, network_locked: bool) -> Result<()> {
+    async fn dump_one(
+        &self,
+        dir: &record::Store,
+        generation: u64,
+        id: &str,
+        image: &Path,
+        mut external: Vec<String>,
+        network_locked: bool,
+    ) -> Result<()> {
         let work = dir.work_dir(generation, id, "dump");
-        std::fs::create_dir_all(image)
-            .and_then(|_| std::fs::create_dir_all(&work))
-            .io_context(|| format!("create {image:?}"))?;
+        std::fs::create_dir_all(image).and_then(|_| std::fs::create_dir_all(&work)).io_context(|| format!("create {image:?}"))?;
         let info = self.tasks.app_info(id)?;
         let (pid, img, fresh) = (info.pid, image.to_path_buf(), self.tasks.fresh_tmpfs_mounts(id)?);
         let mounts = tokio::task::spawn_blocking(move || tmpfs::capture(pid, &img, &fresh))
@@ -545,7 +574,13 @@ async fn capture_rootfs(id: &str, upper: &Path, image: &Path, limits: crate::sys
         .await
         .map_err(|e| Error::Io { context: format!("capture the rootfs changes of {id}"), source: std::io::Error::other(e) })?
         .map_err(|e| Error::from(e).context(&format!("capture the rootfs changes of container {id}")))?;
-    info!(container = id, entries = stats.entries, bytes = stats.bytes, deletions = stats.deletions,
-        ms = started.elapsed().as_millis() as u64, "rootfs changes captured");
+    info!(
+        container = id,
+        entries = stats.entries,
+        bytes = stats.bytes,
+        deletions = stats.deletions,
+        ms = started.elapsed().as_millis() as u64,
+        "rootfs changes captured"
+    );
     Ok(())
 }

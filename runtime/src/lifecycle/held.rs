@@ -15,7 +15,6 @@ use crate::system::held_ports;
 use crate::system::netns::TcpConnection;
 use crate::system::sleeping_connections;
 
-
 impl Actor {
     /// Holds `ports` in `netns` for the suspended actor: a real connection
     /// wakes it ([`crate::trigger::activation`]).
@@ -85,7 +84,6 @@ impl Actor {
         let release = move |ns: PathBuf| async move { sleeping_connections::release(&ns, &tools).await };
         crate::system::netns::remove_rules_later(netns, "release the resumed actor's connections", async {}, release);
     }
-
 
     /// The pod network namespace and the TCP ports to hold while suspended:
     /// `torpor.dev/activate-on`, or what the actor listens on now.

@@ -40,7 +40,6 @@ const LINKS_VERSION: u32 = 1;
 /// More ends than this in one container is not a file torpor wrote.
 const MAX_ENDS: usize = 1024;
 
-
 #[derive(Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 struct LinksFile {
@@ -65,7 +64,12 @@ impl Actor {
     /// end held by the shim and written into its container's image
     /// directory. Returns each container's CRIU `external` resources. A pod
     /// of one container, or without a network namespace, has none.
-    pub(crate) async fn take_links(&self, rec: &Record, netns: Option<&Path>, images: &[(String, PathBuf)]) -> Result<HashMap<String, Vec<String>>> {
+    pub(crate) async fn take_links(
+        &self,
+        rec: &Record,
+        netns: Option<&Path>,
+        images: &[(String, PathBuf)],
+    ) -> Result<HashMap<String, Vec<String>>> {
         self.forget_links();
         let mut externals = HashMap::new();
         let Some(netns) = netns.filter(|_| images.len() >= 2).map(Path::to_path_buf) else { return Ok(externals) };
@@ -122,7 +126,12 @@ impl Actor {
                 Some(fd) => fd.clone(),
                 None => {
                     let (mine, theirs) = socket_pair(netns.as_deref(), e.seqpacket)?;
-                    debug!(container = name, inode = e.inode, peer = e.peer_container.as_str(), "a new connection for the restore (its peer end waits for its container)");
+                    debug!(
+                        container = name,
+                        inode = e.inode,
+                        peer = e.peer_container.as_str(),
+                        "a new connection for the restore (its peer end waits for its container)"
+                    );
                     held.insert((e.peer_container.clone(), e.peer_inode), Arc::new(theirs));
                     let mine = Arc::new(mine);
                     held.insert((name.to_string(), e.inode), mine.clone());
@@ -151,7 +160,12 @@ fn ends_of(links: &[UnixLink], name: &str) -> Vec<EndRecord> {
     for l in links {
         for (me, peer) in [(&l.ends[0], &l.ends[1]), (&l.ends[1], &l.ends[0])] {
             if me.container == name {
-                out.push(EndRecord { inode: me.inode, seqpacket: l.seqpacket, peer_container: peer.container.clone(), peer_inode: peer.inode });
+                out.push(EndRecord {
+                    inode: me.inode,
+                    seqpacket: l.seqpacket,
+                    peer_container: peer.container.clone(),
+                    peer_inode: peer.inode,
+                });
             }
         }
     }

@@ -106,6 +106,4 @@ impl Actor {
         lock(&self.claim).take();
         lock(&self.commit).take();
     }
-
-
 }

@@ -58,8 +58,8 @@ mod held;
 mod links;
 mod members;
 mod restore;
-mod state;
 pub mod resume;
+mod state;
 pub mod suspend;
 mod timing;
 

@@ -15,8 +15,8 @@ use crate::actor::record::{self, Lifecycle, Phase};
 use crate::error::{Error, IoContext, Result, StoreErrorKind};
 use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{lock, Actor};
-use crate::system::{criu_launcher, reaper};
 use crate::system::runc::{InheritFd, RestoreFrom};
+use crate::system::{criu_launcher, reaper};
 use crate::task::ExitHold;
 
 impl Actor {
@@ -47,7 +47,15 @@ impl Actor {
     /// the store's page server, and there is no full restore to fall back
     /// to (the page images are not all local yet): a failure is the
     /// resume's.
-    pub(crate) async fn restore_one(&self, dir: &record::Store, generation: u64, id: &str, image: &Path, pages: Option<PageSource<'_>>, t: &mut Timing) -> Result<i32> {
+    pub(crate) async fn restore_one(
+        &self,
+        dir: &record::Store,
+        generation: u64,
+        id: &str,
+        image: &Path,
+        pages: Option<PageSource<'_>>,
+        t: &mut Timing,
+    ) -> Result<i32> {
         let image = image.to_path_buf();
         let inherit = self.link_fds_of_image(id, &image)?;
         if let Some(pages) = pages {
@@ -68,7 +76,15 @@ impl Actor {
     /// (CRIU's work in `full_work`). Returns the pid and whether a daemon
     /// still reads `image`: it is done once the [`Actor::lazy`] handles
     /// are ([`Actor::release_when_served`]).
-    pub(crate) async fn restore_from_disk(&self, id: &str, image: &Path, lazy_work: &Path, full_work: &Path, inherit: Vec<InheritFd>, t: &mut Timing) -> Result<(i32, bool)> {
+    pub(crate) async fn restore_from_disk(
+        &self,
+        id: &str,
+        image: &Path,
+        lazy_work: &Path,
+        full_work: &Path,
+        inherit: Vec<InheritFd>,
+        t: &mut Timing,
+    ) -> Result<(i32, bool)> {
         if self.config.lazy_pages {
             // With the CRIU launcher in front, CRIU waits for the daemon to
             // listen, while runc prepares the restore; else it is waited
@@ -80,7 +96,13 @@ impl Actor {
             match started {
                 Ok(daemon) => {
                     let lazy_daemon = overlapped.then_some(daemon.pid);
-                    let from = RestoreFrom { image: image.to_path_buf(), work: lazy_work.to_path_buf(), lazy: true, lazy_daemon, inherit: inherit.clone() };
+                    let from = RestoreFrom {
+                        image: image.to_path_buf(),
+                        work: lazy_work.to_path_buf(),
+                        lazy: true,
+                        lazy_daemon,
+                        inherit: inherit.clone(),
+                    };
                     let restored = self.tasks.restore(id, &from).await;
                     t.mark("restore");
                     match restored {
@@ -125,7 +147,14 @@ impl Actor {
 
     /// `runc restore --lazy-pages` of container `id` from `image` of a
     /// streamed checkout (`pages`), CRIU's work in `work`.
-    pub(crate) async fn restore_streamed(&self, id: &str, image: &Path, work: &Path, pages: PageSource<'_>, inherit: Vec<InheritFd>) -> Result<i32> {
+    pub(crate) async fn restore_streamed(
+        &self,
+        id: &str,
+        image: &Path,
+        work: &Path,
+        pages: PageSource<'_>,
+        inherit: Vec<InheritFd>,
+    ) -> Result<i32> {
         let container_dir = image_name(image)?;
         // An init that dies of memory its stream failed to bring is not
         // reported as an exit before the stream's end says so.
@@ -175,8 +204,19 @@ impl Actor {
     /// the restore ended: its page server went away (CRIU's daemon does not
     /// outlive that), and the half-restored tasks would wait on their
     /// missing pages for ever, so they are killed and the restore fails.
-    async fn stop_streamed_restore(&self, id: &str, restore: impl std::future::Future<Output = Result<i32>>, pages: PageSource<'_>, work: &Path, status: i32) -> Error {
-        let why = format!("criu lazy-pages ended with status {status} during the restore (its page server {} went away; see {:?})", pages.socket.display(), work.join("lazy-pages.log"));
+    async fn stop_streamed_restore(
+        &self,
+        id: &str,
+        restore: impl std::future::Future<Output = Result<i32>>,
+        pages: PageSource<'_>,
+        work: &Path,
+        status: i32,
+    ) -> Error {
+        let why = format!(
+            "criu lazy-pages ended with status {status} during the restore (its page server {} went away; see {:?})",
+            pages.socket.display(),
+            work.join("lazy-pages.log")
+        );
         warn!(container = id, "{why}: the restore is stopped");
         if let Some(cg) = self.cgroup_of(id) {
             crate::system::cgroup::kill_cgroup(&cg).await;
@@ -201,9 +241,24 @@ impl Actor {
             let _hold = hold;
             match me.store.wait_stream(&lease).await {
                 Ok(done) => {
-                    info!(lease = lease.as_str(), ms = done.done_ms, ready_ms = done.ready_ms, first_page_ms = done.first_page_ms, bytes = done.fetched_bytes, chunks = done.chunks, pages_served = done.pages_served, pages_waited = done.pages_waited, working_set_chunks = done.working_set_chunks, "streamed checkout complete: the snapshot is local");
+                    info!(
+                        lease = lease.as_str(),
+                        ms = done.done_ms,
+                        ready_ms = done.ready_ms,
+                        first_page_ms = done.first_page_ms,
+                        bytes = done.fetched_bytes,
+                        chunks = done.chunks,
+                        pages_served = done.pages_served,
+                        pages_waited = done.pages_waited,
+                        working_set_chunks = done.working_set_chunks,
+                        "streamed checkout complete: the snapshot is local"
+                    );
                     let _ = me.update_if(|r| {
-                        for (name, ms) in [("stream.ready_at", done.ready_ms), ("stream.first_page_at", done.first_page_ms), ("stream.done_at", done.done_ms)] {
+                        for (name, ms) in [
+                            ("stream.ready_at", done.ready_ms),
+                            ("stream.first_page_at", done.first_page_ms),
+                            ("stream.done_at", done.done_ms),
+                        ] {
                             r.last_resume_phases.retain(|p| p.name != name);
                             r.last_resume_phases.push(Phase { name: name.to_string(), us: ms.saturating_mul(1000) });
                         }
@@ -270,7 +325,6 @@ impl Actor {
         crate::system::criu_restore::wait_ended().await;
     }
 }
-
 
 /// How long after a restore its lazy-pages daemon waits before it
 /// prefetches the pages no fault asked for (from the local tier, or from
@@ -389,9 +443,12 @@ impl LazyDaemon {
     /// handed to CRIU (`--page-server --ps-socket`).
     async fn start_streamed(image: &Path, work: &Path, pages: PageSource<'_>, container_dir: &str) -> Result<LazyDaemon> {
         use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-        let refused = |why: String| Error::store(StoreErrorKind::Unavailable, format!("the store's page server ({}): {why}", pages.socket.display()));
+        let refused =
+            |why: String| Error::store(StoreErrorKind::Unavailable, format!("the store's page server ({}): {why}", pages.socket.display()));
         let mut conn = tokio::net::UnixStream::connect(pages.socket).await.map_err(|e| refused(format!("connect: {e}")))?;
-        conn.write_all(format!("torpor-pages/1 {} {container_dir}\n", pages.lease).as_bytes()).await.map_err(|e| refused(format!("handshake: {e}")))?;
+        conn.write_all(format!("torpor-pages/1 {} {container_dir}\n", pages.lease).as_bytes())
+            .await
+            .map_err(|e| refused(format!("handshake: {e}")))?;
         let mut line = String::new();
         {
             let mut rd = tokio::io::BufReader::new(&mut conn);

@@ -14,10 +14,10 @@ use crate::actor::report::{self, Op, Trigger};
 use crate::actor::store_client::{Checkout, SnapshotRef};
 use crate::error::{Error, Result, StoreErrorKind};
 use crate::failpoint;
-use crate::oci::annotations::OnRestoreFailure;
 use crate::lifecycle::restore::PageSource;
 use crate::lifecycle::timing::Timing;
 use crate::lifecycle::{lock, name_of, Actor};
+use crate::oci::annotations::OnRestoreFailure;
 use crate::task::{ExitHold, Status};
 
 impl Actor {
@@ -167,7 +167,14 @@ impl Actor {
     /// Every suspended container restored from `images`; when that fails
     /// and the actor asked for it, started cold instead. What `last_error`
     /// says once RUNNING: nothing, or that the actor was started cold.
-    async fn restore_or_cold_start(&self, dir: &record::Store, rec: &Record, images: &Path, pages: Option<PageSource<'_>>, t: &mut Timing) -> Result<Option<String>> {
+    async fn restore_or_cold_start(
+        &self,
+        dir: &record::Store,
+        rec: &Record,
+        images: &Path,
+        pages: Option<PageSource<'_>>,
+        t: &mut Timing,
+    ) -> Result<Option<String>> {
         let restored = self.restore_all(dir, rec, images, pages, t).await;
         report::phase("criu_restore");
         let Err(e) = restored else { return Ok(None) };
@@ -247,7 +254,14 @@ impl Actor {
     /// those restored before it are suspended again (a pod is never half
     /// running under a SUSPENDED record) and the actor is SUSPENDED, with
     /// the reason.
-    async fn restore_all(&self, dir: &record::Store, rec: &Record, images: &Path, pages: Option<PageSource<'_>>, t: &mut Timing) -> Result<()> {
+    async fn restore_all(
+        &self,
+        dir: &record::Store,
+        rec: &Record,
+        images: &Path,
+        pages: Option<PageSource<'_>>,
+        t: &mut Timing,
+    ) -> Result<()> {
         let mut restored: Vec<&str> = Vec::new();
         for id in &rec.containers {
             if !self.tasks.is_suspended(id) {

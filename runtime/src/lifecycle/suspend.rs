@@ -53,11 +53,15 @@ impl Actor {
         }
         // A checkpoint, never the freeze tier: the pod is going away.
         match self.checkpoint(None, Trigger::Stop).await {
-            Ok(rec) => info!(actor = rec.actor.as_str(), container = id, generation = rec.generation, "suspended on stop (torpor.dev/on-stop: suspend)"),
+            Ok(rec) => info!(
+                actor = rec.actor.as_str(),
+                container = id,
+                generation = rec.generation,
+                "suspended on stop (torpor.dev/on-stop: suspend)"
+            ),
             Err(e) => warn!(container = id, "suspend on stop failed, the container stops without it: {e}"),
         }
     }
-
 
     /// `torpor.dev/freeze-first` of the actor's containers (the longest, if
     /// they differ).
@@ -150,5 +154,4 @@ mod tests {
             assert_eq!(suspend_plan(&rec, w), SuspendPlan::Checkpoint, "{s}");
         }
     }
-
 }

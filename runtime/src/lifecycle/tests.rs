@@ -283,7 +283,13 @@ impl Snapshots for StubStore {
         h.stagings.insert(id.clone(), path.clone());
         Ok(Staging { id, path })
     }
-    async fn commit_staging(&self, actor: &str, staging: &Staging, _labels: HashMap<String, String>, _keep_local: Option<Duration>) -> Result<SnapshotRef> {
+    async fn commit_staging(
+        &self,
+        actor: &str,
+        staging: &Staging,
+        _labels: HashMap<String, String>,
+        _keep_local: Option<Duration>,
+    ) -> Result<SnapshotRef> {
         if self.fails("commit") {
             return Err(Error::store(StoreErrorKind::Unavailable, "stub: the commit fails"));
         }
@@ -300,7 +306,8 @@ impl Snapshots for StubStore {
         h.aborted.push(staging.id.clone());
     }
     async fn view_staging_as(&self, staging: &Staging, snap: &SnapshotRef) -> Result<Checkout> {
-        let path = lock(&self.held).stagings.get(&staging.id).cloned().ok_or_else(|| Error::store(StoreErrorKind::NotFound, "stub: committed"))?;
+        let path =
+            lock(&self.held).stagings.get(&staging.id).cloned().ok_or_else(|| Error::store(StoreErrorKind::NotFound, "stub: committed"))?;
         Ok(Checkout { snapshot: snap.clone(), path, lease: self.lease(), page_server: None })
     }
     async fn latest(&self, actor: &str) -> Result<Option<SnapshotRef>> {
@@ -607,7 +614,8 @@ async fn a_failed_checkpoint_of_the_freeze_tier_leaves_the_actor_thawed_and_runn
 
 #[tokio::test]
 async fn a_stop_suspends_an_actor_that_asks_for_it() {
-    let spec = ActorSpec { actor: Some(ACTOR.into()), suspend_on_stop: true, freeze_first: Some(Duration::from_secs(30)), ..Default::default() };
+    let spec =
+        ActorSpec { actor: Some(ACTOR.into()), suspend_on_stop: true, freeze_first: Some(Duration::from_secs(30)), ..Default::default() };
     let r = rig_with(&["c1"], spec, None).await;
     r.actor.suspend_on_stop("c1").await;
     // A checkpoint, never the freeze tier: the pod is going away.

@@ -41,12 +41,10 @@ const KNOWN: [&str; 8] = [ACTOR, IDLE_AFTER, FREEZE_FIRST, KEEP_LOCAL, ACTIVATE_
 /// the runtime does with it.
 pub const MAX_DURATION: Duration = Duration::from_secs(876_000 * 3600);
 
-const DURATION_FORM: &str =
-    "a duration such as 500ms, 30s, 5m or 1h (a whole number followed by ms, s, m or h)";
+const DURATION_FORM: &str = "a duration such as 500ms, 30s, 5m or 1h (a whole number followed by ms, s, m or h)";
 const ACTOR_FORM: &str = "1 to 253 characters of a-z, 0-9, '-', '.', '_' and at most one '/', \
      each part starting and ending with a letter or digit, no \"..\" (e.g. default/my-pod)";
-const PORTS_FORM: &str =
-    "a comma-separated list of TCP ports from 1 to 65535, digits only, no leading zero (e.g. 8080,9090)";
+const PORTS_FORM: &str = "a comma-separated list of TCP ports from 1 to 65535, digits only, no leading zero (e.g. 8080,9090)";
 const RESTORE_FROM_FORM: &str = "<actor> (its newest snapshot) or <actor>@<generation> (a whole number \
      from 1), where <actor> is 1 to 253 characters of a-z, 0-9, '-', '.', '_' and at most one '/', \
      starting and ending with a letter or digit (e.g. golden/base or golden/base@3)";
@@ -143,15 +141,27 @@ impl ActorSpec {
                     spec.suspend_on_stop = match value {
                         "suspend" => true,
                         "stop" => false,
-                        _ => return Err(invalid(key, value, "expected suspend (checkpoint the actor before it stops) or stop (the default)")),
+                        _ => {
+                            return Err(invalid(
+                                key,
+                                value,
+                                "expected suspend (checkpoint the actor before it stops) or stop (the default)",
+                            ))
+                        }
                     }
                 }
                 ON_RESTORE_FAILURE => {
                     spec.on_restore_failure = match value {
                         "keep" => OnRestoreFailure::Keep,
                         "cold-start" => OnRestoreFailure::ColdStart,
-                        _ => return Err(invalid(key, value, "expected keep (stay suspended, snapshot kept, error visible: the default) \
-                             or cold-start (start the containers afresh from their image)")),
+                        _ => {
+                            return Err(invalid(
+                                key,
+                                value,
+                                "expected keep (stay suspended, snapshot kept, error visible: the default) \
+                             or cold-start (start the containers afresh from their image)",
+                            ))
+                        }
                     }
                 }
                 k if AGENT_KEYS.contains(&k) => {}
@@ -169,17 +179,19 @@ impl ActorSpec {
             }
         }
         if spec.actor.is_none() {
-            if let (Some(ns), Some(name)) =
-                (annotations.get(K8S_POD_NAMESPACE), annotations.get(K8S_POD_NAME))
-            {
+            if let (Some(ns), Some(name)) = (annotations.get(K8S_POD_NAMESPACE), annotations.get(K8S_POD_NAME)) {
                 let id = format!("{ns}/{name}");
                 // The user never set torpor.dev/actor: name what the id came from.
                 let key = format!("{K8S_POD_NAMESPACE}/{K8S_POD_NAME}");
                 spec.actor = Some(parse_actor_id(&key, &id).map_err(|_| {
-                    invalid(&key, &id, &format!(
-                        "the default actor id, <pod namespace>/<pod name>, is not {ACTOR_FORM}; \
+                    invalid(
+                        &key,
+                        &id,
+                        &format!(
+                            "the default actor id, <pod namespace>/<pod name>, is not {ACTOR_FORM}; \
                          set {ACTOR} to name the actor"
-                    ))
+                        ),
+                    )
                 })?);
             }
         }
@@ -205,23 +217,19 @@ fn in_namespace(key: &str, value: &str, ns: Option<&str>, id: String, foreign_ok
     let Some(ns) = ns else { return Ok(id) };
     match id.split_once('/') {
         None => parse_actor_id(key, &format!("{ns}/{id}")).map_err(|_| {
-            invalid(key, value, &format!("{ns}/{id} (the name within the pod's namespace {ns}) is longer than an actor id may be (253 characters)"))
+            invalid(
+                key,
+                value,
+                &format!("{ns}/{id} (the name within the pod's namespace {ns}) is longer than an actor id may be (253 characters)"),
+            )
         }),
         Some((own, _)) if own == ns || foreign_ok => Ok(id),
-        Some(_) => Err(invalid(
-            key,
-            value,
-            &format!("a pod's actor belongs to the pod's namespace {ns}: name it <name> or {ns}/<name>"),
-        )),
+        Some(_) => Err(invalid(key, value, &format!("a pod's actor belongs to the pod's namespace {ns}: name it <name> or {ns}/<name>"))),
     }
 }
 
 fn invalid(key: &str, value: &str, reason: &str) -> Error {
-    Error::InvalidAnnotation {
-        key: key.to_string(),
-        value: value.to_string(),
-        reason: reason.to_string(),
-    }
+    Error::InvalidAnnotation { key: key.to_string(), value: value.to_string(), reason: reason.to_string() }
 }
 
 /// Parses `500ms`, `30s`, `5m`, `1h`. Zero is refused: "off" is expressed by
@@ -258,9 +266,7 @@ pub fn parse_duration(key: &str, value: &str) -> Result<Duration> {
 /// Actor ids become file and object names, so they are restricted to a
 /// charset that can never form a path component like `..`.
 pub fn parse_actor_id(key: &str, value: &str) -> Result<String> {
-    ActorId::parse(value)
-        .map(ActorId::into_string)
-        .map_err(|e| invalid(key, value, &format!("{}; expected {ACTOR_FORM}", e.problem)))
+    ActorId::parse(value).map(ActorId::into_string).map_err(|e| invalid(key, value, &format!("{}; expected {ACTOR_FORM}", e.problem)))
 }
 
 /// Parses `<actor>` or `<actor>@<generation>` (generation from 1, digits
@@ -364,11 +370,7 @@ mod tests {
 
     #[test]
     fn default_actor_from_cri_pod() {
-        let s = ActorSpec::from_annotations(&ann(&[
-            (K8S_POD_NAMESPACE, "default"),
-            (K8S_POD_NAME, "web-0"),
-        ]))
-        .unwrap();
+        let s = ActorSpec::from_annotations(&ann(&[(K8S_POD_NAMESPACE, "default"), (K8S_POD_NAME, "web-0")])).unwrap();
         assert_eq!(s.actor.as_deref(), Some("default/web-0"));
     }
 
@@ -398,12 +400,27 @@ mod tests {
         assert_eq!(r, RestoreSource { actor: "golden/base".into(), generation: Some(12) });
         assert_eq!(r.to_string(), "golden/base@12");
         assert_eq!(parse_restore_from(RESTORE_FROM, "golden").unwrap().to_string(), "golden");
-        for bad in ["", "@3", "golden@", "golden@0", "golden@-1", "golden@+3", "golden@3x", "golden@1@2",
-            "golden@99999999999999999999", "Golden", "../x@1", "a/b/c@1", "golden @1"]
-        {
+        for bad in [
+            "",
+            "@3",
+            "golden@",
+            "golden@0",
+            "golden@-1",
+            "golden@+3",
+            "golden@3x",
+            "golden@1@2",
+            "golden@99999999999999999999",
+            "Golden",
+            "../x@1",
+            "a/b/c@1",
+            "golden @1",
+        ] {
             let e = ActorSpec::from_annotations(&ann(&[(RESTORE_FROM, bad)])).unwrap_err();
             let msg = e.to_string();
-            assert!(msg.contains(RESTORE_FROM) && msg.contains(&format!("{bad:?}")) && msg.contains("<actor>@<generation>"), "{bad}: {msg}");
+            assert!(
+                msg.contains(RESTORE_FROM) && msg.contains(&format!("{bad:?}")) && msg.contains("<actor>@<generation>"),
+                "{bad}: {msg}"
+            );
         }
     }
 

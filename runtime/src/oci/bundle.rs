@@ -215,7 +215,11 @@ mod tests {
     #[test]
     fn request_mount_is_added_once() {
         let b = tempfile::tempdir().unwrap();
-        std::fs::write(b.path().join("config.json"), r#"{"ociVersion":"1.2.0","mounts":[{"destination":"/proc","type":"proc","source":"proc"}],"x":1}"#).unwrap();
+        std::fs::write(
+            b.path().join("config.json"),
+            r#"{"ociVersion":"1.2.0","mounts":[{"destination":"/proc","type":"proc","source":"proc"}],"x":1}"#,
+        )
+        .unwrap();
         let run = tempfile::tempdir().unwrap();
         let root = run.path().join("actors");
         adapt_spec_in(&root, b.path(), "pod").unwrap();
@@ -262,11 +266,7 @@ mod tests {
 
     fn mounts_at(dir: &Path) -> usize {
         let dir = dir.to_str().unwrap();
-        std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap()
-            .lines()
-            .filter(|l| l.split(' ').nth(4) == Some(dir))
-            .count()
+        std::fs::read_to_string("/proc/self/mountinfo").unwrap().lines().filter(|l| l.split(' ').nth(4) == Some(dir)).count()
     }
 
     /// The request directory is a tiny tmpfs (once, the container could

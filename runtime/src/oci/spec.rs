@@ -23,10 +23,7 @@ pub const GROUP_LABELS: [&str; 3] = [CRI_SANDBOX_ID, "io.containerd.torpor.v1.gr
 pub fn read_spec(bundle: &Path) -> Result<Spec> {
     let path = bundle.join("config.json");
     let text = std::fs::read(&path).io_context(|| format!("read {path:?}"))?;
-    serde_json::from_slice(&text).map_err(|source| Error::Json {
-        context: format!("parse {path:?}"),
-        source,
-    })
+    serde_json::from_slice(&text).map_err(|source| Error::Json { context: format!("parse {path:?}"), source })
 }
 
 /// What torpor takes from a container's spec.
@@ -51,18 +48,11 @@ impl ContainerSpec {
         let namespaces = spec.linux().as_ref().and_then(|l| l.namespaces().as_ref());
         let annotations = spec.annotations().clone().unwrap_or_default();
         ContainerSpec {
-            own_pid_ns: namespaces
-                .is_some_and(|ns| ns.iter().any(|n| n.typ() == LinuxNamespaceType::Pid && n.path().is_none())),
-            netns: namespaces
-                .and_then(|ns| ns.iter().find(|n| n.typ() == LinuxNamespaceType::Network))
-                .and_then(|n| n.path().clone()),
+            own_pid_ns: namespaces.is_some_and(|ns| ns.iter().any(|n| n.typ() == LinuxNamespaceType::Pid && n.path().is_none())),
+            netns: namespaces.and_then(|ns| ns.iter().find(|n| n.typ() == LinuxNamespaceType::Network)).and_then(|n| n.path().clone()),
             ipcns: namespaces.and_then(|ns| ns.iter().find(|n| n.typ() == LinuxNamespaceType::Ipc)).and_then(|n| n.path().clone()),
             sandbox: annotations.get(CRI_CONTAINER_TYPE).is_some_and(|t| t == "sandbox"),
-            cgroups_path: spec
-                .linux()
-                .as_ref()
-                .and_then(|l| l.cgroups_path().as_ref())
-                .map(|p| p.to_string_lossy().into_owned()),
+            cgroups_path: spec.linux().as_ref().and_then(|l| l.cgroups_path().as_ref()).map(|p| p.to_string_lossy().into_owned()),
             annotations,
         }
     }
@@ -128,14 +118,10 @@ pub fn write_spec_json(bundle: &Path, spec: &serde_json::Value) -> Result<()> {
 /// Refuses a checkpoint image directory that is missing or holds no CRIU image.
 pub fn check_image(image: &Path) -> Result<()> {
     if !image.is_dir() {
-        return Err(Error::InvalidArgument(format!(
-            "checkpoint image directory {image:?} does not exist"
-        )));
+        return Err(Error::InvalidArgument(format!("checkpoint image directory {image:?} does not exist")));
     }
     if !image.join("inventory.img").is_file() {
-        return Err(Error::InvalidArgument(format!(
-            "checkpoint image directory {image:?} holds no CRIU image (no inventory.img)"
-        )));
+        return Err(Error::InvalidArgument(format!("checkpoint image directory {image:?} holds no CRIU image (no inventory.img)")));
     }
     Ok(())
 }

@@ -322,7 +322,9 @@ fn packets_in(mut bytes: &[u8]) -> u64 {
     let mut n = 0;
     while !bytes.is_empty() {
         let Ok(msg) = <NetlinkMessage<NetfilterMessage>>::deserialize(bytes) else { return n.max(1) };
-        if let NetlinkPayload::InnerMessage(NetfilterMessage { inner: NetfilterMessageInner::ULog(ULogMessage::Packet(_)), .. }) = msg.payload {
+        if let NetlinkPayload::InnerMessage(NetfilterMessage { inner: NetfilterMessageInner::ULog(ULogMessage::Packet(_)), .. }) =
+            msg.payload
+        {
             n += 1;
         }
         let len = msg.header.length as usize;
@@ -432,7 +434,7 @@ impl Activity {
             if let Some(old) = old {
                 let had_rules = !matches!(old.counting, Counting::Packets(_));
                 drop(old.counting); // the watch first: its group unbound
-                // A namespace that is gone took its rules along.
+                                    // A namespace that is gone took its rules along.
                 if had_rules && NetnsId::of(&old.netns) == Some(old.id) {
                     if let Err(e) = remove(&old.netns).await {
                         warn!(netns = ?old.netns, "take out the idle policy's activity rules: {e}");
@@ -506,7 +508,6 @@ impl Activity {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use std::io::{Read, Write};
@@ -525,10 +526,16 @@ mod tests {
             "-A TORPOR-ACTIVITY -p tcp -m conntrack --ctdir ORIGINAL -m connmark --mark 0x0/0x30000000 -m string --algo bm --icase --string \"User-Agent: kube-probe/\" -j CONNMARK --set-xmark 0x10000000/0x10000000"
         );
         assert_eq!(lines[1], "-A TORPOR-ACTIVITY -m connmark --mark 0x10000000/0x10000000 -j RETURN", "a probe's packets are skipped");
-        assert!(lines[2].contains("--ctdir ORIGINAL") && lines[2].contains("-m u32 --u32 \"0>>22&0x3C@12>>26&0x3C@0=0:0xFFFFFFFF\""), "{v4}");
+        assert!(
+            lines[2].contains("--ctdir ORIGINAL") && lines[2].contains("-m u32 --u32 \"0>>22&0x3C@12>>26&0x3C@0=0:0xFFFFFFFF\""),
+            "{v4}"
+        );
         assert!(lines[2].ends_with("-j CONNMARK --set-xmark 0x20000000/0x20000000"), "{v4}");
         let log = format!("-m limit --limit 1/sec --limit-burst 1 -j NFLOG --nflog-group {NFLOG_GROUP} --nflog-size 0");
-        assert!(lines[3].starts_with("-A TORPOR-ACTIVITY -p tcp -m connmark --mark 0x20000000/0x20000000 -m u32") && lines[3].ends_with(&log), "{v4}");
+        assert!(
+            lines[3].starts_with("-A TORPOR-ACTIVITY -p tcp -m connmark --mark 0x20000000/0x20000000 -m u32") && lines[3].ends_with(&log),
+            "{v4}"
+        );
         assert_eq!(lines[4], "-A TORPOR-ACTIVITY -p tcp -j RETURN", "other TCP packets are no activity");
         assert_eq!(lines[5], format!("-A TORPOR-ACTIVITY {log}"), "the rest (not TCP) is");
         assert_eq!(lines.len(), 6);
@@ -718,7 +725,10 @@ mod tests {
             // The first contact of a family (neighbour discovery) included.
             assert!(!counted(&w, &client.path, to, Client::Connect).await, "{ip}: a TCP probe is no activity");
             assert!(!counted(&w, &client.path, to, Client::ProbeGet).await, "{ip}: an HTTP probe (and its answer) is no activity");
-            assert!(!counted(&w, &client.path, greeter, Client::ConnectReadGreeting).await, "{greet_ip}: a TCP probe of a server that speaks first is none");
+            assert!(
+                !counted(&w, &client.path, greeter, Client::ConnectReadGreeting).await,
+                "{greet_ip}: a TCP probe of a server that speaks first is none"
+            );
             assert!(counted(&w, &client.path, to, Client::Get).await, "{ip}: a client's request is activity");
             assert!(!counted(&w, &client.path, to, Client::ProbeGet).await, "{ip}: an HTTP probe after a client is still none");
             assert!(counted(&w, &client.path, to, Client::Udp).await, "{ip}: a UDP datagram is activity");

@@ -69,12 +69,8 @@ pub fn file_id(path: &Path) -> Option<String> {
 }
 
 async fn check_version() -> Result<Installed> {
-    let not_found = |why: String| {
-        Error::FailedPrecondition(format!(
-            "CRIU not found: {why}; torpor needs CRIU >= {}.{}",
-            MIN_VERSION.0, MIN_VERSION.1
-        ))
-    };
+    let not_found =
+        |why: String| Error::FailedPrecondition(format!("CRIU not found: {why}; torpor needs CRIU >= {}.{}", MIN_VERSION.0, MIN_VERSION.1));
     let path = std::env::var_os("PATH").unwrap_or_default();
     let bin = find_in_path(&path).ok_or_else(|| not_found(format!("no executable `criu` in PATH ({})", path.to_string_lossy())))?;
     let id = file_id(&bin).ok_or_else(|| not_found(format!("{} cannot be read", bin.display())))?;

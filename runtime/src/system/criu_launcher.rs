@@ -339,10 +339,8 @@ mod tests {
             ("HOME", "/root"),
         ];
         let env = real_criu_env(vars.iter().map(|(k, v)| (OsString::from(k), OsString::from(v))), Some(me));
-        let expect: Vec<(OsString, OsString)> = [("PATH", "/usr/local/sbin:/usr/bin"), ("HOME", "/root")]
-            .iter()
-            .map(|(k, v)| (OsString::from(k), OsString::from(v)))
-            .collect();
+        let expect: Vec<(OsString, OsString)> =
+            [("PATH", "/usr/local/sbin:/usr/bin"), ("HOME", "/root")].iter().map(|(k, v)| (OsString::from(k), OsString::from(v))).collect();
         assert_eq!(env, expect);
     }
 

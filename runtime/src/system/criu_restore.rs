@@ -36,14 +36,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use protobuf::Message;
-use rust_criu::rust_criu_protobuf::rpc::{Cgroup_root, Criu_opts, Criu_req, Criu_req_type, Criu_resp, Ext_mount_map, Inherit_fd, Join_namespace};
+use rust_criu::rust_criu_protobuf::rpc::{
+    Cgroup_root, Criu_opts, Criu_req, Criu_req_type, Criu_resp, Ext_mount_map, Inherit_fd, Join_namespace,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tracing::{debug, warn};
 
 use crate::error::{Error, IoContext, Result};
-use crate::system::runc::{ProcessStdio, RestoreFrom, FIRST_INHERITED_FD};
 use crate::system::cgroup::{self, files};
+use crate::system::runc::{ProcessStdio, RestoreFrom, FIRST_INHERITED_FD};
 use crate::system::{criu, criu_launcher, mounts, reaper, resources};
 
 /// The template's file in the bundle.
@@ -328,7 +330,13 @@ pub enum Failure {
 /// The restore from `from` of the container of template `t` (runc state
 /// directory `state_dir`), with `stdio`: the restored init's pid, also
 /// written to `pid_file`.
-pub async fn restore(t: Template, state_dir: &Path, from: &RestoreFrom, pid_file: &Path, stdio: ProcessStdio) -> std::result::Result<i32, Failure> {
+pub async fn restore(
+    t: Template,
+    state_dir: &Path,
+    from: &RestoreFrom,
+    pid_file: &Path,
+    stdio: ProcessStdio,
+) -> std::result::Result<i32, Failure> {
     let deadline = match reaper::deadline_from_env(crate::system::runc::CRIU_DEADLINE_ENV, crate::system::runc::CRIU_DEADLINE) {
         Ok(d) => d,
         Err(e) => return Err(Failure::Setup(e, stdio)),
@@ -337,7 +345,14 @@ pub async fn restore(t: Template, state_dir: &Path, from: &RestoreFrom, pid_file
         Ok(c) => c.bin.clone(),
         Err(e) => return Err(Failure::Setup(e, stdio)),
     };
-    let mut run = Run { state_dir: state_dir.to_path_buf(), made_state_dir: false, criu_root: None, cgroups: Vec::new(), made: Vec::new(), cgroups_path: t.config()["cgroups"]["path"].as_str().map(str::to_string) };
+    let mut run = Run {
+        state_dir: state_dir.to_path_buf(),
+        made_state_dir: false,
+        criu_root: None,
+        cgroups: Vec::new(),
+        made: Vec::new(),
+        cgroups_path: t.config()["cgroups"]["path"].as_str().map(str::to_string),
+    };
     let prepared = match run.prepare(&t, from) {
         Ok(p) => p,
         Err(e) => {
@@ -523,7 +538,8 @@ impl Run {
         }
         let fds_file = from.image.join("descriptors.json");
         let text = std::fs::read(&fds_file).io_context(|| format!("read {fds_file:?}"))?;
-        let fds: Vec<String> = serde_json::from_slice(&text).map_err(|source| Error::Json { context: format!("parse {fds_file:?}"), source })?;
+        let fds: Vec<String> =
+            serde_json::from_slice(&text).map_err(|source| Error::Json { context: format!("parse {fds_file:?}"), source })?;
         for (n, key) in fds.iter().enumerate().take(3) {
             if key.contains("pipe:") {
                 let mut i = Inherit_fd::new();
@@ -579,7 +595,15 @@ impl Run {
     /// its notifications (runc's state written on `post-restore`) until
     /// the restored tasks run: the restored init's pid, and CRIU to wait
     /// for (it still answers the request and exits).
-    async fn exchange(&mut self, t: &Template, from: &RestoreFrom, p: Prepared, criu: &Path, stdio: ProcessStdio, deadline: Duration) -> Result<(i32, CriuEnding)> {
+    async fn exchange(
+        &mut self,
+        t: &Template,
+        from: &RestoreFrom,
+        p: Prepared,
+        criu: &Path,
+        stdio: ProcessStdio,
+        deadline: Duration,
+    ) -> Result<(i32, CriuEnding)> {
         use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
         let started = Instant::now();
         let (client, server) = socketpair(AddressFamily::Unix, SockType::SeqPacket, None, SockFlag::SOCK_CLOEXEC)
@@ -637,7 +661,13 @@ impl Run {
                 return Err(e);
             }
         };
-        let ending = CriuEnding { pid: criu_pid, exit: sub, held: (client, images, work), until: started + deadline, log: from.work.join("restore.log") };
+        let ending = CriuEnding {
+            pid: criu_pid,
+            exit: sub,
+            held: (client, images, work),
+            until: started + deadline,
+            log: from.work.join("restore.log"),
+        };
         Ok((pid, ending))
     }
 
@@ -734,10 +764,15 @@ impl CriuEnding {
         let left = self.until.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
         match tokio::time::timeout(left, self.exit.wait_for(self.pid)).await {
             Ok(0) => {}
-            Ok(status) => warn!(pid = self.pid, "criu swrk ended with status {status} after the tasks it restored were resumed (see {:?})", self.log),
+            Ok(status) => {
+                warn!(pid = self.pid, "criu swrk ended with status {status} after the tasks it restored were resumed (see {:?})", self.log)
+            }
             Err(_) => {
                 let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid), nix::sys::signal::Signal::SIGKILL);
-                warn!(pid = self.pid, "criu swrk had not ended {left:?} after the tasks it restored were resumed; killed (see {:?})", self.log);
+                warn!(
+                    pid = self.pid,
+                    "criu swrk had not ended {left:?} after the tasks it restored were resumed; killed (see {:?})", self.log
+                );
             }
         }
         drop(self.held);
@@ -788,10 +823,7 @@ fn process_start(pid: i32) -> Result<u64> {
     let text = std::fs::read_to_string(&f).io_context(|| format!("read {f}"))?;
     // The command name (field 2) may hold anything but ends at the last ')'.
     let rest = text.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    rest.split_whitespace()
-        .nth(19)
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| Error::Corrupt(format!("{f} has no start time: {text:?}")))
+    rest.split_whitespace().nth(19).and_then(|v| v.parse().ok()).ok_or_else(|| Error::Corrupt(format!("{f} has no start time: {text:?}")))
 }
 
 /// Now, as Go's JSON encodes a UTC time (RFC 3339 with nanoseconds).
@@ -824,7 +856,8 @@ fn talk(sock: &OwnedFd, request: &[u8], lazy: Option<(PathBuf, i32)>, state: &St
     if let Some((socket, pid)) = lazy {
         criu_launcher::wait_listening(&socket, Some(pid));
     }
-    send(sock.as_raw_fd(), request, MsgFlags::empty()).map_err(|source| Error::Sys { context: "send CRIU's restore request".into(), source })?;
+    send(sock.as_raw_fd(), request, MsgFlags::empty())
+        .map_err(|source| Error::Sys { context: "send CRIU's restore request".into(), source })?;
     let mut restored = None;
     let mut buf = vec![0u8; 10 * 4096];
     loop {
@@ -849,7 +882,8 @@ fn talk(sock: &OwnedFd, request: &[u8], lazy: Option<(PathBuf, i32)>, state: &St
         if n == buf.len() {
             return Err(Error::InvalidArgument(format!("CRIU's answer is {n} bytes or more: too long")));
         }
-        let resp = Criu_resp::parse_from_bytes(&buf[..n]).map_err(|e| Error::InvalidArgument(format!("CRIU's answer does not parse: {e}")))?;
+        let resp =
+            Criu_resp::parse_from_bytes(&buf[..n]).map_err(|e| Error::InvalidArgument(format!("CRIU's answer does not parse: {e}")))?;
         if !resp.success() {
             return Err(Error::InvalidArgument(format!("criu failed: type {:?} errno {}", resp.type_(), resp.cr_errno())));
         }
@@ -866,14 +900,18 @@ fn talk(sock: &OwnedFd, request: &[u8], lazy: Option<(PathBuf, i32)>, state: &St
                         state.write(pid)?;
                         restored = Some(pid);
                     }
-                    "orphan-pts-master" => return Err(Error::FailedPrecondition("the dump holds a terminal: only runc restores it".into())),
+                    "orphan-pts-master" => {
+                        return Err(Error::FailedPrecondition("the dump holds a terminal: only runc restores it".into()))
+                    }
                     _ => {}
                 }
                 let mut ack = Criu_req::new();
                 ack.set_type(Criu_req_type::NOTIFY);
                 ack.set_notify_success(true);
-                let bytes = ack.write_to_bytes().map_err(|e| Error::InvalidArgument(format!("encode a CRIU notification's answer: {e}")))?;
-                send(sock.as_raw_fd(), &bytes, MsgFlags::empty()).map_err(|source| Error::Sys { context: "answer CRIU's notification".into(), source })?;
+                let bytes =
+                    ack.write_to_bytes().map_err(|e| Error::InvalidArgument(format!("encode a CRIU notification's answer: {e}")))?;
+                send(sock.as_raw_fd(), &bytes, MsgFlags::empty())
+                    .map_err(|source| Error::Sys { context: "answer CRIU's notification".into(), source })?;
                 // The restored tasks run: CRIU has nothing left that can
                 // fail them (its answer to the request follows).
                 if script == "post-resume" {
@@ -965,7 +1003,8 @@ mod tests {
             "namespace_paths": {"NEWNET": "/proc/10/ns/net", "NEWPID": "/proc/10/ns/pid"},
             "external_descriptors": ["/dev/null"], "config": {"rootfs": "/r"}
         });
-        let s = restored_state(&t, 42, 99, &["pipe:[7]".into(), "/dev/null".into(), "pipe:[8]".into()], "2026-12-05T00:00:00.000000000Z").unwrap();
+        let s = restored_state(&t, 42, 99, &["pipe:[7]".into(), "/dev/null".into(), "pipe:[8]".into()], "2026-12-05T00:00:00.000000000Z")
+            .unwrap();
         assert_eq!(s["init_process_pid"], 42);
         assert_eq!(s["init_process_start"], 99);
         assert_eq!(s["namespace_paths"]["NEWNET"], "/proc/42/ns/net");
@@ -1003,7 +1042,10 @@ mod tests {
         .unwrap();
         let t = Template { state, cgroup, oom_kill_disable: false };
         std::fs::write(b.path().join(TEMPLATE), serde_json::to_vec(&t).unwrap()).unwrap();
-        let u = resources::RuncUpdate::parse(br#"{"cpu":{"shares":10,"quota":50000,"period":100000},"memory":{"limit":134217728,"swap":134217728},"devices":[]}"#).unwrap();
+        let u = resources::RuncUpdate::parse(
+            br#"{"cpu":{"shares":10,"quota":50000,"period":100000},"memory":{"limit":134217728,"swap":134217728},"devices":[]}"#,
+        )
+        .unwrap();
         assert!(update_template(b.path(), &u).unwrap());
         let t: Template = serde_json::from_slice(&std::fs::read(b.path().join(TEMPLATE)).unwrap()).unwrap();
         assert_eq!(t.cgroup["cpu"]["cpu.shares"], "10");

@@ -67,10 +67,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tracing::{debug, info, warn};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot, watch};
+use tracing::{debug, info, warn};
 
 use crate::error::{Error, IoContext, Result};
 use crate::system::netns::{
@@ -413,14 +413,15 @@ fn route_batch(v6: bool, add: bool) -> String {
 /// Counts one more hold on the routing rule of `v6`'s family in `netns`,
 /// adding it if it is the first: whether it is in.
 async fn route_in(netns: &Path, v6: bool) -> bool {
-    let users = |m: &mut Vec<(PathBuf, bool, usize)>| -> usize {
-        m.iter().find(|(ns, f, _)| ns == netns && *f == v6).map_or(0, |(_, _, n)| *n)
-    };
+    let users =
+        |m: &mut Vec<(PathBuf, bool, usize)>| -> usize { m.iter().find(|(ns, f, _)| ns == netns && *f == v6).map_or(0, |(_, _, n)| *n) };
     let first = users(&mut lock_routes()) == 0;
     if first {
         let family = if v6 { "-6" } else { "-4" };
         let batch = route_batch(v6, true);
-        if let Err(e) = ip_batch(netns, family, &batch, &["File exists"], "deliver the actor's answers to the shim's transparent proxy").await {
+        if let Err(e) =
+            ip_batch(netns, family, &batch, &["File exists"], "deliver the actor's answers to the shim's transparent proxy").await
+        {
             warn!("activation: connections that arrive while the actor sleeps reach it from the shim's address, not the client's: {e}");
             return false;
         }
@@ -479,7 +480,9 @@ async fn syn_drop_insert(netns: &Path, listen: &[SocketAddr], spare: [Option<u16
         if let Some((ip, port)) = spare {
             match xtables_restore(netns, &restore, &syn_drop_rules(&ports, true, Some((ip, port, &to))), what).await {
                 Ok(()) => return Some(Some(port)),
-                Err(e) => warn!("activation: new connections wait for a SYN retransmit (about 1 s), not for the restore, while the actor resumes: {e}"),
+                Err(e) => warn!(
+                    "activation: new connections wait for a SYN retransmit (about 1 s), not for the restore, while the actor resumes: {e}"
+                ),
             }
         }
         match xtables_restore(netns, &restore, &syn_drop_rules(&ports, true, None), what).await {
@@ -494,10 +497,7 @@ async fn syn_drop_insert(netns: &Path, listen: &[SocketAddr], spare: [Option<u16
     let sp6 = spare[1].map(|p| (IpAddr::V6(Ipv6Addr::LOCALHOST), p));
     let p6 = if v6_kernel { p6 } else { Vec::new() };
     let (v4, v6) = tokio::join!(change(t4, p4.clone(), sp4, s4), change(t6, p6.clone(), sp6, s6));
-    let transparent = Transparent {
-        v4: !p4.is_empty() && route_in(netns, false).await,
-        v6: !p6.is_empty() && route_in(netns, true).await,
-    };
+    let transparent = Transparent { v4: !p4.is_empty() && route_in(netns, false).await, v6: !p6.is_empty() && route_in(netns, true).await };
     // What failed to go in is not taken out (the removal would fail).
     let mut kept: Vec<SocketAddr> = listen.to_vec();
     if v4.is_none() {
@@ -615,7 +615,13 @@ fn bind(addr: SocketAddr, v6_only: bool, transparent: bool) -> std::io::Result<S
         let one: libc::c_int = 1;
         // SAFETY: a c_int option that lives for the call.
         let rc = unsafe {
-            libc::setsockopt(fd.as_raw_fd(), level, opt, (&one as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as libc::socklen_t)
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                level,
+                opt,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
         };
         if rc < 0 {
             Err(std::io::Error::last_os_error())
@@ -868,7 +874,14 @@ impl Armed {
         Ok(Self::watching(netns, tokio_listeners, listen, wake, LIMITS, false))
     }
 
-    fn watching(netns: &Path, listeners: Vec<(TcpListener, SocketAddr)>, listen: Vec<SocketAddr>, wake: mpsc::UnboundedSender<()>, limits: Limits, drop_syns: bool) -> Armed {
+    fn watching(
+        netns: &Path,
+        listeners: Vec<(TcpListener, SocketAddr)>,
+        listen: Vec<SocketAddr>,
+        wake: mpsc::UnboundedSender<()>,
+        limits: Limits,
+        drop_syns: bool,
+    ) -> Armed {
         let (stop_tx, stop_rx) = oneshot::channel();
         tokio::spawn(watch(listeners, wake, stop_rx, limits));
         let mut spare = None;
@@ -894,14 +907,7 @@ impl Armed {
             rules_in
         });
         info!(listen = ?listen, "activation armed");
-        Armed {
-            netns: netns.to_path_buf(),
-            listen,
-            stop: Some(stop_tx),
-            drop_syns,
-            rules_in,
-            spare,
-        }
+        Armed { netns: netns.to_path_buf(), listen, stop: Some(stop_tx), drop_syns, rules_in, spare }
     }
 
     /// Nothing to wake any more (the suspended container was stopped): the
@@ -1021,9 +1027,7 @@ async fn proxy(netns: &Path, mut stream: TcpStream, listen: SocketAddr, head: Ve
         None => connect_in(netns, to, CONNECT_DEADLINE).await?,
     };
     upstream.write_all(&head).await.io_context(|| "forward first bytes".into())?;
-    tokio::io::copy_bidirectional(&mut stream, &mut upstream)
-        .await
-        .io_context(|| "proxy".into())?;
+    tokio::io::copy_bidirectional(&mut stream, &mut upstream).await.io_context(|| "proxy".into())?;
     Ok(())
 }
 
@@ -1064,7 +1068,8 @@ fn accept_queued(l: &TcpListener) -> Vec<TcpStream> {
     let mut out = Vec::new();
     loop {
         // SAFETY: accept4(2) on our listening socket, no address asked for.
-        let fd = unsafe { libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) };
+        let fd =
+            unsafe { libc::accept4(l.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut(), libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC) };
         if fd < 0 {
             match std::io::Error::last_os_error().raw_os_error() {
                 Some(libc::ECONNABORTED) | Some(libc::EINTR) => continue,
@@ -1084,7 +1089,13 @@ fn reset(s: TcpStream) {
     let linger = libc::linger { l_onoff: 1, l_linger: 0 };
     // SAFETY: a linger struct that lives for the call, on a socket we own.
     unsafe {
-        libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_LINGER, (&linger as *const libc::linger).cast(), std::mem::size_of::<libc::linger>() as libc::socklen_t);
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&linger as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
     }
     drop(s);
 }
@@ -1263,9 +1274,8 @@ async fn classify(mut s: TcpStream, listen: SocketAddr, client: IpAddr, mut quit
         Some(Ok(Ok(n))) => {
             head.truncate(n);
             if is_kube_probe(&head) {
-                let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
-                    .await;
+                let _ =
+                    s.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok").await;
                 Classified::Probe
             } else {
                 Classified::Real(held(s, head))
@@ -1285,8 +1295,8 @@ fn is_kube_probe(head: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::system::netns::tests::TestNetns;
     use crate::system::netns::iptables_in;
+    use crate::system::netns::tests::TestNetns;
 
     #[test]
     fn recognises_kube_probes() {
@@ -1304,13 +1314,27 @@ mod tests {
     #[tokio::test]
     async fn listeners_are_held_on_the_address_the_actor_bound() {
         let ns = TestNetns::new();
-        let listen = vec![addr("127.0.0.1:6060"), addr("0.0.0.0:8080"), addr("[::1]:6061"), addr("[::]:8081"), addr("0.0.0.0:8082"), addr("[::]:8082")];
+        let listen = vec![
+            addr("127.0.0.1:6060"),
+            addr("0.0.0.0:8080"),
+            addr("[::1]:6061"),
+            addr("[::]:8081"),
+            addr("0.0.0.0:8082"),
+            addr("[::]:8082"),
+        ];
         let (wake, _rx) = mpsc::unbounded_channel();
         let armed = Armed::arm(&ns.path, listen.clone(), wake).unwrap();
         let mut want = listen.clone();
         // And the spare listeners, on loopback (see Spare).
         let spare = armed.spare.as_ref().expect("spare listeners").ports();
-        want.extend([spare[0].map(|p| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p)), spare[1].map(|p| SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), p))].into_iter().flatten());
+        want.extend(
+            [
+                spare[0].map(|p| SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), p)),
+                spare[1].map(|p| SocketAddr::new(IpAddr::V6(Ipv6Addr::LOCALHOST), p)),
+            ]
+            .into_iter()
+            .flatten(),
+        );
         want.sort_unstable();
         assert_eq!(listening_ports(ns.tid), want);
         drop(armed);
@@ -1402,7 +1426,10 @@ mod tests {
         assert_eq!(transparent_route(c4, addr("10.2.0.3:80"), addr("127.0.0.1:80"), t), Some((c4, addr("127.0.0.1:80"))));
         assert_eq!(transparent_route(c6, addr("[fd00::3]:80"), addr("[::1]:80"), t), Some((c6, addr("[::1]:80"))));
         // An IPv4 client of a dual-stack listener: to the IPv4 loopback.
-        assert_eq!(transparent_route(addr("[::ffff:10.1.0.9]:5000"), addr("[::ffff:10.2.0.3]:80"), addr("[::1]:80"), t), Some((c4, addr("127.0.0.1:80"))));
+        assert_eq!(
+            transparent_route(addr("[::ffff:10.1.0.9]:5000"), addr("[::ffff:10.2.0.3]:80"), addr("[::1]:80"), t),
+            Some((c4, addr("127.0.0.1:80")))
+        );
         // A client in the pod, an actor on a pod address, no routing rule.
         assert_eq!(transparent_route(addr("127.0.0.1:5000"), addr("127.0.0.1:80"), addr("127.0.0.1:80"), t), None);
         assert_eq!(transparent_route(addr("10.2.0.3:5000"), addr("10.2.0.3:80"), addr("127.0.0.1:80"), t), None);

@@ -17,11 +17,8 @@ use tracing::{info, warn};
 /// in this process's mount namespace, deepest first. Returns how many went.
 pub fn detach_under(dir: &Path) -> usize {
     let Ok(info) = mountinfo("/proc/self/mountinfo") else { return 0 };
-    let mut points: Vec<PathBuf> = info
-        .into_iter()
-        .map(|m| PathBuf::from(m.mount_point))
-        .filter(|p| p.starts_with(dir) && p != dir)
-        .collect();
+    let mut points: Vec<PathBuf> =
+        info.into_iter().map(|m| PathBuf::from(m.mount_point)).filter(|p| p.starts_with(dir) && p != dir).collect();
     // Deepest first. A path listed twice is two mounts stacked on it: each
     // detach takes the top one.
     points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));

@@ -3,8 +3,8 @@
 //! network lock of a suspend's dump.
 
 use std::fs::File;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -67,10 +67,7 @@ pub fn open_connections(pid: i32) -> Vec<TcpConnection> {
 }
 
 fn parse_connections(text: &str) -> Vec<TcpConnection> {
-    rows(text)
-        .filter(|(state, _, _)| *state == ESTABLISHED)
-        .map(|(_, local, remote)| TcpConnection { local, remote })
-        .collect()
+    rows(text).filter(|(state, _, _)| *state == ESTABLISHED).map(|(_, local, remote)| TcpConnection { local, remote }).collect()
 }
 
 /// The rows of a `/proc/net/tcp` or `tcp6` table: (state in hex, local
@@ -119,11 +116,10 @@ fn parse_proc_ip(hex: &str) -> Option<IpAddr> {
 /// asynchronously, within `deadline`.
 pub async fn connect_in(netns: &Path, addr: SocketAddr, deadline: Duration) -> Result<TcpStream> {
     let ns = netns.to_path_buf();
-    let socket = tokio::task::spawn_blocking(move || {
-        in_netns(&ns, move || if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() })
-    })
-    .await
-    .map_err(|e| Error::InvalidArgument(format!("socket in {netns:?}: {e}")))??;
+    let socket =
+        tokio::task::spawn_blocking(move || in_netns(&ns, move || if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() }))
+            .await
+            .map_err(|e| Error::InvalidArgument(format!("socket in {netns:?}: {e}")))??;
     match tokio::time::timeout(deadline, socket.connect(addr)).await {
         Ok(r) => r.io_context(|| format!("connect to {addr} in {netns:?}")),
         Err(_) => Err(Error::Io {
@@ -148,7 +144,13 @@ pub async fn connect_transparent_in(netns: &Path, from: SocketAddr, to: SocketAd
             let one: libc::c_int = 1;
             // SAFETY: a c_int option that lives for the call, on a socket we own.
             let rc = unsafe {
-                libc::setsockopt(std::os::fd::AsRawFd::as_raw_fd(&s), level, opt, (&one as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as libc::socklen_t)
+                libc::setsockopt(
+                    std::os::fd::AsRawFd::as_raw_fd(&s),
+                    level,
+                    opt,
+                    (&one as *const libc::c_int).cast(),
+                    std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                )
             };
             if rc < 0 {
                 return Err(std::io::Error::last_os_error());
@@ -218,7 +220,9 @@ fn v6_only_listeners_here() -> std::io::Result<Vec<SocketAddr>> {
                 .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("sock_diag answer: {e}")))?;
             let len = msg.header.length as usize;
             match msg.payload {
-                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) if r.nlas.iter().any(|a| matches!(a, Nla::SkV6Only(true))) => {
+                NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r))
+                    if r.nlas.iter().any(|a| matches!(a, Nla::SkV6Only(true))) =>
+                {
                     let id = &r.header.socket_id;
                     out.push(SocketAddr::new(id.source_address, id.source_port));
                 }
@@ -378,10 +382,7 @@ pub(crate) async fn xtables_restore(netns: &Path, tool: &str, rules: &str, what:
     crate::system::reaper::pass_fds(&mut cmd, vec![f], 3);
     let o = crate::system::reaper::output(cmd, IPTABLES_DEADLINE).await?;
     if !o.status.success() {
-        return Err(Error::InvalidArgument(format!(
-            "{what} in {netns:?}: {tool}: {}",
-            String::from_utf8_lossy(&o.stderr).trim()
-        )));
+        return Err(Error::InvalidArgument(format!("{what} in {netns:?}: {tool}: {}", String::from_utf8_lossy(&o.stderr).trim())));
     }
     Ok(())
 }
@@ -485,7 +486,6 @@ async fn unlock_piecewise(netns: &Path, tool: &str) -> String {
     errors
 }
 
-
 #[cfg(test)]
 pub(crate) mod tests {
     use std::path::PathBuf;
@@ -587,7 +587,8 @@ pub(crate) mod tests {
         let ns = TestNetns::new();
         let listener = in_netns(&ns.path, || std::net::TcpListener::bind("127.0.0.1:7071")).unwrap();
         let connects = || async {
-            let s = in_netns(&ns.path, || std::net::TcpStream::connect_timeout(&"127.0.0.1:7071".parse().unwrap(), Duration::from_millis(300)));
+            let s =
+                in_netns(&ns.path, || std::net::TcpStream::connect_timeout(&"127.0.0.1:7071".parse().unwrap(), Duration::from_millis(300)));
             s.is_ok()
         };
         assert!(connects().await);

@@ -19,11 +19,11 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use tracing::{debug, warn};
 use nix::errno::Errno;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use tokio::sync::mpsc;
+use tracing::{debug, warn};
 
 use crate::error::{Error, IoContext, Result};
 
@@ -99,10 +99,7 @@ fn reaper() -> &'static Reaper {
             (Err(e), _) => warn!("cannot start the reaper's runtime: {e}"),
             (_, Err(e)) => warn!("cannot install the SIGCHLD handler: {e}"),
         }
-        Reaper {
-            subscribers,
-            next_id: Mutex::new(0),
-        }
+        Reaper { subscribers, next_id: Mutex::new(0) }
     })
 }
 
@@ -203,11 +200,7 @@ pub async fn output(mut cmd: Command, deadline: Duration) -> Result<Output> {
     match tokio::time::timeout(deadline, run).await {
         Ok((pipes, status)) => {
             let (stdout, stderr) = pipes?;
-            Ok(Output {
-                status: exit_status(status),
-                stdout,
-                stderr,
-            })
+            Ok(Output { status: exit_status(status), stdout, stderr })
         }
         Err(_) => Err(timed_out(&mut sub, pid, &what, deadline).await),
     }
@@ -443,7 +436,10 @@ mod tests {
     async fn descriptors_reach_numbers_apart() {
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
         let fds = vec![std::os::fd::OwnedFd::from(a), std::os::fd::OwnedFd::from(b)];
-        let ours: Vec<String> = fds.iter().map(|f| std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap().to_string_lossy().into_owned()).collect();
+        let ours: Vec<String> = fds
+            .iter()
+            .map(|f| std::fs::read_link(format!("/proc/self/fd/{}", f.as_raw_fd())).unwrap().to_string_lossy().into_owned())
+            .collect();
         let mut cmd = Command::new("readlink");
         cmd.args(["/proc/self/fd/3", "/proc/self/fd/100"]);
         pass_fds_at(&mut cmd, fds, vec![3, 100]);

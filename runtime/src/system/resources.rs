@@ -45,10 +45,8 @@ impl RuncUpdate {
         let mut kept = Map::new();
         for (group, fields) in RUNC_FIELDS {
             let Some(Value::Object(g)) = all.get(*group) else { continue };
-            let taken: Map<String, Value> = fields
-                .iter()
-                .filter_map(|f| g.get(*f).filter(|v| !v.is_null()).map(|v| (f.to_string(), v.clone())))
-                .collect();
+            let taken: Map<String, Value> =
+                fields.iter().filter_map(|f| g.get(*f).filter(|v| !v.is_null()).map(|v| (f.to_string(), v.clone()))).collect();
             if !taken.is_empty() {
                 kept.insert(group.to_string(), Value::Object(taken));
             }
@@ -214,7 +212,10 @@ mod tests {
                 "cpu": {"shares": 512, "quota": 50000, "period": 100000}
             }, "cgroupsPath": "/kubepods/x"}
         });
-        let u = RuncUpdate::parse(&serde_json::to_vec(&json!({"cpu": {"shares": 10}, "memory": {"limit": 268435456, "swap": 268435456}, "devices": []})).unwrap()).unwrap();
+        let u = RuncUpdate::parse(
+            &serde_json::to_vec(&json!({"cpu": {"shares": 10}, "memory": {"limit": 268435456, "swap": 268435456}, "devices": []})).unwrap(),
+        )
+        .unwrap();
         merge_into_spec(&mut spec, &u).unwrap();
         let r = &spec["linux"]["resources"];
         assert_eq!(r["cpu"], json!({"shares": 10, "quota": 50000, "period": 100000}));

@@ -64,13 +64,13 @@ use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use tracing::debug;
 use nix::errno::Errno;
 use nix::fcntl::{openat, openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fchmod, fchmodat, fstatat, futimens, makedev, mkdirat, mknodat, utimensat};
 use nix::sys::stat::{FchmodatFlags, Mode, SFlag, UtimensatFlags};
 use nix::sys::time::TimeSpec;
 use nix::unistd::{fchown, fchownat, linkat, symlinkat, unlinkat, Gid, Uid, UnlinkatFlags};
+use tracing::debug;
 
 use crate::error::{Error, IoContext, Result};
 
@@ -167,15 +167,12 @@ impl CaptureLimits {
     pub fn from_env() -> Result<CaptureLimits> {
         let max_bytes = match std::env::var(CAPTURE_MAX_BYTES_ENV) {
             Err(std::env::VarError::NotPresent) => DEFAULT_CAPTURE_MAX_BYTES,
-            v => v
-                .ok()
-                .and_then(|v| crate::system::reaper::whole_number_in(&v, 1..=u64::MAX))
-                .ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "${CAPTURE_MAX_BYTES_ENV}={:?}: expected a whole number of bytes, at least 1",
-                        std::env::var_os(CAPTURE_MAX_BYTES_ENV).unwrap_or_default()
-                    ))
-                })?,
+            v => v.ok().and_then(|v| crate::system::reaper::whole_number_in(&v, 1..=u64::MAX)).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "${CAPTURE_MAX_BYTES_ENV}={:?}: expected a whole number of bytes, at least 1",
+                    std::env::var_os(CAPTURE_MAX_BYTES_ENV).unwrap_or_default()
+                ))
+            })?,
         };
         let deadline = crate::system::reaper::deadline_from_env(CAPTURE_DEADLINE_ENV, DEFAULT_CAPTURE_DEADLINE)?;
         Ok(CaptureLimits { max_bytes, deadline })
@@ -259,10 +256,8 @@ fn capture_tree(upper: &Path, out: &Path, one_fs: Option<u64>, limits: &CaptureL
     let written = walked.and_then(|()| {
         // The end-of-archive blocks are not the tree's: never refused.
         tar.get_mut().limits = CaptureLimits::UNBOUNDED;
-        let file = tar
-            .into_inner()
-            .and_then(|b| b.inner.into_inner().map_err(|e| e.into_error()))
-            .io_context(|| format!("write {tmp:?}"))?;
+        let file =
+            tar.into_inner().and_then(|b| b.inner.into_inner().map_err(|e| e.into_error())).io_context(|| format!("write {tmp:?}"))?;
         file.sync_all().io_context(|| format!("fsync {tmp:?}"))?;
         Ok(())
     });
@@ -472,11 +467,7 @@ impl Capture<'_> {
     /// before any is written; one extent covering the file is an ordinary
     /// entry, anything else a sparse one.
     fn file(&mut self, rel: &Path, path: &Path, md: &std::fs::Metadata, mut h: tar::Header) -> std::result::Result<(), CaptureError> {
-        let f = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(path)
-            .io_context(|| format!("open {path:?}"))?;
+        let f = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW).open(path).io_context(|| format!("open {path:?}"))?;
         let size = md.len();
         let budget = self.tar.get_ref();
         let left = budget.limits.max_bytes.saturating_sub(budget.written);
@@ -713,7 +704,14 @@ pub fn apply(diff: &Path, rootfs: &Path) -> Result<DiffStats> {
                     None => std::io::copy(&mut entry, &mut f).io_context(|| at("write"))?,
                     Some(s) => {
                         let size = entry.size();
-                        write_sparse(&mut entry, size, &mut f, s.realsize, |why| corrupt(format!("sparse entry {raw:?}: {why}")), || at("write"))?
+                        write_sparse(
+                            &mut entry,
+                            size,
+                            &mut f,
+                            s.realsize,
+                            |why| corrupt(format!("sparse entry {raw:?}: {why}")),
+                            || at("write"),
+                        )?
                     }
                 };
                 fchown(&f, uid, gid).io_context(|| at("chown"))?;
@@ -866,11 +864,14 @@ fn write_sparse(
                 }
                 continue;
             }
-            let n = decimal(&token).ok_or_else(|| corrupt(format!("its sparse map holds {:?}, not a number", String::from_utf8_lossy(&token))))?;
+            let n = decimal(&token)
+                .ok_or_else(|| corrupt(format!("its sparse map holds {:?}, not a number", String::from_utf8_lossy(&token))))?;
             token.clear();
             match count {
                 None if n as usize > MAX_SPARSE_EXTENTS => {
-                    return Err(corrupt(format!("its sparse map has {n} extents, more than the {MAX_SPARSE_EXTENTS} a changeset may hold")));
+                    return Err(corrupt(format!(
+                        "its sparse map has {n} extents, more than the {MAX_SPARSE_EXTENTS} a changeset may hold"
+                    )));
                 }
                 None => count = Some(n),
                 Some(_) => numbers.push(n),
@@ -884,7 +885,11 @@ fn write_sparse(
         let stop = offset.checked_add(len).filter(|s| *s <= realsize);
         match stop {
             Some(stop) if offset >= end => (end, data) = (stop, data + len),
-            _ => return Err(corrupt(format!("its sparse map has an extent at {offset} of {len} bytes out of order or past its size {realsize}"))),
+            _ => {
+                return Err(corrupt(format!(
+                    "its sparse map has an extent at {offset} of {len} bytes out of order or past its size {realsize}"
+                )))
+            }
         }
     }
     if map_bytes + data != size {
@@ -1412,9 +1417,38 @@ mod tests {
             ("not a number", sparse_records(&four_t), "1\n0x10\n4\n".into(), b"abcd".to_vec(), None),
             ("a number too long", sparse_records(&four_t), "1\n99999999999999999999\n4\n".into(), b"abcd".to_vec(), None),
             ("a size past a file offset", sparse_records("18446744073709551615"), "0\n".into(), Vec::new(), None),
-            ("a 0.1 sparse map", vec![("GNU.sparse.major", "0".into()), ("GNU.sparse.minor", "1".into()), ("GNU.sparse.name", "x".into()), ("GNU.sparse.map", "0,4".into()), ("GNU.sparse.size", four_t.clone())], String::new(), b"abcd".to_vec(), None),
-            ("no name", vec![("GNU.sparse.major", "1".into()), ("GNU.sparse.minor", "0".into()), ("GNU.sparse.realsize", four_t.clone())], "0\n".into(), Vec::new(), None),
-            ("a whiteout", vec![("GNU.sparse.major", "1".into()), ("GNU.sparse.minor", "0".into()), ("GNU.sparse.name", ".wh.kept".into()), ("GNU.sparse.realsize", "1".into())], "0\n".into(), Vec::new(), None),
+            (
+                "a 0.1 sparse map",
+                vec![
+                    ("GNU.sparse.major", "0".into()),
+                    ("GNU.sparse.minor", "1".into()),
+                    ("GNU.sparse.name", "x".into()),
+                    ("GNU.sparse.map", "0,4".into()),
+                    ("GNU.sparse.size", four_t.clone()),
+                ],
+                String::new(),
+                b"abcd".to_vec(),
+                None,
+            ),
+            (
+                "no name",
+                vec![("GNU.sparse.major", "1".into()), ("GNU.sparse.minor", "0".into()), ("GNU.sparse.realsize", four_t.clone())],
+                "0\n".into(),
+                Vec::new(),
+                None,
+            ),
+            (
+                "a whiteout",
+                vec![
+                    ("GNU.sparse.major", "1".into()),
+                    ("GNU.sparse.minor", "0".into()),
+                    ("GNU.sparse.name", ".wh.kept".into()),
+                    ("GNU.sparse.realsize", "1".into()),
+                ],
+                "0\n".into(),
+                Vec::new(),
+                None,
+            ),
         ];
         for (what, records, map, data, size) in cases {
             let t = tempfile::tempdir().unwrap();

@@ -16,8 +16,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::{debug, warn};
 use serde::Deserialize;
+use tracing::{debug, warn};
 
 use crate::error::{Error, IoContext, Result};
 use crate::system::{criu_launcher, reaper};
@@ -76,13 +76,7 @@ impl Runc {
     }
 
     pub fn new(binary: impl Into<PathBuf>, root: impl Into<PathBuf>, bundle: &Path) -> Self {
-        Runc {
-            binary: binary.into(),
-            root: root.into(),
-            log: bundle.join("log.json"),
-            global: Vec::new(),
-            create_flags: Vec::new(),
-        }
+        Runc { binary: binary.into(), root: root.into(), log: bundle.join("log.json"), global: Vec::new(), create_flags: Vec::new() }
     }
 
     /// runc for a container of `namespace` in `bundle`, as containerd's
@@ -110,14 +104,7 @@ impl Runc {
 
     fn command(&self, args: &[&str]) -> Command {
         let mut c = Command::new(&self.binary);
-        c.arg("--root")
-            .arg(&self.root)
-            .arg("--log")
-            .arg(&self.log)
-            .arg("--log-format")
-            .arg("json")
-            .args(&self.global)
-            .args(args);
+        c.arg("--root").arg(&self.root).arg("--log").arg(&self.log).arg("--log-format").arg("json").args(&self.global).args(args);
         c
     }
 
@@ -151,10 +138,7 @@ impl Runc {
         let message = self.last_error(&stderr);
         // runc's own message already starts with "runc <command> failed: ".
         let prefix = format!("runc {command} failed: ");
-        Error::Runc {
-            command: command.to_string(),
-            message: message.strip_prefix(&prefix).map(str::to_string).unwrap_or(message),
-        }
+        Error::Runc { command: command.to_string(), message: message.strip_prefix(&prefix).map(str::to_string).unwrap_or(message) }
     }
 
     /// A timeout of the reaper as a runc error naming the subcommand.
@@ -162,11 +146,7 @@ impl Runc {
         if !reaper::is_timeout(&e) {
             return e;
         }
-        let env = if matches!(args[0], "checkpoint" | "restore") {
-            CRIU_DEADLINE_ENV
-        } else {
-            SHORT_DEADLINE_ENV
-        };
+        let env = if matches!(args[0], "checkpoint" | "restore") { CRIU_DEADLINE_ENV } else { SHORT_DEADLINE_ENV };
         Error::Io {
             context: format!(
                 "runc {} {} did not finish within {deadline:?} (runc and what it ran, CRIU included, were killed; ${env} sets the deadline)",
@@ -205,7 +185,13 @@ impl Runc {
     /// runc (and so in the CRIU it starts) as numbers
     /// [`FIRST_INHERITED_FD`], [`FIRST_INHERITED_FD`] + 1, ..., and `env`
     /// added to its environment.
-    async fn run_with_stdio_fds(&self, args: &[&str], stdio: ProcessStdio, inherit: &[InheritFd], env: &[(OsString, OsString)]) -> Result<()> {
+    async fn run_with_stdio_fds(
+        &self,
+        args: &[&str],
+        stdio: ProcessStdio,
+        inherit: &[InheritFd],
+        env: &[(OsString, OsString)],
+    ) -> Result<()> {
         debug!(args = ?args, inherited = inherit.len(), "runc");
         let mut cmd = self.command(args);
         cmd.envs(env.iter().map(|(k, v)| (k, v)));
@@ -223,14 +209,7 @@ impl Runc {
     }
 
     /// `runc create`: the init process waits for `start`.
-    pub async fn create(
-        &self,
-        id: &str,
-        bundle: &Path,
-        pid_file: &Path,
-        console_socket: Option<&Path>,
-        stdio: ProcessStdio,
-    ) -> Result<()> {
+    pub async fn create(&self, id: &str, bundle: &Path, pid_file: &Path, console_socket: Option<&Path>, stdio: ProcessStdio) -> Result<()> {
         let bundle = bundle.to_string_lossy();
         let pid_file = pid_file.to_string_lossy();
         let console = console_socket.map(|p| p.to_string_lossy().into_owned());
@@ -296,10 +275,8 @@ impl Runc {
 
     pub async fn ps(&self, id: &str) -> Result<Vec<i32>> {
         let out = self.run(&["ps", "--format", "json", id]).await?;
-        let pids: Option<Vec<i32>> = serde_json::from_slice(&out).map_err(|source| Error::Json {
-            context: format!("parse runc ps of {id}"),
-            source,
-        })?;
+        let pids: Option<Vec<i32>> =
+            serde_json::from_slice(&out).map_err(|source| Error::Json { context: format!("parse runc ps of {id}"), source })?;
         Ok(pids.unwrap_or_default())
     }
 
@@ -312,7 +289,6 @@ impl Runc {
         let _ = std::fs::remove_file(&file);
         r.map(|_| ())
     }
-
 }
 
 /// What a checkpoint is asked to do (containerd's CheckpointOptions).
@@ -358,24 +334,32 @@ impl Runc {
         console_socket: Option<&Path>,
         stdio: ProcessStdio,
     ) -> Result<()> {
-        let (b, i, w, p) = (
-            bundle.to_string_lossy(),
-            from.image.to_string_lossy(),
-            from.work.to_string_lossy(),
-            pid_file.to_string_lossy(),
-        );
+        let (b, i, w, p) =
+            (bundle.to_string_lossy(), from.image.to_string_lossy(), from.work.to_string_lossy(), pid_file.to_string_lossy());
         let mut env = criu_env().await?;
         if let Some(pid) = from.lazy_daemon {
             if env.is_empty() {
-                return Err(Error::FailedPrecondition("a lazy-pages daemon that may not listen yet, and no CRIU launcher to wait for it".into()));
+                return Err(Error::FailedPrecondition(
+                    "a lazy-pages daemon that may not listen yet, and no CRIU launcher to wait for it".into(),
+                ));
             }
             env.push((criu_launcher::ENV_LAZY_SOCKET.into(), from.work.join("lazy-pages.socket").into_os_string()));
             env.push((criu_launcher::ENV_LAZY_PID.into(), pid.to_string().into()));
         }
         let console = console_socket.map(|p| p.to_string_lossy().into_owned());
         let mut args = vec![
-            "restore", "--detach", "--no-subreaper", "--tcp-established", "--bundle", &b, "--image-path", &i,
-            "--work-path", &w, "--pid-file", &p,
+            "restore",
+            "--detach",
+            "--no-subreaper",
+            "--tcp-established",
+            "--bundle",
+            &b,
+            "--image-path",
+            &i,
+            "--work-path",
+            &w,
+            "--pid-file",
+            &p,
         ];
         if from.lazy {
             args.push("--lazy-pages");
@@ -384,16 +368,17 @@ impl Runc {
             args.extend(["--console-socket", c, "--shell-job"]);
         }
         args.push(id);
-        self.run_with_stdio_fds(&args, stdio, &from.inherit, &env)
-            .await
-            .map_err(|e| self.with_criu_log(e, &from.work, "restore.log"))
+        self.run_with_stdio_fds(&args, stdio, &from.inherit, &env).await.map_err(|e| self.with_criu_log(e, &from.work, "restore.log"))
     }
 
     /// A restore driven over CRIU's RPC without runc
     /// ([`crate::system::criu_restore`]) failed with `e`: reported as a
     /// failed `runc restore` would be, with CRIU's log.
     pub fn direct_restore_failed(&self, e: Error, work: &Path) -> Error {
-        let e = Error::Runc { command: "restore".into(), message: format!("{e} (CRIU driven by the shim; log file: {})", work.join("restore.log").display()) };
+        let e = Error::Runc {
+            command: "restore".into(),
+            message: format!("{e} (CRIU driven by the shim; log file: {})", work.join("restore.log").display()),
+        };
         self.with_criu_log(e, work, "restore.log")
     }
 
@@ -409,17 +394,12 @@ impl Runc {
         };
         let kept = self.log.with_file_name(format!("criu-{log}"));
         let _ = std::fs::write(&kept, &text);
-        let errors: Vec<&str> = text
-            .lines()
-            .filter(|l| (l.contains("Error") || l.contains("rror (")) && !l.contains("RLIMIT_NOFILE"))
-            .collect();
+        let errors: Vec<&str> =
+            text.lines().filter(|l| (l.contains("Error") || l.contains("rror (")) && !l.contains("RLIMIT_NOFILE")).collect();
         let tail = &errors[errors.len().saturating_sub(8)..];
         // runc names the log in the work directory, which may be temporary.
         let message = message.replace(&src.to_string_lossy().into_owned(), &kept.to_string_lossy());
-        Error::Runc {
-            command,
-            message: format!("{message}; CRIU log ({}):\n{}", kept.display(), tail.join("\n")),
-        }
+        Error::Runc { command, message: format!("{message}; CRIU log ({}):\n{}", kept.display(), tail.join("\n")) }
     }
 }
 
@@ -540,9 +520,7 @@ impl CheckpointOpts {
 /// Reads a pid file written by runc.
 pub fn read_pid(path: &Path) -> Result<i32> {
     let s = std::fs::read_to_string(path).io_context(|| format!("read pid file {path:?}"))?;
-    s.trim()
-        .parse()
-        .map_err(|_| Error::InvalidArgument(format!("pid file {path:?} holds {s:?}, not a pid")))
+    s.trim().parse().map_err(|_| Error::InvalidArgument(format!("pid file {path:?} holds {s:?}, not a pid")))
 }
 
 /// Maps runc's kill errors onto NotFound, as containerd expects for a
@@ -590,15 +568,8 @@ mod tests {
 
     #[test]
     fn checkpoint_options_map_onto_runc_flags() {
-        let o = CheckpointOpts {
-            image_path: "/img".into(),
-            work_path: "/work".into(),
-            ..Default::default()
-        };
-        assert_eq!(
-            checkpoint_args("c1", &o),
-            ["checkpoint", "--image-path", "/img", "--work-path", "/work", "--leave-running", "c1"]
-        );
+        let o = CheckpointOpts { image_path: "/img".into(), work_path: "/work".into(), ..Default::default() };
+        assert_eq!(checkpoint_args("c1", &o), ["checkpoint", "--image-path", "/img", "--work-path", "/work", "--leave-running", "c1"]);
         let o = CheckpointOpts {
             exit: true,
             open_tcp: true,
@@ -646,10 +617,8 @@ mod tests {
     async fn inherited_descriptors_reach_the_child_at_their_numbers() {
         use std::os::fd::AsRawFd;
         let (a, b) = std::os::unix::net::UnixStream::pair().unwrap();
-        let inherit: Vec<InheritFd> = [a, b]
-            .into_iter()
-            .map(|s| InheritFd { resource: "socket:[1]".into(), fd: Arc::new(OwnedFd::from(s)) })
-            .collect();
+        let inherit: Vec<InheritFd> =
+            [a, b].into_iter().map(|s| InheritFd { resource: "socket:[1]".into(), fd: Arc::new(OwnedFd::from(s)) }).collect();
         let from = RestoreFrom { image: "/i".into(), work: "/w".into(), lazy: false, lazy_daemon: None, inherit: inherit.clone() };
         assert_eq!(from.criu_options(), ["inherit-fd fd[100]:socket:[1]", "inherit-fd fd[101]:socket:[1]"]);
         let mut cmd = Command::new("readlink");

@@ -83,7 +83,12 @@ mod tests {
     fn options_round_trip_through_the_bundle_and_are_checked() {
         let b = tempfile::tempdir().unwrap();
         assert_eq!(RuncOptions::load(b.path()).unwrap(), RuncOptions::default());
-        let o = RuncOptions { binary_name: Some("/usr/bin/runc".into()), root: Some("/run/r".into()), systemd_cgroup: true, ..Default::default() };
+        let o = RuncOptions {
+            binary_name: Some("/usr/bin/runc".into()),
+            root: Some("/run/r".into()),
+            systemd_cgroup: true,
+            ..Default::default()
+        };
         o.validate().unwrap();
         o.save(b.path()).unwrap();
         assert_eq!(RuncOptions::load(b.path()).unwrap(), o);

@@ -72,7 +72,8 @@ fn rules(conns: &[TcpConnection], v6: bool) -> Option<String> {
 }
 
 /// The input that takes them out again.
-const REMOVAL: &str = "*filter\n-D INPUT -j TORPOR-SLEEPING\n-F TORPOR-SLEEPING\n-X TORPOR-SLEEPING\n-F TORPOR-WAKE\n-X TORPOR-WAKE\nCOMMIT\n";
+const REMOVAL: &str =
+    "*filter\n-D INPUT -j TORPOR-SLEEPING\n-F TORPOR-SLEEPING\n-X TORPOR-SLEEPING\n-F TORPOR-WAKE\n-X TORPOR-WAKE\nCOMMIT\n";
 
 /// Puts the rules for `conns` (at most [`MAX_KEPT`]) in the network
 /// namespace `netns`; the xtables tools of the families that got rules,
@@ -81,7 +82,11 @@ const REMOVAL: &str = "*filter\n-D INPUT -j TORPOR-SLEEPING\n-F TORPOR-SLEEPING\
 /// ([`restore_tools`]).
 pub async fn keep(netns: &Path, conns: &[TcpConnection]) -> Result<Vec<&'static str>> {
     let conns = if conns.len() > MAX_KEPT {
-        warn!(connections = conns.len(), kept = MAX_KEPT, "the sleeping actor has more connections than are kept; the rest are reset if their peers send");
+        warn!(
+            connections = conns.len(),
+            kept = MAX_KEPT,
+            "the sleeping actor has more connections than are kept; the rest are reset if their peers send"
+        );
         &conns[..MAX_KEPT]
     } else {
         conns
@@ -202,7 +207,9 @@ pub(crate) fn bind_nflog_group(group: u16) -> std::io::Result<NetlinkSocket> {
 fn has_packet(mut bytes: &[u8]) -> bool {
     while !bytes.is_empty() {
         let Ok(msg) = <NetlinkMessage<NetfilterMessage>>::deserialize(bytes) else { return false };
-        if let NetlinkPayload::InnerMessage(NetfilterMessage { inner: NetfilterMessageInner::ULog(ULogMessage::Packet(_)), .. }) = msg.payload {
+        if let NetlinkPayload::InnerMessage(NetfilterMessage { inner: NetfilterMessageInner::ULog(ULogMessage::Packet(_)), .. }) =
+            msg.payload
+        {
             return true;
         }
         let len = msg.header.length as usize;
@@ -249,7 +256,13 @@ mod tests {
         let on: libc::c_int = 1;
         // SAFETY: setsockopt(2) on our socket with an int that lives for the call.
         let rc = unsafe {
-            libc::setsockopt(s.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_REPAIR, (&on as *const libc::c_int).cast(), std::mem::size_of::<libc::c_int>() as libc::socklen_t)
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_REPAIR,
+                (&on as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
         };
         assert_eq!(rc, 0, "TCP_REPAIR: {}", std::io::Error::last_os_error());
         drop(s);
@@ -299,10 +312,7 @@ mod tests {
         let watch = Watch::start(&path, tx).unwrap();
         assert_eq!(keep(&path, &[kept, closing]).await.unwrap(), ["iptables-restore"]);
         closer.shutdown(std::net::Shutdown::Write).unwrap();
-        assert!(
-            tokio::time::timeout(Duration::from_millis(500), rx.recv()).await.is_err(),
-            "a bare FIN does not wake the actor"
-        );
+        assert!(tokio::time::timeout(Duration::from_millis(500), rx.recv()).await.is_err(), "a bare FIN does not wake the actor");
         let mut c = client.try_clone().unwrap();
         c.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
         c.write_all(b"get\n").unwrap();

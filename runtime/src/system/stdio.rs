@@ -17,10 +17,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tracing::{debug, warn};
 use nix::fcntl::OFlag;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::oneshot;
+use tracing::{debug, warn};
 
 use crate::error::{Error, IoContext, Result};
 use crate::system::runc::ProcessStdio;
@@ -120,20 +120,10 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 
 /// Sets up pipes (or the console socket) for a process.
 fn prepare(config: &StdioConfig) -> Result<(Prepared, ProcessStdio)> {
-    let mut p = Prepared {
-        config: config.clone(),
-        stdin_writer: None,
-        stdout_reader: None,
-        stderr_reader: None,
-        console: None,
-    };
+    let mut p = Prepared { config: config.clone(), stdin_writer: None, stdout_reader: None, stderr_reader: None, console: None };
     if config.terminal {
         p.console = Some(ConsoleSocket::new()?);
-        let stdio = ProcessStdio {
-            stdin: Stdio::null(),
-            stdout: Stdio::null(),
-            stderr: Stdio::null(),
-        };
+        let stdio = ProcessStdio { stdin: Stdio::null(), stdout: Stdio::null(), stderr: Stdio::null() };
         return Ok((p, stdio));
     }
     let stdin = if config.stdin.is_empty() {
@@ -175,11 +165,7 @@ impl Prepared {
         let cfg = self.config;
         for fifo in [&cfg.stdout, &cfg.stderr] {
             if !fifo.is_empty() {
-                let f = OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .open(fifo)
-                    .io_context(|| format!("open stdio fifo {fifo}"))?;
+                let f = OpenOptions::new().read(true).write(true).open(fifo).io_context(|| format!("open stdio fifo {fifo}"))?;
                 io.out_keepalive.push(f);
             }
         }
@@ -215,16 +201,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Copies a pipe to a FIFO on the tokio runtime.
 fn copy_task(reader: OwnedFd, fifo: String) -> Result<oneshot::Receiver<()>> {
-    let mut src = tokio::net::unix::pipe::Receiver::from_owned_fd(reader)
-        .io_context(|| "register output pipe".into())?;
+    let mut src = tokio::net::unix::pipe::Receiver::from_owned_fd(reader).io_context(|| "register output pipe".into())?;
     let (tx, rx) = oneshot::channel();
     tokio::spawn(async move {
         // read_write keeps the open from failing (ENXIO) when containerd has
         // not opened its end yet; containerd still sees EOF when we close.
-        match tokio::net::unix::pipe::OpenOptions::new()
-            .read_write(true)
-            .open_sender(&fifo)
-        {
+        match tokio::net::unix::pipe::OpenOptions::new().read_write(true).open_sender(&fifo) {
             Ok(mut dst) => {
                 if let Err(e) = tokio::io::copy(&mut src, &mut dst).await {
                     debug!("copy to {fifo}: {e}");
@@ -269,15 +251,8 @@ fn copy_thread(mut src: File, fifo: String) -> oneshot::Receiver<()> {
 fn stdin_thread(fifo: &str, mut dst: File) -> Result<File> {
     // Open the read side without blocking, then our own write side, then
     // make reads blocking: the FIFO reports EOF only once both are closed.
-    let src = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(fifo)
-        .io_context(|| format!("open stdin fifo {fifo}"))?;
-    let keepalive = OpenOptions::new()
-        .write(true)
-        .open(fifo)
-        .io_context(|| format!("open stdin fifo {fifo} for writing"))?;
+    let src = OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(fifo).io_context(|| format!("open stdin fifo {fifo}"))?;
+    let keepalive = OpenOptions::new().write(true).open(fifo).io_context(|| format!("open stdin fifo {fifo} for writing"))?;
     let flags = nix::fcntl::fcntl(&src, nix::fcntl::FcntlArg::F_GETFL).io_context(|| "fcntl F_GETFL".into())?;
     let mut flags = OFlag::from_bits_truncate(flags);
     flags.remove(OFlag::O_NONBLOCK);
@@ -315,12 +290,7 @@ impl std::fmt::Debug for ProcessIo {
 impl ProcessIo {
     /// A process with no stdio at all.
     pub fn null() -> Self {
-        ProcessIo {
-            stdin_keepalive: Mutex::new(None),
-            out_keepalive: Vec::new(),
-            console: None,
-            done: Vec::new(),
-        }
+        ProcessIo { stdin_keepalive: Mutex::new(None), out_keepalive: Vec::new(), console: None, done: Vec::new() }
     }
 
     /// CloseIO: once containerd's writer is closed too, the process sees
@@ -343,10 +313,7 @@ impl ProcessIo {
         // SAFETY: TIOCSWINSZ reads a winsize struct that lives for the call.
         let rc = unsafe { libc::ioctl(c.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
         if rc < 0 {
-            return Err(Error::Io {
-                context: "resize pty".into(),
-                source: std::io::Error::last_os_error(),
-            });
+            return Err(Error::Io { context: "resize pty".into(), source: std::io::Error::last_os_error() });
         }
         Ok(())
     }
@@ -354,9 +321,7 @@ impl ProcessIo {
     /// Takes what [`Drain::wait`] waits for, so the caller can wait without
     /// holding a lock on the process.
     pub fn take_drain(&mut self) -> Drain {
-        Drain {
-            done: std::mem::take(&mut self.done),
-        }
+        Drain { done: std::mem::take(&mut self.done) }
     }
 
     /// After the process exited: nothing more goes to its stdin, and its
@@ -399,9 +364,8 @@ impl ConsoleSocket {
         let n = CONSOLE_SEQ.fetch_add(1, Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!("torpor-pty-{}-{n}.sock", std::process::id()));
         let _ = std::fs::remove_file(&path);
-        let listener = UnixListener::bind(&path)
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-            .and_then(tokio::net::UnixListener::from_std);
+        let listener =
+            UnixListener::bind(&path).and_then(|l| l.set_nonblocking(true).map(|()| l)).and_then(tokio::net::UnixListener::from_std);
         match listener {
             // Dropped with this (an aborted accept): the file goes too.
             Ok(listener) => Ok(ConsoleSocket { listener, path }),
@@ -487,7 +451,14 @@ mod tests {
             let pty = nix::pty::openpty(None, None).unwrap();
             let s = std::os::unix::net::UnixStream::connect(&socket).unwrap();
             let fds = [pty.master.as_raw_fd()];
-            sendmsg::<UnixAddr>(s.as_raw_fd(), &[std::io::IoSlice::new(b"pty")], &[ControlMessage::ScmRights(&fds)], MsgFlags::empty(), None).unwrap();
+            sendmsg::<UnixAddr>(
+                s.as_raw_fd(),
+                &[std::io::IoSlice::new(b"pty")],
+                &[ControlMessage::ScmRights(&fds)],
+                MsgFlags::empty(),
+                None,
+            )
+            .unwrap();
             Ok(())
         })
         .await

@@ -134,13 +134,19 @@ fn mount_flags(options: &str) -> std::result::Result<Vec<String>, String> {
 fn check(k: &Kept) -> std::result::Result<(), String> {
     let p = Path::new(&k.mountpoint);
     let plain = k.mountpoint.bytes().all(|b| b.is_ascii_graphic() && !matches!(b, b'[' | b']' | b':' | b',' | b'\\'));
-    if !p.is_absolute() || k.mountpoint == "/" || !plain || p.components().any(|c| matches!(c, std::path::Component::ParentDir | std::path::Component::CurDir)) {
+    if !p.is_absolute()
+        || k.mountpoint == "/"
+        || !plain
+        || p.components().any(|c| matches!(c, std::path::Component::ParentDir | std::path::Component::CurDir))
+    {
         return Err(format!("mount point {:?} is not a plain absolute path", k.mountpoint));
     }
     for o in k.data.split(',').filter(|o| !o.is_empty()) {
         let known = match o.split_once('=') {
             Some((name, value)) => {
-                DATA_OPTIONS.contains(&name) && !value.is_empty() && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'%')
+                DATA_OPTIONS.contains(&name)
+                    && !value.is_empty()
+                    && value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'%')
             }
             None => DATA_FLAGS.contains(&o),
         };
@@ -184,7 +190,8 @@ pub fn capture(pid: i32, image: &Path, fresh: &[String]) -> Result<Vec<String>> 
         external.push(format!("mnt[{}]:{}", k.mountpoint, key(i)));
     }
     let path = image.join(MANIFEST);
-    let manifest = serde_json::to_vec(&Manifest { mounts: kept }).map_err(|source| Error::Json { context: format!("encode {path:?}"), source })?;
+    let manifest =
+        serde_json::to_vec(&Manifest { mounts: kept }).map_err(|source| Error::Json { context: format!("encode {path:?}"), source })?;
     std::fs::write(&path, manifest).io_context(|| format!("write {path:?}"))?;
     Ok(external)
 }
@@ -246,7 +253,8 @@ pub fn prepare(image: &Path, work: &Path) -> Result<Prepared> {
         mount(None::<&str>, &dir, None::<&str>, MsFlags::MS_PRIVATE, None::<&str>).io_context(|| at("make private"))?;
         rootfs::apply(&image.join(archive_name(i)), &dir)?;
         if flags.contains(MsFlags::MS_RDONLY) {
-            mount(None::<&str>, &dir, None::<&str>, MsFlags::MS_REMOUNT | MsFlags::MS_BIND | flags, None::<&str>).io_context(|| at("make read-only"))?;
+            mount(None::<&str>, &dir, None::<&str>, MsFlags::MS_REMOUNT | MsFlags::MS_BIND | flags, None::<&str>)
+                .io_context(|| at("make read-only"))?;
         }
         prepared.external.push(format!("mnt[{}]:{}", key(i), dir.display()));
     }

@@ -200,7 +200,10 @@ mod tests {
         let (mut a, mut b) = UnixStream::pair().unwrap();
         let me = std::process::id() as i32;
         let (ia, ib) = (inode_of(&a), inode_of(&b));
-        let listing = [UnixSocket { inode: ia, peer: Some(ib), queued: 0, seqpacket: false }, UnixSocket { inode: ib, peer: Some(ia), queued: 3, seqpacket: false }];
+        let listing = [
+            UnixSocket { inode: ia, peer: Some(ib), queued: 0, seqpacket: false },
+            UnixSocket { inode: ib, peer: Some(ia), queued: 3, seqpacket: false },
+        ];
         // One container holds both ends: nothing crosses.
         assert!(links_among(&listing, &[("app".into(), vec![me])]).unwrap().is_empty());
         // The same process in two containers: every socket is in both.

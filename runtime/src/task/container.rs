@@ -38,7 +38,9 @@ pub enum ContainerState {
     Created,
     /// Created from a checkpoint image (containerd's, or a snapshot kept for
     /// its identity): restored at Start instead of `runc start`.
-    RestorePending { image: PathBuf },
+    RestorePending {
+        image: PathBuf,
+    },
     /// `runc start` under way.
     Starting,
     Running,
@@ -50,13 +52,19 @@ pub enum ContainerState {
     Thawing,
     /// A suspend's dump under way: CRIU has the processes. A failed dump
     /// goes back to `back` (Running or Paused).
-    Dumping { back: Box<ContainerState> },
+    Dumping {
+        back: Box<ContainerState>,
+    },
     /// Checkpointed by a suspend: no process, but RUNNING to containerd;
     /// `io` keeps containerd's FIFOs open (no EOF, no exit).
-    Suspended { io: ProcessIo },
+    Suspended {
+        io: ProcessIo,
+    },
     /// A restore under way; a failed one goes back to `back` (Suspended or
     /// RestorePending).
-    Restoring { back: Box<ContainerState> },
+    Restoring {
+        back: Box<ContainerState>,
+    },
     /// init exited.
     Stopped,
 }
@@ -200,10 +208,7 @@ impl Container {
         if exec_id.is_empty() {
             return Ok(&self.init);
         }
-        self.execs
-            .get(exec_id)
-            .map(|e| &e.process)
-            .ok_or_else(|| Error::NotFound(format!("process {exec_id} of container {}", self.id)))
+        self.execs.get(exec_id).map(|e| &e.process).ok_or_else(|| Error::NotFound(format!("process {exec_id} of container {}", self.id)))
     }
 
     pub fn process_mut(&mut self, exec_id: &str) -> Result<&mut Process> {
@@ -211,10 +216,7 @@ impl Container {
             return Ok(&mut self.init);
         }
         let id = &self.id;
-        self.execs
-            .get_mut(exec_id)
-            .map(|e| &mut e.process)
-            .ok_or_else(|| Error::NotFound(format!("process {exec_id} of container {id}")))
+        self.execs.get_mut(exec_id).map(|e| &mut e.process).ok_or_else(|| Error::NotFound(format!("process {exec_id} of container {id}")))
     }
 
     /// The containerd status of process `exec_id`.
@@ -222,10 +224,7 @@ impl Container {
         if exec_id.is_empty() {
             return Ok(self.state.status());
         }
-        self.execs
-            .get(exec_id)
-            .map(Exec::status)
-            .ok_or_else(|| Error::NotFound(format!("process {exec_id} of container {}", self.id)))
+        self.execs.get(exec_id).map(Exec::status).ok_or_else(|| Error::NotFound(format!("process {exec_id} of container {}", self.id)))
     }
 
     /// An exec session is running (a suspend cannot dump it).

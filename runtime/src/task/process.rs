@@ -51,14 +51,7 @@ pub struct Process {
 
 impl Process {
     pub fn new(exec_id: &str, stdio: StdioConfig) -> Self {
-        Process {
-            exec_id: exec_id.to_string(),
-            pid: 0,
-            stdio,
-            io: ProcessIo::null(),
-            spec_file: None,
-            exit: watch::channel(None).0,
-        }
+        Process { exec_id: exec_id.to_string(), pid: 0, stdio, io: ProcessIo::null(), spec_file: None, exit: watch::channel(None).0 }
     }
 
     pub fn exit_info(&self) -> Option<ExitInfo> {
@@ -75,10 +68,7 @@ impl Process {
         if let Some(e) = self.exit_info() {
             return e;
         }
-        let info = ExitInfo {
-            status,
-            at: SystemTime::now(),
-        };
+        let info = ExitInfo { status, at: SystemTime::now() };
         self.io.close();
         self.exit.send_replace(Some(info));
         info

@@ -35,12 +35,7 @@ use crate::task::process::{ExecState, ExitInfo, Process, Status};
 #[derive(Debug, Clone)]
 pub enum Event {
     /// A process exited (exec_id is empty for init).
-    Exit {
-        container_id: String,
-        exec_id: String,
-        pid: i32,
-        exit: ExitInfo,
-    },
+    Exit { container_id: String, exec_id: String, pid: i32, exit: ExitInfo },
     /// The kernel OOM-killed a process of the container.
     Oom { container_id: String },
 }
@@ -120,12 +115,7 @@ impl Tasks {
     /// The table, and its exit monitor. `namespace` is the containerd
     /// namespace (runc state is kept per namespace).
     pub fn new(namespace: &str, events: mpsc::UnboundedSender<Event>) -> Self {
-        let tasks = Tasks {
-            table: Arc::default(),
-            settled: Arc::default(),
-            namespace: namespace.to_string(),
-            events,
-        };
+        let tasks = Tasks { table: Arc::default(), settled: Arc::default(), namespace: namespace.to_string(), events };
         let mut sub = reaper::subscribe();
         let me = tasks.clone();
         tokio::spawn(async move {
@@ -265,12 +255,7 @@ impl Tasks {
         if oom {
             let _ = self.events.send(Event::Oom { container_id: cid.to_string() });
         }
-        let _ = self.events.send(Event::Exit {
-            container_id: cid.to_string(),
-            exec_id: exec_id.to_string(),
-            pid,
-            exit,
-        });
+        let _ = self.events.send(Event::Exit { container_id: cid.to_string(), exec_id: exec_id.to_string(), pid, exit });
     }
 
     /// Registers a new pid; if it already exited, handles that exit now.
@@ -340,10 +325,8 @@ impl Tasks {
         let pid_file = new.bundle.join("init.pid");
         let (id, bundle, pf) = (&new.id, &new.bundle, &pid_file);
         let launched = async {
-            let io = stdio::launch(&new.stdio, |socket, stdio| async move {
-                runc.create(id, bundle, pf, socket.as_deref(), stdio).await
-            })
-            .await?;
+            let io = stdio::launch(&new.stdio, |socket, stdio| async move { runc.create(id, bundle, pf, socket.as_deref(), stdio).await })
+                .await?;
             Ok::<_, Error>((io, runc::read_pid(&pid_file)?))
         }
         .await;
@@ -401,28 +384,19 @@ impl Tasks {
             if c.state.status() != Status::Running {
                 return Err(Error::FailedPrecondition(format!("container {id} is not running")));
             }
-            let e = c
-                .execs
-                .get_mut(exec_id)
-                .ok_or_else(|| Error::NotFound(format!("process {exec_id} of container {id}")))?;
+            let e = c.execs.get_mut(exec_id).ok_or_else(|| Error::NotFound(format!("process {exec_id} of container {id}")))?;
             if e.state != ExecState::Created {
                 return Err(Error::FailedPrecondition(format!("process {id}/{exec_id} is {:?}, not created", e.status())));
             }
-            let spec = e
-                .process
-                .spec_file
-                .clone()
-                .ok_or_else(|| Error::InvalidArgument(format!("exec {exec_id} has no process spec")))?;
+            let spec = e.process.spec_file.clone().ok_or_else(|| Error::InvalidArgument(format!("exec {exec_id} has no process spec")))?;
             e.state = ExecState::Starting;
             Ok((c.runc.clone(), c.bundle.clone(), spec, e.process.stdio.clone()))
         })?;
         let pid_file = bundle.join(format!("{exec_id}.pid"));
         let (runc_ref, spec, pf) = (&runc, &spec_file, &pid_file);
         let launched = async {
-            let io = stdio::launch(&stdio, |socket, stdio| async move {
-                runc_ref.exec(id, spec, pf, socket.as_deref(), stdio).await
-            })
-            .await?;
+            let io =
+                stdio::launch(&stdio, |socket, stdio| async move { runc_ref.exec(id, spec, pf, socket.as_deref(), stdio).await }).await?;
             let pid = runc::read_pid(&pid_file)?;
             let _ = std::fs::remove_file(&pid_file);
             Ok::<_, Error>((io, pid))
@@ -522,7 +496,14 @@ impl Tasks {
             }
         }
         let pid = result?;
-        info!(container = id, pid, lazy = from.lazy, criu_driven_by = if by_shim.into_inner() { "shim" } else { "runc" }, ms = started.elapsed().as_millis() as u64, "container restored");
+        info!(
+            container = id,
+            pid,
+            lazy = from.lazy,
+            criu_driven_by = if by_shim.into_inner() { "shim" } else { "runc" },
+            ms = started.elapsed().as_millis() as u64,
+            "container restored"
+        );
         self.claim_early_exit(id, "", pid);
         Ok(pid)
     }
@@ -579,10 +560,8 @@ impl Tasks {
                     return Err(e);
                 }
             }
-            let io = stdio::launch(&stdio, |socket, stdio| async move {
-                runc_ref.create(id, b, pf, socket.as_deref(), stdio).await
-            })
-            .await?;
+            let io =
+                stdio::launch(&stdio, |socket, stdio| async move { runc_ref.create(id, b, pf, socket.as_deref(), stdio).await }).await?;
             let pid = runc::read_pid(&pid_file)?;
             runc_ref.start(id).await?;
             Ok::<_, Error>((io, pid))
@@ -651,7 +630,10 @@ impl Tasks {
             let back = match std::mem::replace(&mut c.state, ContainerState::Stopped) {
                 s @ (ContainerState::Running | ContainerState::Paused) => s,
                 other => {
-                    let e = Error::FailedPrecondition(format!("container {id} is {}: only a running or paused container can be dumped", other.name()));
+                    let e = Error::FailedPrecondition(format!(
+                        "container {id} is {}: only a running or paused container can be dumped",
+                        other.name()
+                    ));
                     c.state = other;
                     return Err(e);
                 }
@@ -807,12 +789,7 @@ impl Tasks {
         };
         self.settled.notify_waiters();
         info!(container = id, signal, "suspended container stopped");
-        let _ = self.events.send(Event::Exit {
-            container_id: id.to_string(),
-            exec_id: String::new(),
-            pid,
-            exit,
-        });
+        let _ = self.events.send(Event::Exit { container_id: id.to_string(), exec_id: String::new(), pid, exit });
         Some(true)
     }
 
@@ -837,14 +814,10 @@ impl Tasks {
                 }
             });
         }
-        let sig = nix::sys::signal::Signal::try_from(signal as i32)
-            .map_err(|_| Error::InvalidArgument(format!("signal {signal}")))?;
+        let sig = nix::sys::signal::Signal::try_from(signal as i32).map_err(|_| Error::InvalidArgument(format!("signal {signal}")))?;
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).map_err(|e| match e {
             nix::errno::Errno::ESRCH => Error::NotFound(format!("process {id}/{exec_id} already finished")),
-            e => Error::Sys {
-                context: format!("kill {pid}"),
-                source: e,
-            },
+            e => Error::Sys { context: format!("kill {pid}"), source: e },
         })
     }
 
@@ -883,10 +856,7 @@ impl Tasks {
                 return Err(e);
             }
         }
-        let exit = c.init.exit_info().unwrap_or(ExitInfo {
-            status: 137,
-            at: std::time::SystemTime::now(),
-        });
+        let exit = c.init.exit_info().unwrap_or(ExitInfo { status: 137, at: std::time::SystemTime::now() });
         c.init.io.close();
         self.settled.notify_waiters();
         Ok((c.init.pid, exit))
@@ -1096,7 +1066,13 @@ async fn remove_dumped_ipc_objects(id: &str, ns: PathBuf) {
     match tokio::task::spawn_blocking(move || sysv_ipc::remove_dumped(&ns)).await {
         Ok(Ok(r)) if r.attached.is_empty() => {
             if r.shm + r.sem + r.msg > 0 {
-                info!(container = id, shm = r.shm, sem = r.sem, msg = r.msg, "SysV IPC objects of the dump removed from the pod's namespace");
+                info!(
+                    container = id,
+                    shm = r.shm,
+                    sem = r.sem,
+                    msg = r.msg,
+                    "SysV IPC objects of the dump removed from the pod's namespace"
+                );
             }
         }
         Ok(Ok(r)) => warn!(

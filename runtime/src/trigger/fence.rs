@@ -58,59 +58,63 @@ pub fn start(actor: &Actor, group: String) {
 /// (a daemon restarting right after a resume does not freeze the actor
 /// while the resume's answer holds).
 async fn pass(actor: &Actor, group: &str) {
-        let Some(rec) = actor.status() else { return };
-        crate::actor::report::heartbeat(&actor.store, &rec);
-        let fenced = rec.fenced.is_some() && rec.state == Lifecycle::Frozen;
-        if rec.state != Lifecycle::Running && !fenced {
-            // Not running: a resume or thaw confirms the lease first.
-            return;
+    let Some(rec) = actor.status() else { return };
+    crate::actor::report::heartbeat(&actor.store, &rec);
+    let fenced = rec.fenced.is_some() && rec.state == Lifecycle::Frozen;
+    if rec.state != Lifecycle::Running && !fenced {
+        // Not running: a resume or thaw confirms the lease first.
+        return;
+    }
+    let valid_until = actor.lease_valid_until();
+    // No waiting on an answer past the time the last one gave.
+    let confirm = actor.confirm_lease(&rec.actor, group);
+    let answer = match valid_until {
+        Some(t) if !fenced => {
+            let left = Duration::from_millis(t.saturating_sub(now_ms()));
+            tokio::time::timeout(left, confirm).await.unwrap_or_else(|_| {
+                Err(Error::store(StoreErrorKind::Unavailable, "no answer from the snapshot store before the last confirmation ran out"))
+            })
         }
-        let valid_until = actor.lease_valid_until();
-        // No waiting on an answer past the time the last one gave.
-        let confirm = actor.confirm_lease(&rec.actor, group);
-        let answer = match valid_until {
-            Some(t) if !fenced => {
-                let left = Duration::from_millis(t.saturating_sub(now_ms()));
-                tokio::time::timeout(left, confirm)
-                    .await
-                    .unwrap_or_else(|_| Err(Error::store(StoreErrorKind::Unavailable, "no answer from the snapshot store before the last confirmation ran out")))
-            }
-            _ => confirm.await,
-        };
-        match answer {
-            Ok(None) => {}
-            Ok(Some(_)) => {
-                if fenced {
-                    match actor.resume(Trigger::Fence).await {
-                        Ok(_) => info!(actor = rec.actor.as_str(), "lease confirmed again: actor thawed"),
-                        Err(e) => warn!(actor = rec.actor.as_str(), "lease confirmed again, but the thaw failed: {e}"),
-                    }
+        _ => confirm.await,
+    };
+    match answer {
+        Ok(None) => {}
+        Ok(Some(_)) => {
+            if fenced {
+                match actor.resume(Trigger::Fence).await {
+                    Ok(_) => info!(actor = rec.actor.as_str(), "lease confirmed again: actor thawed"),
+                    Err(e) => warn!(actor = rec.actor.as_str(), "lease confirmed again, but the thaw failed: {e}"),
                 }
             }
-            Err(e) if fenced => {
-                debug!(actor = rec.actor.as_str(), "actor stays frozen: {e}");
+        }
+        Err(e) if fenced => {
+            debug!(actor = rec.actor.as_str(), "actor stays frozen: {e}");
+        }
+        Err(e) => {
+            let lost = e.is_store(StoreErrorKind::LeaseLost);
+            // No answer yet at all: nothing shows the lease (fencing is
+            // undone by the next confirmation).
+            let lapsed = valid_until.is_none_or(|t| now_ms() >= t);
+            if !lost && !lapsed {
+                warn!(
+                    actor = rec.actor.as_str(),
+                    valid_until = valid_until.unwrap_or(0),
+                    "could not confirm the actor's lease (the actor runs on until it lapses): {e}"
+                );
+                return;
             }
-            Err(e) => {
-                let lost = e.is_store(StoreErrorKind::LeaseLost);
-                // No answer yet at all: nothing shows the lease (fencing is
-                // undone by the next confirmation).
-                let lapsed = valid_until.is_none_or(|t| now_ms() >= t);
-                if !lost && !lapsed {
-                    warn!(actor = rec.actor.as_str(), valid_until = valid_until.unwrap_or(0), "could not confirm the actor's lease (the actor runs on until it lapses): {e}");
-                    return;
-                }
-                let why = if lost {
-                    format!("frozen by the lease fence: {e}")
-                } else {
-                    format!("frozen by the lease fence: the lease could not be confirmed before it lapsed ({e})")
-                };
-                warn!(actor = rec.actor.as_str(), "{why}");
-                if let Err(fe) = actor.freeze_as(Some(why)).await {
-                    warn!(actor = rec.actor.as_str(), "the lease fence could not freeze the actor: {fe}");
-                }
+            let why = if lost {
+                format!("frozen by the lease fence: {e}")
+            } else {
+                format!("frozen by the lease fence: the lease could not be confirmed before it lapsed ({e})")
+            };
+            warn!(actor = rec.actor.as_str(), "{why}");
+            if let Err(fe) = actor.freeze_as(Some(why)).await {
+                warn!(actor = rec.actor.as_str(), "the lease fence could not freeze the actor: {fe}");
             }
         }
     }
+}
 
 #[cfg(test)]
 mod tests {

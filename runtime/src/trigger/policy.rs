@@ -94,7 +94,9 @@ const REQUEST_MAX: u64 = 16;
 enum Request {
     Suspend,
     /// Anything else: only its size is told (never its contents).
-    Unknown { bytes: u64 },
+    Unknown {
+        bytes: u64,
+    },
     /// A symlink, FIFO, directory or device: ignored.
     NotAFile,
 }
@@ -188,59 +190,59 @@ fn packets(pid: i32) -> Option<u64> {
 /// Polls the request file and the idle policy of shim `group`'s actor,
 /// and runs the freeze tier's window timer and pressure check.
 pub fn start(actor: &Actor, group: String) {
-        start_freeze_window(actor, group.clone(), Pressure::from_env());
-        let rt = actor.clone();
-        tokio::spawn(async move {
-            let mut last: Option<Sample> = None;
-            let mut quiet_since = Instant::now();
-            let activity = Activity::new();
-            let mut was_running = false;
-            loop {
-                tokio::time::sleep(POLL).await;
-                let Some(rec) = rt.status() else {
-                    // The actor went: its activity rules go.
-                    activity.keep(None, false);
-                    was_running = false;
-                    continue;
-                };
-                if let Some(req) = take_request(&group) {
-                    match req {
-                        Request::Suspend => match rt.suspend(Trigger::Request).await {
-                            Ok(_) => info!(actor = rec.actor.as_str(), "suspended at the actor's request"),
-                            Err(e) => warn!(actor = rec.actor.as_str(), "the actor's suspend request failed: {e}"),
-                        },
-                        other => warn!(actor = rec.actor.as_str(), "{other}"),
-                    }
-                    continue;
+    start_freeze_window(actor, group.clone(), Pressure::from_env());
+    let rt = actor.clone();
+    tokio::spawn(async move {
+        let mut last: Option<Sample> = None;
+        let mut quiet_since = Instant::now();
+        let activity = Activity::new();
+        let mut was_running = false;
+        loop {
+            tokio::time::sleep(POLL).await;
+            let Some(rec) = rt.status() else {
+                // The actor went: its activity rules go.
+                activity.keep(None, false);
+                was_running = false;
+                continue;
+            };
+            if let Some(req) = take_request(&group) {
+                match req {
+                    Request::Suspend => match rt.suspend(Trigger::Request).await {
+                        Ok(_) => info!(actor = rec.actor.as_str(), "suspended at the actor's request"),
+                        Err(e) => warn!(actor = rec.actor.as_str(), "the actor's suspend request failed: {e}"),
+                    },
+                    other => warn!(actor = rec.actor.as_str(), "{other}"),
                 }
-                let Some(idle_after) = rt.tasks.idle_after() else {
-                    activity.keep(None, false);
-                    continue;
-                };
-                let running = rec.state == Lifecycle::Running;
-                // Kept in the pod's netns while the actor lives (through its
-                // suspends), checked again once it runs after one.
-                activity.keep(pod_netns(&rt).as_deref(), running && !was_running);
-                was_running = running;
-                if !running {
-                    last = None;
-                    continue;
-                }
-                let Some(now) = sample(&rt, &activity) else { continue };
-                let busy = last.as_ref().is_none_or(|prev| busy(prev, &now, POLL));
-                last = Some(now);
-                if busy {
-                    quiet_since = Instant::now();
-                } else if quiet_since.elapsed() >= idle_after {
-                    match rt.suspend(Trigger::Idle).await {
-                        Ok(_) => info!(actor = rec.actor.as_str(), idle_after = ?idle_after, "suspended: idle"),
-                        Err(e) => warn!(actor = rec.actor.as_str(), "idle suspend failed: {e}"),
-                    }
-                    last = None;
-                    quiet_since = Instant::now();
-                }
+                continue;
             }
-        });
+            let Some(idle_after) = rt.tasks.idle_after() else {
+                activity.keep(None, false);
+                continue;
+            };
+            let running = rec.state == Lifecycle::Running;
+            // Kept in the pod's netns while the actor lives (through its
+            // suspends), checked again once it runs after one.
+            activity.keep(pod_netns(&rt).as_deref(), running && !was_running);
+            was_running = running;
+            if !running {
+                last = None;
+                continue;
+            }
+            let Some(now) = sample(&rt, &activity) else { continue };
+            let busy = last.as_ref().is_none_or(|prev| busy(prev, &now, POLL));
+            last = Some(now);
+            if busy {
+                quiet_since = Instant::now();
+            } else if quiet_since.elapsed() >= idle_after {
+                match rt.suspend(Trigger::Idle).await {
+                    Ok(_) => info!(actor = rec.actor.as_str(), idle_after = ?idle_after, "suspended: idle"),
+                    Err(e) => warn!(actor = rec.actor.as_str(), "idle suspend failed: {e}"),
+                }
+                last = None;
+                quiet_since = Instant::now();
+            }
+        }
+    });
 }
 
 /// How often the node's memory pressure is read while an actor is frozen
@@ -328,7 +330,11 @@ impl Pressure {
             MinAvailable::Percent(p) => (total_kib? as f64 * p / 100.0) as u64,
         };
         (avail_kib < threshold_kib).then(|| {
-            let limit = if forced { "unbounded (test hook freeze-pressure)".to_string() } else { format!("{} MiB ({MIN_AVAILABLE_ENV})", threshold_kib / 1024) };
+            let limit = if forced {
+                "unbounded (test hook freeze-pressure)".to_string()
+            } else {
+                format!("{} MiB ({MIN_AVAILABLE_ENV})", threshold_kib / 1024)
+            };
             format!("memory pressure: MemAvailable {} MiB below {limit}", avail_kib / 1024)
         })
     }
@@ -437,7 +443,6 @@ fn sample(actor: &Actor, activity: &Activity) -> Option<Sample> {
 fn pod_netns(actor: &Actor) -> Option<PathBuf> {
     actor.tasks.app_containers().iter().find_map(|id| actor.tasks.app_info(id).ok()?.netns)
 }
-
 
 #[cfg(test)]
 mod tests {

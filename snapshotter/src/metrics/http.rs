@@ -36,8 +36,8 @@ pub const PATH: &str = "/metrics";
 /// Binds `addr` (before anything else is created: a port in use is a
 /// clear error at start).
 pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener> {
-    let l = std::net::TcpListener::bind(addr)
-        .map_err(|e| Error::Daemon(format!("metrics_address = \"{addr}\": cannot listen there: {e}")))?;
+    let l =
+        std::net::TcpListener::bind(addr).map_err(|e| Error::Daemon(format!("metrics_address = \"{addr}\": cannot listen there: {e}")))?;
     l.set_nonblocking(true).map_err(|e| Error::Daemon(format!("metrics listener on {addr}: {e}")))?;
     Ok(l)
 }

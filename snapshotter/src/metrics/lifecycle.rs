@@ -238,7 +238,11 @@ impl Lifecycle {
             seconds(),
             l.fetch.clone(),
         );
-        registry.register("torpor_lifecycle_operations", "Lifecycle operations the shims reported, by operation and outcome", l.ops.clone());
+        registry.register(
+            "torpor_lifecycle_operations",
+            "Lifecycle operations the shims reported, by operation and outcome",
+            l.ops.clone(),
+        );
         registry.register("torpor_lifecycle_failures", "Failed lifecycle operations, by operation and failure class", l.failures.clone());
         registry.register(
             "torpor_lifecycle_reports",

@@ -85,8 +85,23 @@ impl std::fmt::Debug for Metrics {
 
 /// The store API operations, as the `op` label of `torpor_store_api_errors_total`.
 pub const API_OPS: &[&str] = &[
-    "begin", "commit", "abort", "latest", "checkout", "view_staging", "release", "list", "inspect", "upload", "evict",
-    "remove", "gc", "acquire", "confirm", "surrender", "parse",
+    "begin",
+    "commit",
+    "abort",
+    "latest",
+    "checkout",
+    "view_staging",
+    "release",
+    "list",
+    "inspect",
+    "upload",
+    "evict",
+    "remove",
+    "gc",
+    "acquire",
+    "confirm",
+    "surrender",
+    "parse",
 ];
 
 impl Metrics {

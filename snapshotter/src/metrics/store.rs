@@ -47,8 +47,20 @@ impl Collector for StoreCollector {
     fn encode(&self, mut e: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let st = self.store.status();
         let b = Some(&Unit::Bytes);
-        counter(&mut e, "torpor_store_uploaded", "Bytes of chunk objects written to the object tier (compressed, sealed)", b, st.uploaded_bytes)?;
-        counter(&mut e, "torpor_store_uploaded_raw", "Uncompressed bytes of the chunks written to the object tier", b, st.uploaded_raw_bytes)?;
+        counter(
+            &mut e,
+            "torpor_store_uploaded",
+            "Bytes of chunk objects written to the object tier (compressed, sealed)",
+            b,
+            st.uploaded_bytes,
+        )?;
+        counter(
+            &mut e,
+            "torpor_store_uploaded_raw",
+            "Uncompressed bytes of the chunks written to the object tier",
+            b,
+            st.uploaded_raw_bytes,
+        )?;
         counter(&mut e, "torpor_store_uploaded_chunks", "Chunks written to the object tier", None, st.uploaded_chunks)?;
         counter(
             &mut e,
@@ -57,7 +69,13 @@ impl Collector for StoreCollector {
             b,
             st.deduplicated_bytes,
         )?;
-        counter(&mut e, "torpor_store_deduplicated_chunks", "Chunks not uploaded because the object tier had them already", None, st.deduplicated_chunks)?;
+        counter(
+            &mut e,
+            "torpor_store_deduplicated_chunks",
+            "Chunks not uploaded because the object tier had them already",
+            None,
+            st.deduplicated_chunks,
+        )?;
         counter(&mut e, "torpor_store_fetched", "Bytes fetched from the object tier", b, st.fetched_bytes)?;
         counter(
             &mut e,
@@ -66,8 +84,20 @@ impl Collector for StoreCollector {
             None,
             st.untrusted_entries,
         )?;
-        counter(&mut e, "torpor_store_background_errors", "Errors of the store's background work (uploads, evictions, leases, gc)", None, st.background_errors)?;
-        counter(&mut e, "torpor_store_lease_renew_failures", "Actor lease renewals that failed (the object tier unreachable, or the lease lost)", None, st.lease_renew_failures)?;
+        counter(
+            &mut e,
+            "torpor_store_background_errors",
+            "Errors of the store's background work (uploads, evictions, leases, gc)",
+            None,
+            st.background_errors,
+        )?;
+        counter(
+            &mut e,
+            "torpor_store_lease_renew_failures",
+            "Actor lease renewals that failed (the object tier unreachable, or the lease lost)",
+            None,
+            st.lease_renew_failures,
+        )?;
         gauge(&mut e, "torpor_store_local", "Bytes of snapshots on the local tier", b, int(st.local_bytes))?;
         gauge(&mut e, "torpor_store_local_budget", "Byte budget of the local tier (store.local_budget)", b, int(st.local_budget_bytes))?;
         gauge(
@@ -79,7 +109,13 @@ impl Collector for StoreCollector {
         )?;
         gauge(&mut e, "torpor_store_snapshots", "Snapshots the store knows (either tier)", None, st.snapshots as i64)?;
         gauge(&mut e, "torpor_store_local_snapshots", "Snapshots with a local copy", None, st.local_snapshots as i64)?;
-        gauge(&mut e, "torpor_store_pending_uploads", "Local snapshots not yet durable in the object tier", None, st.pending_uploads as i64)?;
+        gauge(
+            &mut e,
+            "torpor_store_pending_uploads",
+            "Local snapshots not yet durable in the object tier",
+            None,
+            st.pending_uploads as i64,
+        )?;
         gauge(&mut e, "torpor_store_pinned_snapshots", "Snapshots pinned by a checkout", None, st.pinned_snapshots as i64)?;
         let (held, surrendering) = match self.store.actor_leases() {
             Ok(l) => (l.len() as i64, l.iter().filter(|h| h.surrendering).count() as i64),
@@ -132,7 +168,25 @@ pub fn error_kind(e: &Error) -> &'static str {
 
 /// Every value [`error_kind`] returns (docs/METRICS.md lists them).
 pub const ERROR_KINDS: &[&str] = &[
-    "invalid", "config", "lease_held", "lease_lost", "not_found", "not_durable", "pinned", "no_local_copy", "corrupt",
-    "unknown_key", "conflict", "io", "db", "remote_unavailable", "remote", "sweep", "fetch", "upload", "shutting_down",
-    "commit_in_progress", "internal",
+    "invalid",
+    "config",
+    "lease_held",
+    "lease_lost",
+    "not_found",
+    "not_durable",
+    "pinned",
+    "no_local_copy",
+    "corrupt",
+    "unknown_key",
+    "conflict",
+    "io",
+    "db",
+    "remote_unavailable",
+    "remote",
+    "sweep",
+    "fetch",
+    "upload",
+    "shutting_down",
+    "commit_in_progress",
+    "internal",
 ];

@@ -36,7 +36,10 @@ fn lifecycle_reports_become_histograms_counters_and_states() {
     let text = m.encode(Format::OpenMetrics).unwrap();
     assert!(text.ends_with("# EOF\n"), "{text}");
     assert!(text.contains("# TYPE torpor_suspend_duration_seconds histogram\n# UNIT torpor_suspend_duration_seconds seconds\n"), "{text}");
-    assert!(text.contains("# TYPE torpor_suspend_phase_duration_seconds histogram\n# UNIT torpor_suspend_phase_duration_seconds seconds\n"), "{text}");
+    assert!(
+        text.contains("# TYPE torpor_suspend_phase_duration_seconds histogram\n# UNIT torpor_suspend_phase_duration_seconds seconds\n"),
+        "{text}"
+    );
     let phase = |p: &str, what: &str| sample(&text, &format!("torpor_suspend_phase_duration_seconds_{what}{{phase=\"{p}\"}}"));
     assert_eq!(phase("dump", "count"), Some(1.0), "NaN is not observed\n{text}");
     assert_eq!(phase("dump", "sum"), Some(0.3));
@@ -132,7 +135,11 @@ fn store_numbers_and_api_errors_are_exposed_in_both_formats() {
     assert_eq!(sample(&text, "torpor_store_pending_uploads"), Some(0.0));
     assert_eq!(sample(&text, "torpor_store_actor_leases"), Some(1.0));
     assert_eq!(sample(&text, "torpor_store_disk_pressure"), Some(0.0));
-    assert_eq!(sample(&text, r#"torpor_suspend_phase_duration_seconds_count{phase="upload"}"#), Some(2.0), "the store told of its uploads\n{text}");
+    assert_eq!(
+        sample(&text, r#"torpor_suspend_phase_duration_seconds_count{phase="upload"}"#),
+        Some(2.0),
+        "the store told of its uploads\n{text}"
+    );
     assert_eq!(sample(&text, "torpor_fetch_duration_seconds_count"), Some(1.0));
     assert_eq!(sample(&text, r#"torpor_store_api_errors_total{op="view_staging",kind="not_found"}"#), Some(1.0), "{text}");
     assert_eq!(sample(&text, r#"torpor_store_api_errors_total{op="list",kind="shutting_down"}"#), Some(1.0));
@@ -198,7 +205,9 @@ async fn the_endpoint_serves_metrics_404s_other_paths_and_refuses_other_methods(
     assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
     assert!(ok.contains("content-type: text/plain; version=0.0.4"), "{ok}");
     assert!(ok.contains("torpor_actors{state=\"suspended\"} 1"), "{ok}");
-    let om = exchange(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n\r\n").await;
+    let om =
+        exchange(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text;version=1.0.0,text/plain;q=0.5\r\n\r\n")
+            .await;
     assert!(om.contains("content-type: application/openmetrics-text; version=1.0.0") && om.ends_with("# EOF\n"), "{om}");
     let head = exchange(addr, "HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
     assert!(head.starts_with("HTTP/1.1 200") && !head.contains("torpor_actors"), "{head}");
@@ -233,8 +242,16 @@ fn a_port_in_use_is_a_clear_error() {
 fn totals_go_by_trigger_and_phases_apart() {
     let m = Metrics::new(None);
     let l = m.lifecycle();
-    let resume = |seq: u64, trigger: &'static str, phases: Vec<(&'static str, f64)>| Report { trigger, phases, ..report("ns/a", "shim-1", seq, "resume", "running") };
-    l.ingest(&resume(1, "connection", vec![("prepare", 0.001), ("fetch", 0.02), ("criu_restore", 0.05), ("handover", 0.002), ("total", 0.08)]));
+    let resume = |seq: u64, trigger: &'static str, phases: Vec<(&'static str, f64)>| Report {
+        trigger,
+        phases,
+        ..report("ns/a", "shim-1", seq, "resume", "running")
+    };
+    l.ingest(&resume(
+        1,
+        "connection",
+        vec![("prepare", 0.001), ("fetch", 0.02), ("criu_restore", 0.05), ("handover", 0.002), ("total", 0.08)],
+    ));
     l.ingest(&resume(2, "connection", vec![("total", 0.004)])); // a thaw: its total only
     l.ingest(&resume(3, "exec", vec![("total", 0.1)]));
     l.ingest(&resume(4, "made-up", vec![("total", 0.1)]));
@@ -242,7 +259,10 @@ fn totals_go_by_trigger_and_phases_apart() {
     l.ingest(&resume(6, "fence", vec![("total", -1.0), ("total", f64::INFINITY)]));
     // A failed resume is counted, never observed.
     l.ingest(&Report { outcome: "failed", reason: "runc", ..resume(7, "api", vec![("total", 0.5)]) });
-    l.ingest(&Report { phases: vec![("fetch", 0.2), ("criu_restore", 0.1), ("total", 0.4)], ..report("ns/b", "shim-2", 1, "restore", "running") });
+    l.ingest(&Report {
+        phases: vec![("fetch", 0.2), ("criu_restore", 0.1), ("total", 0.4)],
+        ..report("ns/b", "shim-2", 1, "restore", "running")
+    });
 
     let text = m.encode(Format::Text).unwrap();
     let count = |key: &str| sample(&text, key);
@@ -367,7 +387,12 @@ fn deploy_queries_use_exported_metrics() {
         let Some(rest) = line.trim_start().strip_prefix("expr:") else { continue };
         let indent = line.len() - line.trim_start().len();
         let expr = match rest.trim() {
-            "|" | ">" | "|-" | ">-" => lines[i + 1..].iter().take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent).copied().collect::<Vec<_>>().join("\n"),
+            "|" | ">" | "|-" | ">-" => lines[i + 1..]
+                .iter()
+                .take_while(|l| l.trim().is_empty() || l.len() - l.trim_start().len() > indent)
+                .copied()
+                .collect::<Vec<_>>()
+                .join("\n"),
             e => e.to_string(),
         };
         exprs.push((format!("torpor-rules.yaml:{}", i + 1), expr));

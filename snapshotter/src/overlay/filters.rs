@@ -41,8 +41,7 @@ impl Filters {
     pub fn parse(filters: &[String]) -> Result<Self> {
         let mut all = Vec::new();
         for f in filters {
-            let sels = parse_one(f)
-                .map_err(|e| Error::InvalidArgument(format!("invalid filter {f:?}: {e}")))?;
+            let sels = parse_one(f).map_err(|e| Error::InvalidArgument(format!("invalid filter {f:?}: {e}")))?;
             if sels.is_empty() {
                 // an empty filter matches everything
                 return Ok(Filters::default());
@@ -56,9 +55,7 @@ impl Filters {
         if self.0.is_empty() {
             return true;
         }
-        self.0
-            .iter()
-            .any(|sels| sels.iter().all(|s| s.matches(item)))
+        self.0.iter().any(|sels| sels.iter().all(|s| s.matches(item)))
     }
 }
 
@@ -157,9 +154,7 @@ impl Scanner<'_> {
                     }
                     self.pos += 1;
                 }
-                let v = String::from_utf8_lossy(&self.s[start..self.pos])
-                    .trim()
-                    .to_string();
+                let v = String::from_utf8_lossy(&self.s[start..self.pos]).trim().to_string();
                 if v.is_empty() {
                     return Err(format!("expected a value at offset {start}"));
                 }
@@ -170,10 +165,7 @@ impl Scanner<'_> {
 }
 
 fn parse_one(f: &str) -> std::result::Result<Vec<Selector>, String> {
-    let mut sc = Scanner {
-        s: f.as_bytes(),
-        pos: 0,
-    };
+    let mut sc = Scanner { s: f.as_bytes(), pos: 0 };
     let mut sels = Vec::new();
     sc.skip_ws();
     if sc.peek().is_none() {
@@ -223,15 +215,8 @@ mod tests {
 
     #[test]
     fn selectors() {
-        let it = Item(
-            [
-                ("name", "k8s.io/3/sha256:abc"),
-                ("kind", "committed"),
-                ("parent", ""),
-                ("labels.containerd.io/gc.root", "x"),
-            ]
-            .into(),
-        );
+        let it =
+            Item([("name", "k8s.io/3/sha256:abc"), ("kind", "committed"), ("parent", ""), ("labels.containerd.io/gc.root", "x")].into());
         assert!(f(&[]).matches(&it));
         assert!(f(&[""]).matches(&it));
         assert!(f(&["kind==committed"]).matches(&it));

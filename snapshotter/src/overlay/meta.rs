@@ -88,10 +88,7 @@ pub struct MetaStore {
 }
 
 fn db_err(path: &Path) -> impl Fn(redb::Error) -> Error + '_ {
-    move |e| Error::Db {
-        path: path.to_path_buf(),
-        msg: e.to_string(),
-    }
+    move |e| Error::Db { path: path.to_path_buf(), msg: e.to_string() }
 }
 
 /// Shorthand: any redb error into `Error::Db` for `path`.
@@ -105,10 +102,7 @@ impl MetaStore {
     /// Opens (or creates) the database at `path` and checks its schema version.
     pub fn open(path: &Path) -> Result<Self> {
         let db = db!(path, Database::create(path))?;
-        let store = MetaStore {
-            db,
-            path: path.to_path_buf(),
-        };
+        let store = MetaStore { db, path: path.to_path_buf() };
         let tx = db!(path, store.db.begin_write())?;
         {
             db!(path, tx.open_table(SNAPSHOTS))?;
@@ -123,9 +117,7 @@ impl MetaStore {
                 Some(v) => {
                     return Err(Error::Corrupt {
                         path: path.to_path_buf(),
-                        msg: format!(
-                        "schema version {v}, this torpor-snapshotter knows only {SCHEMA_VERSION}"
-                    ),
+                        msg: format!("schema version {v}, this torpor-snapshotter knows only {SCHEMA_VERSION}"),
                     })
                 }
             }
@@ -141,28 +133,19 @@ impl MetaStore {
     /// A read-only view of the committed state.
     pub fn read(&self) -> Result<ReadTx<'_>> {
         let tx = db!(&self.path, self.db.begin_read())?;
-        Ok(ReadTx {
-            tx,
-            path: &self.path,
-        })
+        Ok(ReadTx { tx, path: &self.path })
     }
 
     /// A write transaction (one at a time; others wait). Dropped without
     /// [`WriteTx::commit`], it changes nothing.
     pub fn write(&self) -> Result<WriteTx<'_>> {
         let tx = db!(&self.path, self.db.begin_write())?;
-        Ok(WriteTx {
-            tx,
-            path: &self.path,
-        })
+        Ok(WriteTx { tx, path: &self.path })
     }
 }
 
 fn decode(path: &Path, key: &str, bytes: &[u8]) -> Result<Record> {
-    serde_json::from_slice(bytes).map_err(|e| Error::Corrupt {
-        path: path.to_path_buf(),
-        msg: format!("snapshot {key:?}: {e}"),
-    })
+    serde_json::from_slice(bytes).map_err(|e| Error::Corrupt { path: path.to_path_buf(), msg: format!("snapshot {key:?}: {e}") })
 }
 
 fn encode(record: &Record) -> Vec<u8> {
@@ -170,32 +153,19 @@ fn encode(record: &Record) -> Vec<u8> {
     serde_json::to_vec(record).unwrap_or_default()
 }
 
-fn get_record(
-    path: &Path,
-    table: &impl ReadableTable<&'static str, &'static [u8]>,
-    key: &str,
-) -> Result<Option<Record>> {
+fn get_record(path: &Path, table: &impl ReadableTable<&'static str, &'static [u8]>, key: &str) -> Result<Option<Record>> {
     match db!(path, table.get(key))? {
         None => Ok(None),
         Some(v) => decode(path, key, v.value()).map(Some),
     }
 }
 
-fn require_record(
-    path: &Path,
-    table: &impl ReadableTable<&'static str, &'static [u8]>,
-    key: &str,
-) -> Result<Record> {
-    get_record(path, table, key)?
-        .ok_or_else(|| Error::NotFound(format!("snapshot {key:?} does not exist")))
+fn require_record(path: &Path, table: &impl ReadableTable<&'static str, &'static [u8]>, key: &str) -> Result<Record> {
+    get_record(path, table, key)?.ok_or_else(|| Error::NotFound(format!("snapshot {key:?} does not exist")))
 }
 
 /// Ids of `parent` and all its ancestors, nearest first.
-fn parent_chain(
-    path: &Path,
-    table: &impl ReadableTable<&'static str, &'static [u8]>,
-    parent: &str,
-) -> Result<Vec<u64>> {
+fn parent_chain(path: &Path, table: &impl ReadableTable<&'static str, &'static [u8]>, parent: &str) -> Result<Vec<u64>> {
     let mut ids = Vec::new();
     let mut next = parent.to_string();
     while !next.is_empty() {
@@ -205,42 +175,23 @@ fn parent_chain(
         })?;
         ids.push(rec.id);
         if ids.len() > 100_000 {
-            return Err(Error::Corrupt {
-                path: path.to_path_buf(),
-                msg: format!("parent chain of {parent:?} loops"),
-            });
+            return Err(Error::Corrupt { path: path.to_path_buf(), msg: format!("parent chain of {parent:?} loops") });
         }
         next = rec.parent;
     }
     Ok(ids)
 }
 
-fn snapshot_of(
-    path: &Path,
-    table: &impl ReadableTable<&'static str, &'static [u8]>,
-    key: &str,
-) -> Result<(Snapshot, Record)> {
+fn snapshot_of(path: &Path, table: &impl ReadableTable<&'static str, &'static [u8]>, key: &str) -> Result<(Snapshot, Record)> {
     let rec = require_record(path, table, key)?;
     if rec.kind == Kind::Committed {
-        return Err(Error::FailedPrecondition(format!(
-            "snapshot {key:?} is committed, not active or view"
-        )));
+        return Err(Error::FailedPrecondition(format!("snapshot {key:?} is committed, not active or view")));
     }
     let parent_ids = parent_chain(path, table, &rec.parent)?;
-    Ok((
-        Snapshot {
-            id: rec.id,
-            kind: rec.kind,
-            parent_ids,
-        },
-        rec,
-    ))
+    Ok((Snapshot { id: rec.id, kind: rec.kind, parent_ids }, rec))
 }
 
-fn all_records(
-    path: &Path,
-    table: &impl ReadableTable<&'static str, &'static [u8]>,
-) -> Result<Vec<(String, Record)>> {
+fn all_records(path: &Path, table: &impl ReadableTable<&'static str, &'static [u8]>) -> Result<Vec<(String, Record)>> {
     let mut out = Vec::new();
     for entry in db!(path, table.iter())? {
         let (k, v) = db!(path, entry)?;
@@ -297,119 +248,67 @@ impl WriteTx<'_> {
     /// Ids of every snapshot (for finding orphan directories).
     pub fn ids(&self) -> Result<HashSet<u64>> {
         let t = db!(self.path, self.tx.open_table(SNAPSHOTS))?;
-        Ok(all_records(self.path, &t)?
-            .into_iter()
-            .map(|(_, r)| r.id)
-            .collect())
+        Ok(all_records(self.path, &t)?.into_iter().map(|(_, r)| r.id).collect())
     }
 
     fn next_id(&self) -> Result<u64> {
         let mut meta = db!(self.path, self.tx.open_table(META))?;
-        let id = db!(self.path, meta.get(NEXT_ID_KEY))?
-            .map(|g| g.value())
-            .unwrap_or(1);
+        let id = db!(self.path, meta.get(NEXT_ID_KEY))?.map(|g| g.value()).unwrap_or(1);
         db!(self.path, meta.insert(NEXT_ID_KEY, id + 1))?;
         Ok(id)
     }
 
     /// Inserts an active snapshot or view `key` on `parent` (containerd
     /// `storage.CreateSnapshot`). The parent must be committed.
-    pub fn create_snapshot(
-        &self,
-        kind: Kind,
-        key: &str,
-        parent: &str,
-        labels: BTreeMap<String, String>,
-    ) -> Result<Snapshot> {
+    pub fn create_snapshot(&self, kind: Kind, key: &str, parent: &str, labels: BTreeMap<String, String>) -> Result<Snapshot> {
         if kind == Kind::Committed {
-            return Err(Error::InvalidArgument(format!(
-                "snapshot {key:?}: only active snapshots and views can be created"
-            )));
+            return Err(Error::InvalidArgument(format!("snapshot {key:?}: only active snapshots and views can be created")));
         }
         if key.is_empty() {
-            return Err(Error::InvalidArgument(
-                "snapshot key must not be empty".into(),
-            ));
+            return Err(Error::InvalidArgument("snapshot key must not be empty".into()));
         }
         let mut t = db!(self.path, self.tx.open_table(SNAPSHOTS))?;
         let mut parent_ids = Vec::new();
         if !parent.is_empty() {
-            let p = get_record(self.path, &t, parent)?.ok_or_else(|| {
-                Error::NotFound(format!(
-                    "parent {parent:?} of snapshot {key:?} does not exist"
-                ))
-            })?;
+            let p = get_record(self.path, &t, parent)?
+                .ok_or_else(|| Error::NotFound(format!("parent {parent:?} of snapshot {key:?} does not exist")))?;
             if p.kind != Kind::Committed {
-                return Err(Error::InvalidArgument(format!(
-                    "parent {parent:?} of snapshot {key:?} is not a committed snapshot"
-                )));
+                return Err(Error::InvalidArgument(format!("parent {parent:?} of snapshot {key:?} is not a committed snapshot")));
             }
             parent_ids = parent_chain(self.path, &t, parent)?;
         }
         if get_record(self.path, &t, key)?.is_some() {
-            return Err(Error::AlreadyExists(format!(
-                "snapshot {key:?} already exists"
-            )));
+            return Err(Error::AlreadyExists(format!("snapshot {key:?} already exists")));
         }
         let id = self.next_id()?;
         let now = SystemTime::now();
-        let rec = Record {
-            id,
-            kind,
-            parent: parent.to_string(),
-            labels,
-            created: now,
-            updated: now,
-            inodes: 0,
-            size: 0,
-        };
+        let rec = Record { id, kind, parent: parent.to_string(), labels, created: now, updated: now, inodes: 0, size: 0 };
         db!(self.path, t.insert(key, encode(&rec).as_slice()))?;
         if let Some(&pid) = parent_ids.first() {
             let mut c = db!(self.path, self.tx.open_table(CHILDREN))?;
             db!(self.path, c.insert((pid, id), key))?;
         }
-        Ok(Snapshot {
-            id,
-            kind,
-            parent_ids,
-        })
+        Ok(Snapshot { id, kind, parent_ids })
     }
 
     /// Turns the active snapshot `key` into the committed snapshot `name`
     /// (containerd `storage.CommitActive`): same id, labels replaced, usage
     /// recorded, `key` gone. `expect_id` guards against `key` having been
     /// removed and re-created since the usage was measured.
-    pub fn commit_active(
-        &self,
-        key: &str,
-        name: &str,
-        expect_id: u64,
-        usage: (i64, i64),
-        labels: BTreeMap<String, String>,
-    ) -> Result<u64> {
+    pub fn commit_active(&self, key: &str, name: &str, expect_id: u64, usage: (i64, i64), labels: BTreeMap<String, String>) -> Result<u64> {
         if name.is_empty() {
-            return Err(Error::InvalidArgument(
-                "commit name must not be empty".into(),
-            ));
+            return Err(Error::InvalidArgument("commit name must not be empty".into()));
         }
         let mut t = db!(self.path, self.tx.open_table(SNAPSHOTS))?;
         if get_record(self.path, &t, name)?.is_some() {
-            return Err(Error::AlreadyExists(format!(
-                "committed snapshot {name:?} already exists"
-            )));
+            return Err(Error::AlreadyExists(format!("committed snapshot {name:?} already exists")));
         }
-        let mut rec = get_record(self.path, &t, key)?
-            .ok_or_else(|| Error::NotFound(format!("active snapshot {key:?} does not exist")))?;
+        let mut rec = get_record(self.path, &t, key)?.ok_or_else(|| Error::NotFound(format!("active snapshot {key:?} does not exist")))?;
         if rec.kind != Kind::Active {
-            return Err(Error::FailedPrecondition(format!(
-                "snapshot {key:?} is {}, not active",
-                rec.kind.as_str()
-            )));
+            return Err(Error::FailedPrecondition(format!("snapshot {key:?} is {}, not active", rec.kind.as_str())));
         }
         if rec.id != expect_id {
-            return Err(Error::NotFound(format!(
-                "active snapshot {key:?} was removed during the commit"
-            )));
+            return Err(Error::NotFound(format!("active snapshot {key:?} was removed during the commit")));
         }
         if !rec.parent.is_empty() {
             let p = get_record(self.path, &t, &rec.parent)?.ok_or_else(|| Error::Corrupt {
@@ -417,10 +316,7 @@ impl WriteTx<'_> {
                 msg: format!("parent {:?} of {key:?} is missing", rec.parent),
             })?;
             if p.kind != Kind::Committed {
-                return Err(Error::FailedPrecondition(format!(
-                    "parent {:?} of {key:?} is not committed",
-                    rec.parent
-                )));
+                return Err(Error::FailedPrecondition(format!("parent {:?} of {key:?} is not committed", rec.parent)));
             }
             let mut c = db!(self.path, self.tx.open_table(CHILDREN))?;
             db!(self.path, c.insert((p.id, rec.id), name))?;
@@ -450,9 +346,7 @@ impl WriteTx<'_> {
             }
         };
         if let Some(child) = child {
-            return Err(Error::FailedPrecondition(format!(
-                "cannot remove snapshot {key:?}: it has children (e.g. {child:?})"
-            )));
+            return Err(Error::FailedPrecondition(format!("cannot remove snapshot {key:?}: it has children (e.g. {child:?})")));
         }
         if !rec.parent.is_empty() {
             if let Some(p) = get_record(self.path, &t, &rec.parent)? {
@@ -466,12 +360,7 @@ impl WriteTx<'_> {
     /// Updates the mutable fields (labels) of `name` (containerd
     /// `storage.UpdateInfo`): with field paths only `labels` and
     /// `labels.<key>`, without them every label is replaced.
-    pub fn update(
-        &self,
-        name: &str,
-        labels: &HashMap<String, String>,
-        fieldpaths: &[String],
-    ) -> Result<Record> {
+    pub fn update(&self, name: &str, labels: &HashMap<String, String>, fieldpaths: &[String]) -> Result<Record> {
         let mut t = db!(self.path, self.tx.open_table(SNAPSHOTS))?;
         let mut rec = require_record(self.path, &t, name)?;
         if fieldpaths.is_empty() {
@@ -516,9 +405,7 @@ mod tests {
     }
 
     fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
-        kv.iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     fn prepare(s: &MetaStore, key: &str, parent: &str) -> Result<Snapshot> {
@@ -571,15 +458,11 @@ mod tests {
         // an aborted transaction consumes nothing
         {
             let tx = s.write().unwrap();
-            tx.create_snapshot(Kind::Active, "x", "", BTreeMap::new())
-                .unwrap();
+            tx.create_snapshot(Kind::Active, "x", "", BTreeMap::new()).unwrap();
         }
         let c = prepare(&s, "c", "").unwrap();
         assert_eq!(c.id, b.id + 1);
-        assert!(matches!(
-            s.read().unwrap().info("x"),
-            Err(Error::NotFound(_))
-        ));
+        assert!(matches!(s.read().unwrap().info("x"), Err(Error::NotFound(_))));
     }
 
     #[test]
@@ -589,26 +472,15 @@ mod tests {
         assert!(matches!(prepare(&s, "a", ""), Err(Error::AlreadyExists(_))));
         assert!(matches!(prepare(&s, "b", "nope"), Err(Error::NotFound(_))));
         // parent must be committed
-        assert!(matches!(
-            prepare(&s, "b", "a"),
-            Err(Error::InvalidArgument(_))
-        ));
+        assert!(matches!(prepare(&s, "b", "a"), Err(Error::InvalidArgument(_))));
         commit(&s, "a1", "a").unwrap();
         // commit onto an existing name
         prepare(&s, "b", "a1").unwrap();
-        assert!(matches!(
-            commit(&s, "a1", "b"),
-            Err(Error::AlreadyExists(_))
-        ));
+        assert!(matches!(commit(&s, "a1", "b"), Err(Error::AlreadyExists(_))));
         // a view cannot be committed
         let tx = s.write().unwrap();
-        let v = tx
-            .create_snapshot(Kind::View, "v", "a1", BTreeMap::new())
-            .unwrap();
-        assert!(matches!(
-            tx.commit_active("v", "v1", v.id, (0, 0), BTreeMap::new()),
-            Err(Error::FailedPrecondition(_))
-        ));
+        let v = tx.create_snapshot(Kind::View, "v", "a1", BTreeMap::new()).unwrap();
+        assert!(matches!(tx.commit_active("v", "v1", v.id, (0, 0), BTreeMap::new()), Err(Error::FailedPrecondition(_))));
         tx.commit().unwrap();
         // remove refused with children (b and v are children of a1)
         let tx = s.write().unwrap();
@@ -642,14 +514,9 @@ mod tests {
     fn update_labels_like_containerd() {
         let (_d, s) = store();
         let tx = s.write().unwrap();
-        tx.create_snapshot(Kind::Active, "a", "", labels(&[("x", "1"), ("y", "2")]))
-            .unwrap();
+        tx.create_snapshot(Kind::Active, "a", "", labels(&[("x", "1"), ("y", "2")])).unwrap();
         tx.commit().unwrap();
-        let new: HashMap<String, String> = [
-            ("y".to_string(), "3".to_string()),
-            ("z".to_string(), "4".to_string()),
-        ]
-        .into();
+        let new: HashMap<String, String> = [("y".to_string(), "3".to_string()), ("z".to_string(), "4".to_string())].into();
         let tx = s.write().unwrap();
         let r = tx.update("a", &new, &["labels.y".to_string()]).unwrap();
         assert_eq!(r.labels, labels(&[("x", "1"), ("y", "3")]));
@@ -657,19 +524,10 @@ mod tests {
         assert_eq!(r.labels, labels(&[("y", "3")]));
         let r = tx.update("a", &new, &[]).unwrap();
         assert_eq!(r.labels, labels(&[("y", "3"), ("z", "4")]));
-        assert!(matches!(
-            tx.update("a", &new, &["parent".to_string()]),
-            Err(Error::InvalidArgument(_))
-        ));
-        assert!(matches!(
-            tx.update("nope", &new, &[]),
-            Err(Error::NotFound(_))
-        ));
+        assert!(matches!(tx.update("a", &new, &["parent".to_string()]), Err(Error::InvalidArgument(_))));
+        assert!(matches!(tx.update("nope", &new, &[]), Err(Error::NotFound(_))));
         tx.commit().unwrap();
-        assert_eq!(
-            s.read().unwrap().info("a").unwrap().labels,
-            labels(&[("y", "3"), ("z", "4")])
-        );
+        assert_eq!(s.read().unwrap().info("a").unwrap().labels, labels(&[("y", "3"), ("z", "4")]));
     }
 
     #[test]
@@ -685,18 +543,9 @@ mod tests {
         };
         let s = MetaStore::open(&path).unwrap();
         let all = s.read().unwrap().all().unwrap();
-        let keys: Vec<_> = all
-            .iter()
-            .map(|(k, r)| (k.as_str(), r.id, r.kind))
-            .collect();
-        assert_eq!(
-            keys,
-            vec![("a1", a.id, Kind::Committed), ("b", b.id, Kind::Active)]
-        );
-        assert_eq!(
-            s.read().unwrap().snapshot("b").unwrap().0.parent_ids,
-            vec![a.id]
-        );
+        let keys: Vec<_> = all.iter().map(|(k, r)| (k.as_str(), r.id, r.kind)).collect();
+        assert_eq!(keys, vec![("a1", a.id, Kind::Committed), ("b", b.id, Kind::Active)]);
+        assert_eq!(s.read().unwrap().snapshot("b").unwrap().0.parent_ids, vec![a.id]);
         let c = prepare(&s, "c", "").unwrap();
         assert!(c.id > b.id);
     }
@@ -708,10 +557,7 @@ mod tests {
         {
             let db = Database::create(&path).unwrap();
             let tx = db.begin_write().unwrap();
-            tx.open_table(META)
-                .unwrap()
-                .insert(SCHEMA_VERSION_KEY, 99)
-                .unwrap();
+            tx.open_table(META).unwrap().insert(SCHEMA_VERSION_KEY, 99).unwrap();
             tx.commit().unwrap();
         }
         let e = MetaStore::open(&path).err().unwrap();

@@ -79,29 +79,19 @@ fn mkdir(path: &Path, mode: u32) -> Result<()> {
 fn mapped_root(label: &str, value: &str) -> Result<u32> {
     for entry in value.split(',') {
         let parts: Vec<&str> = entry.trim().split(':').collect();
-        let nums: Option<Vec<u32>> = if parts.len() == 3 {
-            parts.iter().map(|p| p.parse::<u32>().ok()).collect()
-        } else {
-            None
-        };
+        let nums: Option<Vec<u32>> = if parts.len() == 3 { parts.iter().map(|p| p.parse::<u32>().ok()).collect() } else { None };
         let Some(nums) = nums else {
-            return Err(Error::InvalidArgument(format!(
-                "label {label}={value:?}: expected <container id>:<host id>:<size>[,...]"
-            )));
+            return Err(Error::InvalidArgument(format!("label {label}={value:?}: expected <container id>:<host id>:<size>[,...]")));
         };
         if nums[0] == 0 && nums[2] > 0 {
             return Ok(nums[1]);
         }
     }
-    Err(Error::InvalidArgument(format!(
-        "label {label}={value:?} maps no host id to container root (0)"
-    )))
+    Err(Error::InvalidArgument(format!("label {label}={value:?} maps no host id to container root (0)")))
 }
 
 fn fsync_dir(dir: &Path) -> Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| Error::io("fsync directory", dir, e))
+    std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(|e| Error::io("fsync directory", dir, e))
 }
 
 /// Mount points at or below `dir`, deepest first.
@@ -127,9 +117,7 @@ fn unescape_mountinfo(s: &str) -> String {
     let mut i = 0;
     while i < b.len() {
         if b[i] == b'\\' && i + 4 <= b.len() {
-            let oct = std::str::from_utf8(&b[i + 1..i + 4])
-                .ok()
-                .and_then(|o| u8::from_str_radix(o, 8).ok());
+            let oct = std::str::from_utf8(&b[i + 1..i + 4]).ok().and_then(|o| u8::from_str_radix(o, 8).ok());
             if let Some(v) = oct {
                 out.push(v);
                 i += 4;
@@ -204,10 +192,7 @@ impl Overlay {
     fn to_info(&self, name: &str, rec: Record) -> Info {
         let mut labels: HashMap<String, String> = rec.labels.into_iter().collect();
         if self.upperdir_label {
-            labels.insert(
-                UPPERDIR_LABEL.to_string(),
-                mounts::upper_path(&self.root, rec.id).display().to_string(),
-            );
+            labels.insert(UPPERDIR_LABEL.to_string(), mounts::upper_path(&self.root, rec.id).display().to_string());
         }
         Info {
             kind: match rec.kind {
@@ -242,10 +227,7 @@ impl Overlay {
             let (inodes, size) = usage::disk_usage(&mounts::upper_path(&self.root, rec.id))?;
             return Ok(Usage { inodes, size });
         }
-        Ok(Usage {
-            inodes: rec.inodes,
-            size: rec.size,
-        })
+        Ok(Usage { inodes: rec.inodes, size: rec.size })
     }
 
     pub fn mounts(&self, key: &str) -> Result<Vec<Mount>> {
@@ -253,40 +235,20 @@ impl Overlay {
         Ok(mounts::mounts(&self.root, &snap, &self.overlay_options))
     }
 
-    pub fn prepare(
-        &self,
-        key: &str,
-        parent: &str,
-        labels: HashMap<String, String>,
-    ) -> Result<Vec<Mount>> {
+    pub fn prepare(&self, key: &str, parent: &str, labels: HashMap<String, String>) -> Result<Vec<Mount>> {
         self.create_snapshot(Kind::Active, key, parent, labels)
     }
 
-    pub fn view(
-        &self,
-        key: &str,
-        parent: &str,
-        labels: HashMap<String, String>,
-    ) -> Result<Vec<Mount>> {
+    pub fn view(&self, key: &str, parent: &str, labels: HashMap<String, String>) -> Result<Vec<Mount>> {
         self.create_snapshot(Kind::View, key, parent, labels)
     }
 
-    fn create_snapshot(
-        &self,
-        kind: Kind,
-        key: &str,
-        parent: &str,
-        labels: HashMap<String, String>,
-    ) -> Result<Vec<Mount>> {
+    fn create_snapshot(&self, kind: Kind, key: &str, parent: &str, labels: HashMap<String, String>) -> Result<Vec<Mount>> {
         let labels: BTreeMap<String, String> = labels.into_iter().collect();
         // Holding the write transaction from here on keeps `cleanup` from
         // seeing the temporary directory.
         let tx = self.meta.write()?;
-        let td = self.snapshots_dir().join(format!(
-            "new-{}-{}",
-            std::process::id(),
-            self.tmp_seq.fetch_add(1, Ordering::Relaxed)
-        ));
+        let td = self.snapshots_dir().join(format!("new-{}-{}", std::process::id(), self.tmp_seq.fetch_add(1, Ordering::Relaxed)));
         let result = (|| -> Result<(meta::Snapshot, PathBuf)> {
             mkdir(&td, 0o700)?;
             mkdir(&td.join("fs"), 0o755)?;
@@ -298,17 +260,11 @@ impl Overlay {
                 let uid = mapped_root(UIDMAP_LABEL, v)?;
                 let gid = match labels.get(GIDMAP_LABEL) {
                     Some(g) => mapped_root(GIDMAP_LABEL, g)?,
-                    None => {
-                        return Err(Error::InvalidArgument(format!(
-                            "label {UIDMAP_LABEL} needs {GIDMAP_LABEL} too"
-                        )))
-                    }
+                    None => return Err(Error::InvalidArgument(format!("label {UIDMAP_LABEL} needs {GIDMAP_LABEL} too"))),
                 };
                 owner = Some((uid, gid));
             } else if labels.contains_key(GIDMAP_LABEL) {
-                return Err(Error::InvalidArgument(format!(
-                    "label {GIDMAP_LABEL} needs {UIDMAP_LABEL} too"
-                )));
+                return Err(Error::InvalidArgument(format!("label {GIDMAP_LABEL} needs {UIDMAP_LABEL} too")));
             }
             let snap = tx.create_snapshot(kind, key, parent, labels.clone())?;
             if owner.is_none() {
@@ -320,8 +276,7 @@ impl Overlay {
             }
             if let Some((uid, gid)) = owner {
                 let fs = td.join("fs");
-                std::os::unix::fs::lchown(&fs, Some(uid), Some(gid))
-                    .map_err(|e| Error::io("chown", &fs, e))?;
+                std::os::unix::fs::lchown(&fs, Some(uid), Some(gid)).map_err(|e| Error::io("chown", &fs, e))?;
             }
             let path = self.snapshots_dir().join(snap.id.to_string());
             if path.exists() {
@@ -360,23 +315,13 @@ impl Overlay {
     pub fn commit(&self, name: &str, key: &str, labels: HashMap<String, String>) -> Result<()> {
         let rec = self.meta.read()?.info(key)?;
         if rec.kind != Kind::Active {
-            return Err(Error::FailedPrecondition(format!(
-                "snapshot {key:?} is {}, not active",
-                rec.kind.as_str()
-            )));
+            return Err(Error::FailedPrecondition(format!("snapshot {key:?} is {}, not active", rec.kind.as_str())));
         }
         let usage = usage::disk_usage(&mounts::upper_path(&self.root, rec.id))?;
         let tx = self.meta.write()?;
         tx.commit_active(key, name, rec.id, usage, labels.into_iter().collect())?;
         tx.commit()?;
-        debug!(
-            key,
-            name,
-            id = rec.id,
-            inodes = usage.0,
-            size = usage.1,
-            "committed"
-        );
+        debug!(key, name, id = rec.id, inodes = usage.0, size = usage.1, "committed");
         Ok(())
     }
 
@@ -398,11 +343,7 @@ impl Overlay {
     pub fn list(&self, filters: &[String]) -> Result<Vec<Info>> {
         let f = Filters::parse(filters)?;
         let all = self.meta.read()?.all()?;
-        Ok(all
-            .into_iter()
-            .filter(|(k, r)| f.matches(&(k.as_str(), r)))
-            .map(|(k, r)| self.to_info(&k, r))
-            .collect())
+        Ok(all.into_iter().filter(|(k, r)| f.matches(&(k.as_str(), r))).map(|(k, r)| self.to_info(&k, r)).collect())
     }
 
     /// Removes directories under `snapshots/` that no record owns (crash
@@ -418,10 +359,7 @@ impl Overlay {
             for entry in rd {
                 let entry = entry.map_err(|e| Error::io("read directory", &dir, e))?;
                 let name = entry.file_name();
-                let owned = name
-                    .to_str()
-                    .and_then(|n| n.parse::<u64>().ok())
-                    .is_some_and(|id| ids.contains(&id));
+                let owned = name.to_str().and_then(|n| n.parse::<u64>().ok()).is_some_and(|id| ids.contains(&id));
                 if !owned {
                     orphans.push(entry.path());
                 }
@@ -456,24 +394,18 @@ impl OverlaySnapshotter {
         &self.0
     }
 
-    async fn run<T: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Overlay) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
+    async fn run<T: Send + 'static>(&self, f: impl FnOnce(&Overlay) -> Result<T> + Send + 'static) -> Result<T> {
         let o = self.0.clone();
-        tokio::task::spawn_blocking(move || f(&o))
-            .await
-            .map_err(|e| Error::Daemon(format!("snapshotter task failed: {e}")))?
+        tokio::task::spawn_blocking(move || f(&o)).await.map_err(|e| Error::Daemon(format!("snapshotter task failed: {e}")))?
     }
 }
 
 fn logged<T>(op: &'static str, key: &str, r: Result<T>) -> Result<T> {
     if let Err(e) = &r {
         match e {
-            Error::NotFound(_)
-            | Error::AlreadyExists(_)
-            | Error::FailedPrecondition(_)
-            | Error::InvalidArgument(_) => debug!(op, key, error = %e, "refused"),
+            Error::NotFound(_) | Error::AlreadyExists(_) | Error::FailedPrecondition(_) | Error::InvalidArgument(_) => {
+                debug!(op, key, error = %e, "refused")
+            }
             _ => warn!(op, key, error = %e, "failed"),
         }
     }
@@ -491,9 +423,7 @@ impl Snapshotter for OverlaySnapshotter {
 
     async fn update(&self, info: Info, fieldpaths: Option<Vec<String>>) -> Result<Info> {
         let k = info.name.clone();
-        let r = self
-            .run(move |o| o.update(info, &fieldpaths.unwrap_or_default()))
-            .await;
+        let r = self.run(move |o| o.update(info, &fieldpaths.unwrap_or_default())).await;
         logged("update", &k, r)
     }
 
@@ -507,34 +437,19 @@ impl Snapshotter for OverlaySnapshotter {
         logged("mounts", &k, self.run(move |o| o.mounts(&key)).await)
     }
 
-    async fn prepare(
-        &self,
-        key: String,
-        parent: String,
-        labels: HashMap<String, String>,
-    ) -> Result<Vec<Mount>> {
+    async fn prepare(&self, key: String, parent: String, labels: HashMap<String, String>) -> Result<Vec<Mount>> {
         let k = key.clone();
         let r = self.run(move |o| o.prepare(&key, &parent, labels)).await;
         logged("prepare", &k, r)
     }
 
-    async fn view(
-        &self,
-        key: String,
-        parent: String,
-        labels: HashMap<String, String>,
-    ) -> Result<Vec<Mount>> {
+    async fn view(&self, key: String, parent: String, labels: HashMap<String, String>) -> Result<Vec<Mount>> {
         let k = key.clone();
         let r = self.run(move |o| o.view(&key, &parent, labels)).await;
         logged("view", &k, r)
     }
 
-    async fn commit(
-        &self,
-        name: String,
-        key: String,
-        labels: HashMap<String, String>,
-    ) -> Result<()> {
+    async fn commit(&self, name: String, key: String, labels: HashMap<String, String>) -> Result<()> {
         let k = key.clone();
         let r = self.run(move |o| o.commit(&name, &key, labels)).await;
         logged("commit", &k, r)
@@ -553,9 +468,7 @@ impl Snapshotter for OverlaySnapshotter {
 
     async fn list(&self, _snapshotter: String, filters: Vec<String>) -> Result<Self::InfoStream> {
         let infos = logged("list", "", self.run(move |o| o.list(&filters)).await)?;
-        Ok(futures::stream::iter(
-            infos.into_iter().map(Ok).collect::<Vec<_>>(),
-        ))
+        Ok(futures::stream::iter(infos.into_iter().map(Ok).collect::<Vec<_>>()))
     }
 }
 
@@ -568,10 +481,7 @@ mod tests {
         assert_eq!(mapped_root("l", "0:100000:65536").unwrap(), 100000);
         assert_eq!(mapped_root("l", "1:5:10,0:200:1").unwrap(), 200);
         assert!(mapped_root("l", "1:5:10").is_err());
-        assert!(mapped_root("l", "x")
-            .unwrap_err()
-            .to_string()
-            .contains("label l="));
+        assert!(mapped_root("l", "x").unwrap_err().to_string().contains("label l="));
     }
 
     #[test]

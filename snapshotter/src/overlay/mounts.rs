@@ -46,19 +46,10 @@ pub fn mounts(root: &Path, s: &Snapshot, options: &[String]) -> Vec<Mount> {
             options: vec!["ro".into(), "rbind".into()],
         }];
     }
-    let lower: Vec<String> = s
-        .parent_ids
-        .iter()
-        .map(|id| upper_path(root, *id).display().to_string())
-        .collect();
+    let lower: Vec<String> = s.parent_ids.iter().map(|id| upper_path(root, *id).display().to_string()).collect();
     opts.push(format!("lowerdir={}", lower.join(":")));
     opts.extend(options.iter().cloned());
-    vec![Mount {
-        r#type: "overlay".into(),
-        source: "overlay".into(),
-        target: String::new(),
-        options: opts,
-    }]
+    vec![Mount { r#type: "overlay".into(), source: "overlay".into(), target: String::new(), options: opts }]
 }
 
 /// The overlay options containerd adds by itself: `index=off` when the
@@ -78,11 +69,7 @@ mod tests {
     use super::*;
 
     fn snap(id: u64, kind: Kind, parents: &[u64]) -> Snapshot {
-        Snapshot {
-            id,
-            kind,
-            parent_ids: parents.to_vec(),
-        }
+        Snapshot { id, kind, parent_ids: parents.to_vec() }
     }
 
     #[test]
@@ -99,11 +86,7 @@ mod tests {
 
     #[test]
     fn view_of_one_layer_is_a_readonly_bind_of_the_layer() {
-        let m = mounts(
-            Path::new("/r"),
-            &snap(5, Kind::View, &[2]),
-            &["index=off".into()],
-        );
+        let m = mounts(Path::new("/r"), &snap(5, Kind::View, &[2]), &["index=off".into()]);
         assert_eq!(m[0].r#type, "bind");
         assert_eq!(m[0].source, "/r/snapshots/2/fs");
         assert_eq!(m[0].options, vec!["ro", "rbind"]);
@@ -111,11 +94,7 @@ mod tests {
 
     #[test]
     fn active_on_parents_is_overlay_nearest_first() {
-        let m = mounts(
-            Path::new("/r"),
-            &snap(7, Kind::Active, &[3, 2, 1]),
-            &["index=off".into()],
-        );
+        let m = mounts(Path::new("/r"), &snap(7, Kind::Active, &[3, 2, 1]), &["index=off".into()]);
         assert_eq!(m[0].r#type, "overlay");
         assert_eq!(m[0].source, "overlay");
         assert_eq!(
@@ -128,24 +107,14 @@ mod tests {
             ]
         );
         let m = mounts(Path::new("/r"), &snap(7, Kind::Active, &[3]), &[]);
-        assert_eq!(
-            m[0].options,
-            vec![
-                "workdir=/r/snapshots/7/work",
-                "upperdir=/r/snapshots/7/fs",
-                "lowerdir=/r/snapshots/3/fs",
-            ]
-        );
+        assert_eq!(m[0].options, vec!["workdir=/r/snapshots/7/work", "upperdir=/r/snapshots/7/fs", "lowerdir=/r/snapshots/3/fs",]);
     }
 
     #[test]
     fn view_on_several_layers_is_a_lower_only_overlay() {
         let m = mounts(Path::new("/r"), &snap(9, Kind::View, &[4, 3]), &[]);
         assert_eq!(m[0].r#type, "overlay");
-        assert_eq!(
-            m[0].options,
-            vec!["lowerdir=/r/snapshots/4/fs:/r/snapshots/3/fs"]
-        );
+        assert_eq!(m[0].options, vec!["lowerdir=/r/snapshots/4/fs:/r/snapshots/3/fs"]);
     }
 
     #[test]

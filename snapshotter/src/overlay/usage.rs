@@ -46,10 +46,7 @@ mod tests {
         // root, sub, a (= b), c
         assert_eq!(inodes, 4);
         assert!(size >= 64 * 1024, "{size}");
-        assert!(
-            size < 2 * 64 * 1024 + 64 * 1024,
-            "hard link counted twice: {size}"
-        );
+        assert!(size < 2 * 64 * 1024 + 64 * 1024, "hard link counted twice: {size}");
     }
 
     #[test]

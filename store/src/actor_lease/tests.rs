@@ -3,11 +3,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::id::ActorName;
+use crate::lease_renewal::answers_from_memory;
 use crate::time::now_ms;
 use crate::util::lock;
 use crate::{Remote, Store, StoreConfig};
-use crate::lease_renewal::answers_from_memory;
-use crate::id::ActorName;
 
 async fn store_holding(actor: &ActorName, dir: &std::path::Path) -> Arc<Store> {
     let mut cfg = StoreConfig::new(dir.join("store"));
@@ -82,8 +82,8 @@ async fn a_renewal_is_recorded_before_the_store_shuts_down() {
 /// MAC, another key's MAC; and a sealed lease reads back the same.
 #[test]
 fn lease_objects_are_range_checked_and_authenticated() {
-    use crate::lease_object::{read_lease, seal_lease, LeaseDoc, Unproven, LEASE_FORMAT};
     use crate::crypto::{Key, Keyring};
+    use crate::lease_object::{read_lease, seal_lease, LeaseDoc, Unproven, LEASE_FORMAT};
     let actor = ActorName::new("ns/a").unwrap();
     let path = "p/actors/ns/a/lease.json";
     let ring = |id: &str, b: u8| Keyring::new(vec![Key::new(id, &[b; 32]).unwrap()], None, false).unwrap();

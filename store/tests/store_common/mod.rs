@@ -15,7 +15,8 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 use object_store::path::Path as OPath;
 use object_store::{
-    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload, PutResult,
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore, PutMultipartOptions, PutOptions, PutPayload,
+    PutResult,
 };
 use torpor_store::{ActorName, Remote, Store, StoreConfig};
 
@@ -254,13 +255,19 @@ impl ObjectStore for Faulty {
     }
     fn delete_stream(&self, locations: BoxStream<'static, object_store::Result<OPath>>) -> BoxStream<'static, object_store::Result<OPath>> {
         if self.fail.load(Ordering::SeqCst) {
-            return futures::stream::once(async { Err(object_store::Error::Generic { store: "faulty", source: "injected: object tier unreachable".into() }) }).boxed();
+            return futures::stream::once(async {
+                Err(object_store::Error::Generic { store: "faulty", source: "injected: object tier unreachable".into() })
+            })
+            .boxed();
         }
         self.inner.delete_stream(locations)
     }
     fn list(&self, prefix: Option<&OPath>) -> BoxStream<'static, object_store::Result<ObjectMeta>> {
         if self.fail.load(Ordering::SeqCst) {
-            return futures::stream::once(async { Err(object_store::Error::Generic { store: "faulty", source: "injected: object tier unreachable".into() }) }).boxed();
+            return futures::stream::once(async {
+                Err(object_store::Error::Generic { store: "faulty", source: "injected: object tier unreachable".into() })
+            })
+            .boxed();
         }
         self.inner.list(prefix)
     }
@@ -309,7 +316,9 @@ pub async fn eviction_scenario(mut cfg: torpor_store::StoreConfig) {
     store.release(&co.lease).await.unwrap();
 
     store.run_background_pass().await.unwrap();
-    let local = |s: &Store| -> Vec<String> { futures::executor::block_on(s.list(None)).unwrap().into_iter().filter(|i| i.local).map(|i| i.id.actor.to_string()).collect() };
+    let local = |s: &Store| -> Vec<String> {
+        futures::executor::block_on(s.list(None)).unwrap().into_iter().filter(|i| i.local).map(|i| i.id.actor.to_string()).collect()
+    };
     assert_eq!(local(&store), ["t/a", "t/b"], "c (LRU durable) evicted, b (not durable, oldest) kept");
     assert!(!store.status().disk_pressure);
 

@@ -47,7 +47,8 @@ fn free_port() -> u16 {
 impl VersityGw {
     /// Start a server with an empty bucket.
     pub async fn start(bucket: &str) -> VersityGw {
-        let mut gw = VersityGw { bin: find_binary(), port: free_port(), dir: tempfile::tempdir().unwrap(), bucket: bucket.to_string(), child: None };
+        let mut gw =
+            VersityGw { bin: find_binary(), port: free_port(), dir: tempfile::tempdir().unwrap(), bucket: bucket.to_string(), child: None };
         gw.up();
         gw.create_bucket().await;
         gw

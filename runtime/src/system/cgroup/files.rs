@@ -23,10 +23,7 @@ pub fn write(file: &Path, value: &str) -> Result<()> {
 
 /// A file whose contents do not parse as the kernel writes it.
 pub fn malformed(file: &Path, why: impl Into<String>) -> Error {
-    Error::Io {
-        context: format!("parse {file:?}"),
-        source: io::Error::new(io::ErrorKind::InvalidData, why.into()),
-    }
+    Error::Io { context: format!("parse {file:?}"), source: io::Error::new(io::ErrorKind::InvalidData, why.into()) }
 }
 
 /// `key value` lines; lines that are not a key and a number are skipped
@@ -67,9 +64,7 @@ pub fn limit(file: &Path) -> Result<Option<u64>> {
 /// The pids of `cgroup.procs` (one a line).
 pub fn pids(file: &Path) -> Result<Vec<i32>> {
     let text = read(file)?;
-    text.split_whitespace()
-        .map(|p| p.parse::<i32>().map_err(|_| malformed(file, format!("{p:?} is not a pid"))))
-        .collect()
+    text.split_whitespace().map(|p| p.parse::<i32>().map_err(|_| malformed(file, format!("{p:?} is not a pid")))).collect()
 }
 
 #[cfg(test)]

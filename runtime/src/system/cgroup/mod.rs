@@ -488,12 +488,7 @@ pub fn cpu_ns(pid: i32) -> Option<u64> {
 }
 
 fn cpu_ns_in(roots: &Roots, pid: i32) -> Option<u64> {
-    roots
-        .of_pid(pid)
-        .and_then(|cg| cg.cpu())
-        .map(|s| s.usage_ns)
-        .map_err(|e| debug!(pid, "cpu use of the process's cgroup: {e}"))
-        .ok()
+    roots.of_pid(pid).and_then(|cg| cg.cpu()).map(|s| s.usage_ns).map_err(|e| debug!(pid, "cpu use of the process's cgroup: {e}")).ok()
 }
 
 /// SIGKILLs every process in the cgroup of OCI cgroupsPath `path` (either

@@ -158,8 +158,8 @@ fn inotify_modify(file: &std::path::Path) -> Result<OwnedFd> {
     }
     // SAFETY: a descriptor just returned to us, owned from here on.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let path = std::ffi::CString::new(file.as_os_str().as_bytes())
-        .map_err(|_| Error::InvalidArgument(format!("path {file:?} has a NUL byte")))?;
+    let path =
+        std::ffi::CString::new(file.as_os_str().as_bytes()).map_err(|_| Error::InvalidArgument(format!("path {file:?} has a NUL byte")))?;
     // SAFETY: a watch on a NUL-terminated path that lives for the call.
     if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), libc::IN_MODIFY) } < 0 {
         return Err(Error::Io { context: format!("inotify watch of {file:?}"), source: std::io::Error::last_os_error() });

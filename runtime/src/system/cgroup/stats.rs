@@ -154,9 +154,7 @@ fn v1_counter(dir: &Path, prefix: &str) -> Result<Counter> {
 
 /// `cpuacct.usage_percpu`: one ns counter a CPU, space separated.
 fn per_cpu(file: &Path, text: &str) -> Result<Vec<u64>> {
-    text.split_whitespace()
-        .map(|n| n.parse().map_err(|_| files::malformed(file, format!("{n:?} is not a CPU time"))))
-        .collect()
+    text.split_whitespace().map(|n| n.parse().map_err(|_| files::malformed(file, format!("{n:?} is not a CPU time")))).collect()
 }
 
 /// A read's value, or `None` when the file does not exist.

@@ -218,7 +218,8 @@ fn optional_counters_are_read_where_the_kernel_keeps_them() {
     let (_tmp, roots) = l.copy();
     let cg = roots.of_path(&l.cgroups_path()).unwrap();
     let mem = cg.dir("memory").unwrap();
-    for (f, v) in [("usage_in_bytes", "4096"), ("max_usage_in_bytes", "8192"), ("limit_in_bytes", "9223372036854771712"), ("failcnt", "2")] {
+    for (f, v) in [("usage_in_bytes", "4096"), ("max_usage_in_bytes", "8192"), ("limit_in_bytes", "9223372036854771712"), ("failcnt", "2")]
+    {
         std::fs::write(mem.join(format!("memory.memsw.{f}")), v).unwrap();
     }
     std::fs::write(cg.dir("cpuacct").unwrap().join("cpuacct.usage_percpu"), "600 400 \n").unwrap();
@@ -487,7 +488,8 @@ async fn live_cgroup_v2() {
     let watch = OomWatch::start(&oom_cg).unwrap();
     assert_eq!(watch.kills(), 0);
     let procs = oom_dir.join("cgroup.procs");
-    let (hog, mut hog_sub) = spawn(Command::new("sh").arg("-c").arg(format!("echo $$ > {}; exec dd if=/dev/zero of=/dev/null bs=64M count=1", procs.display())));
+    let (hog, mut hog_sub) =
+        spawn(Command::new("sh").arg("-c").arg(format!("echo $$ > {}; exec dd if=/dev/zero of=/dev/null bs=64M count=1", procs.display())));
     assert!(killed(hog, &mut hog_sub).await, "the 64 MiB dd under a 16 MiB memory.max is OOM-killed");
     eventually("the watch to count the OOM kill", || watch.kills() >= 1).await;
     while oom_cg.populated().unwrap() {
@@ -517,7 +519,8 @@ async fn live_cgroup_v1_oom_watch() {
     let watch = OomWatch::start(&cg).unwrap();
     assert_eq!(watch.kills(), 0);
     let procs = dir.join("cgroup.procs");
-    let (hog, mut sub) = spawn(Command::new("sh").arg("-c").arg(format!("echo $$ > {}; exec dd if=/dev/zero of=/dev/null bs=64M count=1", procs.display())));
+    let (hog, mut sub) =
+        spawn(Command::new("sh").arg("-c").arg(format!("echo $$ > {}; exec dd if=/dev/zero of=/dev/null bs=64M count=1", procs.display())));
     let oom_killed = killed(hog, &mut sub).await;
     let counted = within_5s(|| watch.kills() >= 1).await;
     while !read(&procs).trim().is_empty() {
@@ -563,11 +566,7 @@ fn controllers_of_gives_one_entry_per_controller() {
     let f = tmp.path().join("cgroup");
     std::fs::write(&f, "9:name=systemd:/a\n1:cpu,cpuacct:/b/c\n0::/d\n").unwrap();
     let c = controllers_of(&f).unwrap();
-    let want: Vec<(String, PathBuf)> = vec![
-        ("name=systemd".into(), "a".into()),
-        ("cpu".into(), "b/c".into()),
-        ("cpuacct".into(), "b/c".into()),
-        ("".into(), "d".into()),
-    ];
+    let want: Vec<(String, PathBuf)> =
+        vec![("name=systemd".into(), "a".into()), ("cpu".into(), "b/c".into()), ("cpuacct".into(), "b/c".into()), ("".into(), "d".into())];
     assert_eq!(c, want);
 }

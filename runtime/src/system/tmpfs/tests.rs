@@ -32,7 +32,11 @@ fn the_containers_own_tmpfs_mounts() {
     assert_eq!(
         kept,
         vec![
-            Kept { mountpoint: "/dev".into(), data: "size=65536k,mode=755,inode64".into(), flags: vec!["nosuid".into(), "strictatime".into()] },
+            Kept {
+                mountpoint: "/dev".into(),
+                data: "size=65536k,mode=755,inode64".into(),
+                flags: vec!["nosuid".into(), "strictatime".into()]
+            },
             Kept {
                 mountpoint: "/sys/fs/cgroup".into(),
                 data: "mode=755,inode64".into(),
@@ -95,7 +99,13 @@ fn a_mount_is_archived_and_mounted_again() {
     std::fs::write(src.join("termination-log"), b"").unwrap();
     std::fs::write(src.join("note"), b"kept").unwrap();
     std::os::unix::fs::symlink("/proc/self/fd", src.join("fd")).unwrap();
-    nix::sys::stat::mknod(&src.join("null"), nix::sys::stat::SFlag::S_IFCHR, nix::sys::stat::Mode::from_bits_truncate(0o666), nix::sys::stat::makedev(1, 3)).unwrap();
+    nix::sys::stat::mknod(
+        &src.join("null"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .unwrap();
     mount(Some("tmpfs"), &src.join("pts"), Some("tmpfs"), MsFlags::empty(), Some("size=1m")).unwrap();
     std::fs::write(src.join("pts/inner"), b"not ours").unwrap();
     let log = d.path().join("termination-log");
@@ -107,7 +117,8 @@ fn a_mount_is_archived_and_mounted_again() {
     std::fs::create_dir_all(&image).unwrap();
     std::fs::create_dir_all(&work).unwrap();
     rootfs::capture_mount(&src, &image.join(archive_name(0))).unwrap();
-    let kept = Kept { mountpoint: "/dev".into(), data: "size=2m,mode=711".into(), flags: vec!["ro".into(), "nosuid".into(), "noatime".into()] };
+    let kept =
+        Kept { mountpoint: "/dev".into(), data: "size=2m,mode=711".into(), flags: vec!["ro".into(), "nosuid".into(), "noatime".into()] };
     std::fs::write(image.join(MANIFEST), serde_json::to_vec(&Manifest { mounts: vec![kept] }).unwrap()).unwrap();
 
     let prepared = prepare(&image, &work).unwrap();
@@ -115,7 +126,10 @@ fn a_mount_is_archived_and_mounted_again() {
     assert_eq!(prepared.external, vec![format!("mnt[torpor-tmpfs-0]:{}", dir.display())]);
     let m = mounts::mountinfo("/proc/self/mountinfo").unwrap().into_iter().rfind(|m| Path::new(&m.mount_point) == dir).expect("mounted");
     assert_eq!(m.fstype, "tmpfs");
-    assert!(m.mount_options.split(',').any(|o| o == "ro") && m.mount_options.contains("nosuid") && m.mount_options.contains("noatime"), "{m:?}");
+    assert!(
+        m.mount_options.split(',').any(|o| o == "ro") && m.mount_options.contains("nosuid") && m.mount_options.contains("noatime"),
+        "{m:?}"
+    );
     assert!(m.super_options.contains("size=2048k") && m.super_options.contains("mode=711"), "{m:?}");
     assert_eq!(std::fs::read(dir.join("note")).unwrap(), b"kept");
     assert_eq!(std::fs::read_link(dir.join("fd")).unwrap(), Path::new("/proc/self/fd"));
