@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PREFIX ?= /usr/local
 CARGO ?= cargo
 
-.PHONY: all deps deps-demo build install uninstall demo test unit-test deploy-test vm-test vm-node-test integration-test bench fuzz clean
+.PHONY: all deps deps-demo build install uninstall demo test lint unit-test deploy-test vm-test vm-node-test integration-test bench fuzz clean
 
 all: build
 
@@ -42,9 +42,14 @@ uninstall:
 demo: deps-demo build
 	scripts/demo.sh
 
-## test: everything the tests need (make deps: a check when cached), unit tests,
+## test: everything the tests need (make deps: a check when cached), the lints, unit tests,
 ## the deploy checks, the cgroup v2 guest, then the integration tests against a private containerd
-test: deps unit-test deploy-test vm-test integration-test
+test: deps lint unit-test deploy-test vm-test integration-test
+
+## lint: rustfmt (rustfmt.toml) and clippy on every crate and target, warnings as errors
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 unit-test:
 	$(CARGO) test --release -p torpor-api -p torpor-store -p torpor-runtime -p torpor-shim -p torporctl -p torpor-snapshotter -p torpor-agent
