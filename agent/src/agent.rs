@@ -433,7 +433,14 @@ impl Agent {
     /// [`crate::moves`]): suspend it, then delete its pod for its
     /// controller to create it again where the scheduler finds room.
     async fn move_if_asked(&mut self, pod: &Pod, actor: &Actor, uid: &str, reason: &str, since: Instant) -> Result<()> {
-        let controller = match moves::plan(pod, reason, since.elapsed(), self.cfg.move_after) {
+        let plan = match moves::plan(pod, reason, since.elapsed(), self.cfg.move_after) {
+            moves::Plan::Move { controller } => match self.writer.budgets(pod).await {
+                Ok(budgets) => moves::budget_refusal(pod, &budgets).map_or(moves::Plan::Move { controller }, moves::Plan::Cannot),
+                Err(e) => moves::Plan::Cannot(format!("its PodDisruptionBudgets cannot be read ({e}): it stays")),
+            },
+            plan => plan,
+        };
+        let controller = match plan {
             moves::Plan::Stay | moves::Plan::NotYet => return Ok(()),
             moves::Plan::Cannot(why) => {
                 let entry = self.requests.entry(uid.into()).or_default();

@@ -3,7 +3,8 @@
 //! and Events.
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 use serde_json::{json, Map, Value};
@@ -148,6 +149,14 @@ impl Writer {
             .await
             .map_err(Error::kube(format!("delete pod {}/{name}", pod.namespace().unwrap_or_default())))?;
         Ok(())
+    }
+
+    /// The PodDisruptionBudgets of the pod's namespace.
+    pub async fn budgets(&self, pod: &Pod) -> Result<Vec<PodDisruptionBudget>> {
+        let ns = pod.namespace().unwrap_or_default();
+        let api: Api<PodDisruptionBudget> = Api::namespaced(self.api.clone().into_client(), &ns);
+        let list = api.list(&ListParams::default()).await.map_err(Error::kube(format!("list poddisruptionbudgets of namespace {ns}")))?;
+        Ok(list.items)
     }
 
     /// Publishes an Event on the pod (failures are logged: an Event is not

@@ -11,6 +11,7 @@
 use serde_json::{json, Value};
 use std::sync::OnceLock;
 use torpor_tests::cluster::*;
+use torpor_tests::workload;
 
 const DESIRED: &str = "torpor.dev/desired-state";
 const STATE: &str = "torpor.dev/state";
@@ -1097,9 +1098,26 @@ fn density_an_actor_with_no_room_moves_with_its_state() {
     }});
     ns.apply(&fill.to_string());
     ns.wait_ready("filler");
+    // and a PodDisruptionBudget allows no disruption of it
+    ns.apply(
+        &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "mover"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "mover"}}}})
+        .to_string(),
+    );
+    wait_until("the disruption controller computed the budget", LIVENESS, || {
+        let b: Value = serde_json::from_str(&ns.kubectl(&["get", "pdb", "mover", "-o", "json"]).stdout).ok()?;
+        (b["status"]["observedGeneration"] == b["metadata"]["generation"] && b["status"]["disruptionsAllowed"] == 0).then_some(())
+    });
 
     // woken by a request: it answers at once, on its lowered requests
     assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "3");
+    // the budget keeps it here, said once, until it allows a disruption
+    let kept = wait_event(&ns, "mover-0", "NotMoved");
+    let msg = kept["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("PodDisruptionBudget mover allows no disruption"), "{kept}");
+    assert!(events(&ns, "mover-0", "Moving").is_empty(), "moved despite its budget");
+    assert_eq!(ns.pod("mover-0")["metadata"]["uid"], uid);
+    ns.kubectl_ok(&["delete", "pdb", "mover"]);
     let e = wait_event(&ns, "mover-0", "Moving");
     let msg = e["message"].as_str().unwrap_or_default();
     assert!(msg.contains("node-b has no room") && msg.contains("StatefulSet/mover"), "{e}");
@@ -1166,37 +1184,79 @@ fn density_an_evicted_actor_is_suspended_first() {
     // what puts the woken actor's pages over kubelet's eviction threshold:
     // kubelet evicts when the pods' working set comes within evictionHard's
     // memory.available (300Mi on node-b) of their cgroup's limit,
-    // allocatable + 300Mi. Aimed at the middle: allocatable + 150Mi, 150Mi
-    // short of the limit, where the kernel's OOM killer would act.
+    // allocatable + 300Mi, i.e. above allocatable. Aimed at the middle:
+    // allocatable + 150Mi, 150Mi short of the limit, where the kernel's OOM
+    // killer would act. The pods' working set also holds page cache left
+    // by earlier pods, which the hog's pages push out: so the hog is aimed
+    // in steps, each from the working set measured after the last.
     let allocatable = bytes(kubectl_json(&["get", "node", node])["status"]["allocatable"]["memory"].as_str().unwrap_or("0"));
+    let aim = allocatable + (150 << 20);
+    let actor_pages = (alloc_mib + 16) << 20;
     let hog_request = free_memory(node) - (50 << 20);
-    let used_now = pods_working_set(node);
-    let hog_mib = (allocatable + (150 << 20) - used_now - ((alloc_mib + 16) << 20)) >> 20;
-    assert!(
-        hog_mib > 0 && hog_mib << 20 <= hog_request,
-        "node {node}: allocatable {allocatable}, pods use {used_now}, free requests {hog_request}"
-    );
+    let used_before = pods_working_set(node);
     let hog = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "hog"}, "spec": {
         "nodeName": node, "dnsPolicy": "Default", "enableServiceLinks": false, "terminationGracePeriodSeconds": 1,
         "containers": [{"name": "c", "image": ACTOR_IMAGE, "imagePullPolicy": "Never", "command": ["/actor"],
-            "args": ["oom", "--step-mib", "16", "--max-mib", (hog_mib - hog_mib % 16).to_string()],
+            "args": ["sleep"],
             "resources": {"requests": {"cpu": "100m", "memory": hog_request.to_string()}, "limits": {"cpu": "100m", "memory": hog_request.to_string()}}}],
     }});
     ns.apply(&hog.to_string());
     ns.wait_ready("hog");
-    wait_until("the hog allocated its memory", LIVENESS, || {
-        ns.kubectl(&["logs", "hog"]).stdout.contains("reached --max-mib").then_some(())
-    });
+    // what the hog may still take: its limit less what it holds and 64Mi for its runtime
+    let mut hog_room = hog_request - (64 << 20);
+    // one more allocator in the hog's container, left running (sh returns at
+    // once) and logging to /tmp/alloc-<n>: how many MiB it takes
+    let mut allocators = 0;
+    let mut grow_hog = |hog_room: &mut i64, want: i64| -> (i64, String) {
+        let mib = want.min(*hog_room) >> 20;
+        let mib = mib - mib % 16;
+        if mib <= 0 {
+            return (0, String::new());
+        }
+        allocators += 1;
+        let log = format!("/tmp/alloc-{allocators}");
+        let cmd = format!("/actor oom --step-mib 16 --max-mib {mib} >{log} 2>&1 &");
+        workload::exec(&ns, "hog", &["sh", "-c", &cmd]);
+        *hog_room -= mib << 20;
+        (mib, log)
+    };
+    let mut settled = used_before;
+    for round in 0..4 {
+        let want = aim - actor_pages - settled;
+        if want < (32 << 20) {
+            break;
+        }
+        let (mib, log) = grow_hog(&mut hog_room, want);
+        assert!(
+            mib > 0 || round > 0,
+            "node {node}: allocatable {allocatable}, pods use {settled}, hog may take {hog_room} of {hog_request}"
+        );
+        if mib == 0 {
+            break;
+        }
+        wait_until(&format!("the hog's allocator {log} took {mib} MiB"), LIVENESS, || {
+            workload::exec(&ns, "hog", &["cat", &log]).contains("reached --max-mib").then_some(())
+        });
+        // kubelet's stats catch up (cAdvisor's housekeeping: 10 s)
+        std::thread::sleep(std::time::Duration::from_secs(15));
+        settled = pods_working_set(node);
+    }
     assert!(!memory_pressure(node), "no pressure before the actor wakes: pods use {}", pods_working_set(node));
-    eprintln!("{node}: allocatable {allocatable}, pods used {used_now} before the hog's {hog_mib} MiB, {} now", pods_working_set(node));
+    eprintln!("{node}: allocatable {allocatable}, pods used {used_before} before the hog, {settled} now");
 
     // it wakes (a request): its pages come back, the node is short of memory
     assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "2");
+    // if the pods' working set stays under the threshold (more cache pushed
+    // out), the hog grows again, one step per 20 s (kubelet's stats lag)
     let mut polls = 0u32;
     let evicted = wait_until(&format!("kubelet evicts evictee-0 from {node}"), LIVENESS, || {
         polls += 1;
-        if polls % 20 == 1 {
-            eprintln!("{node}: pods use {} of {allocatable} bytes, MemoryPressure {}", pods_working_set(node), memory_pressure(node));
+        if polls.is_multiple_of(60) {
+            let ws = pods_working_set(node);
+            eprintln!("{node}: pods use {ws} of {allocatable} bytes, MemoryPressure {}", memory_pressure(node));
+            if ws < allocatable + (32 << 20) && !memory_pressure(node) {
+                eprintln!("{node}: the hog grows by {} MiB", grow_hog(&mut hog_room, aim - ws).0);
+            }
         }
         events(&ns, "evictee-0", "Evicted").into_iter().find(|e| e["involvedObject"]["uid"] == uid)
     });
