@@ -53,6 +53,7 @@ lint:
 
 unit-test:
 	$(CARGO) test --release -p torpor-api -p torpor-store -p torpor-runtime -p torpor-shim -p torporctl -p torpor-snapshotter -p torpor-agent
+	python3 -m unittest discover -s bench -p 'test_*.py'
 
 ## deploy-test: the alerts (promtool check/test rules), the Helm chart with its
 ## observability values off and on (helm template, lint), the kustomize base

@@ -13,6 +13,10 @@ test rig (test/rig/up.sh), and to record the outcome:
                               bench/results.json (then ``report.py`` renders
                               BENCHMARKS.md and bench/results.svg)
 
+The other harness module, suspend_harness.py, has runc-v2's counter actor
+(``BaselineActor``) and the suspend/resume measurement; measurement scripts
+import these two, never one another.
+
 Adding a benchmark (e.g. suspend/resume latency): write bench/<thing>.py that
 imports this module, measures with ``BenchPod`` for each runtime in
 ``RUNTIMES``, builds entries with ``entry()`` (``torpor=None, error=...`` when
@@ -133,21 +137,21 @@ def _text(b):
     return b.decode(errors="replace") if isinstance(b, bytes) else b
 
 
-def crictl(*args, timeout=CALL_TIMEOUT_S, check=True) -> str:
-    """crictl against the rig's CRI endpoint."""
-    endpoint = f"unix://{RIG_ADDRESS}"
+def crictl(*args, timeout=CALL_TIMEOUT_S, check=True, address=None) -> str:
+    """crictl against the rig's CRI endpoint (or the containerd socket `address`)."""
+    endpoint = f"unix://{address or RIG_ADDRESS}"
     argv = [CRICTL, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint,
             "--timeout", f"{int(timeout)}s", *args]
     return run(argv, timeout=timeout + 5, check=check)
 
 
-def crictl_json(*args, timeout=CALL_TIMEOUT_S):
-    return json.loads(crictl(*args, timeout=timeout))
+def crictl_json(*args, timeout=CALL_TIMEOUT_S, address=None):
+    return json.loads(crictl(*args, timeout=timeout, address=address))
 
 
-def rig_ready() -> bool:
+def rig_ready(address=None, timeout=10) -> bool:
     try:
-        info = crictl_json("info", timeout=10)
+        info = crictl_json("info", timeout=timeout, address=address)
     except (CommandError, ValueError):
         return False
     conds = {c.get("type"): c.get("status") for c in info.get("status", {}).get("conditions", [])}
@@ -313,16 +317,16 @@ def remove_pods_named(name: str) -> None:
         crictl("rmp", "-f", pid, check=False)
 
 
-def bench_pod_ids() -> list:
-    return crictl("pods", "--label", f"{BENCH_LABEL}=true", "-q", check=False).split()
+def bench_pod_ids(address=None) -> list:
+    return crictl("pods", "--label", f"{BENCH_LABEL}=true", "-q", check=False, address=address).split()
 
 
-def cleanup_bench_pods() -> int:
-    """Removes every pod carrying the benchmark label; returns how many."""
-    ids = bench_pod_ids()
+def cleanup_bench_pods(address=None) -> int:
+    """Removes every pod carrying the benchmark label (at `address`, default the rig's); returns how many."""
+    ids = bench_pod_ids(address)
     for pid in ids:
-        crictl("stopp", pid, check=False)
-        crictl("rmp", "-f", pid, check=False)
+        crictl("stopp", pid, check=False, address=address)
+        crictl("rmp", "-f", pid, check=False, address=address)
     return len(ids)
 
 
@@ -373,6 +377,22 @@ def proc_pss_kib(pid: int) -> Optional[int]:
     return None
 
 
+def proc_cmdline(pid: int) -> list:
+    """The non-empty arguments of /proc/<pid>/cmdline; [] if it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return []
+
+
+def shims_of(key: str, ids: set) -> tuple:
+    """(pids of runtime `key`'s rig shims whose command line names one of
+    `ids` (pod or container ids), all rig shims of that runtime)."""
+    every = rig_shim_pids(RUNTIMES[key]["shim"])
+    return [p for p in every if ids.intersection(proc_cmdline(p))], every
+
+
 # ------------------------------------------------------------------ statistics
 
 class Stopwatch:
@@ -410,6 +430,11 @@ def summarize(values) -> dict:
 
 def rnd(x, nd=2):
     return None if x is None else round(float(x), nd)
+
+
+def size_name(mib: int) -> str:
+    """An actor size as entry names spell it: 256 -> "256mib", 1024 -> "1gib"."""
+    return f"{mib // 1024}gib" if mib % 1024 == 0 else f"{mib}mib"
 
 
 # -------------------------------------------------------------------- results
@@ -567,7 +592,6 @@ def _main(argv) -> int:
         return 0
     print(f"usage: {argv[0]} cleanup|environment", file=sys.stderr)
     return 2
-
 
 
 # ----------------------------------------------------------- the test actor
@@ -892,24 +916,33 @@ def netns_inode(path: str) -> int:
     return os.stat(path).st_ino
 
 
-def actor_pids(netns_ino: int, mib: int, port: int = ACTOR_PORT) -> list:
-    """Host pids of `/actor counter --port <port> --alloc-mib <mib> ...`
-    processes in the network namespace with inode `netns_ino`."""
-    want = [b"/actor", b"counter", b"--port", str(port).encode(), b"--alloc-mib", str(mib).encode()]
-    pids = []
+def proc_argvs():
+    """(pid, /proc/<pid>/cmdline split at the NULs) of every process whose command line can be read."""
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             with open(f"/proc/{d}/cmdline", "rb") as f:
                 argv = f.read().split(b"\0")
-            if argv[:len(want)] != want:
-                continue
-            if os.stat(f"/proc/{d}/ns/net").st_ino != netns_ino:
+        except OSError:
+            continue
+        yield int(d), argv
+
+
+def actor_pids(netns_ino: int, mib: int, port: int = ACTOR_PORT) -> list:
+    """Host pids of `/actor counter --port <port> --alloc-mib <mib> ...`
+    processes in the network namespace with inode `netns_ino`."""
+    want = [b"/actor", b"counter", b"--port", str(port).encode(), b"--alloc-mib", str(mib).encode()]
+    pids = []
+    for pid, argv in proc_argvs():
+        if argv[:len(want)] != want:
+            continue
+        try:
+            if os.stat(f"/proc/{pid}/ns/net").st_ino != netns_ino:
                 continue
         except OSError:
             continue
-        pids.append(int(d))
+        pids.append(pid)
     return pids
 
 
@@ -975,18 +1008,8 @@ class TorporActor:
         """pids of `criu lazy-pages` daemons serving this shim's actor (after
         a resume with lazy pages they prefetch the rest of the memory in the
         background; the shim waits for them before the next dump)."""
-        pids = []
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open(f"/proc/{d}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue
-            if b"lazy-pages" in argv[:3] and any(self.shim.encode() in a for a in argv):
-                pids.append(int(d))
-        return pids
+        return [pid for pid, argv in proc_argvs()
+                if b"lazy-pages" in argv[:3] and any(self.shim.encode() in a for a in argv)]
 
     def wait_settled(self, timeout=120.0) -> None:
         """Until the last resume's lazy-pages daemons are gone."""
@@ -1008,6 +1031,16 @@ class TorporActor:
             if time.monotonic() > deadline:
                 raise RunError(f"the suspend's commit was not done {timeout:.0f}s after the suspend returned")
             time.sleep(0.005)
+
+    def suspend(self) -> None:
+        """Untimed: `torporctl suspend` once settled, until the process is gone and the
+        background commit done, as an actor woken seconds or minutes after its suspend is."""
+        self.wait_settled()
+        rec = self.ctl("suspend", self.pod.id)[0]["actor"]
+        if str(rec.get("state")).lower() != "suspended":
+            raise RunError(f"after torporctl suspend the actor is {rec.get('state')!r}")
+        wait_gone(self.netns_ino, self.mib)
+        self.wait_committed()
 
     def recover(self) -> str:
         """After a failed request: resume explicitly, re-read the counter.

@@ -46,7 +46,7 @@ import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
-from bench import BASELINE, TORPOR, BenchPod, Stopwatch, log  # noqa: E402
+from bench import BASELINE, TORPOR, BenchPod, Stopwatch, log, size_name  # noqa: E402
 
 NAMESPACE = "default"
 RUNTIME_TYPES = {
@@ -60,10 +60,6 @@ MIN_RUNS = 10
 # generous limits: these are for liveness, not measurements
 CTR_TIMEOUT_S = float(os.environ.get("TORPOR_BENCH_CKPT_CALL_TIMEOUT", "300"))
 READY_TIMEOUT_S = 180.0
-
-
-def size_name(mib: int) -> str:
-    return f"{mib // 1024}gib" if mib % 1024 == 0 else f"{mib}mib"
 
 
 # ---------------------------------------------------------------- ctr / actor

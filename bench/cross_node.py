@@ -82,7 +82,6 @@ test/rig/env.sh), TORPOR_TORPORCTL, TORPOR_CTR.
 
 import argparse
 import ctypes
-import json
 import os
 import sys
 import threading
@@ -92,8 +91,7 @@ import uuid
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
 from bench import RunError, check_counter, inc_first_byte, log, ms, now_ns, pct  # noqa: E402
-import suspend_resume  # noqa: E402
-import wakeups  # noqa: E402
+import suspend_harness  # noqa: E402
 
 MIB = 256
 CLONES = 10
@@ -126,13 +124,10 @@ class Node:
                         "TORPOR_STATE_ROOT": os.path.join(root, "torpor")}
 
     def crictl(self, *args, timeout=bench.CALL_TIMEOUT_S, check=True) -> str:
-        endpoint = f"unix://{self.address}"
-        argv = [bench.CRICTL, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint,
-                "--timeout", f"{int(timeout)}s", *args]
-        return bench.run(argv, timeout=timeout + 5, check=check)
+        return bench.crictl(*args, timeout=timeout, check=check, address=self.address)
 
     def crictl_json(self, *args):
-        return json.loads(self.crictl(*args))
+        return bench.crictl_json(*args, address=self.address)
 
     def torporctl(self, *args, timeout=bench.LONG_CALL_TIMEOUT_S):
         """torporctl --json against the node's store and shims."""
@@ -151,19 +146,10 @@ class Node:
             time.sleep(0.05)
 
     def ready(self) -> bool:
-        try:
-            info = self.crictl_json("info")
-        except (bench.CommandError, ValueError):
-            return False
-        conds = {c.get("type"): c.get("status") for c in info.get("status", {}).get("conditions", [])}
-        return bool(conds.get("RuntimeReady")) and bool(conds.get("NetworkReady"))
+        return bench.rig_ready(self.address, timeout=bench.CALL_TIMEOUT_S)
 
     def cleanup_pods(self) -> int:
-        ids = self.crictl("pods", "--label", f"{bench.BENCH_LABEL}=true", "-q", check=False).split()
-        for pid in ids:
-            self.crictl("stopp", pid, check=False)
-            self.crictl("rmp", "-f", pid, check=False)
-        return len(ids)
+        return bench.cleanup_bench_pods(self.address)
 
     def remove_snapshots(self, actor: str) -> None:
         try:
@@ -510,54 +496,47 @@ def loopback_up() -> None:
             fcntl.ioctl(s, siocsifflags, struct.pack("16sH14s", b"lo", flags | iff_up, b""))
 
 
+def in_netns(pid: int, fn):
+    """fn() in a new thread that enters the network namespace of `pid`
+    first: what it returns (or raises)."""
+    out = {}
+
+    def body():
+        try:
+            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+            try:
+                if _libc.setns(fd, CLONE_NEWNET) != 0:
+                    raise OSError(ctypes.get_errno(), "setns")
+            finally:
+                os.close(fd)
+            out["r"] = fn()
+        except BaseException as e:  # noqa: BLE001
+            out["e"] = e
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if "e" in out:
+        raise out["e"]
+    return out["r"]
+
+
 def inc_in_netns(pid: int, t0: int) -> tuple:
     """In a new thread that enters the network namespace of `pid`: bring lo
     up, connect to 127.0.0.1:8080 (retried while refused), inc, first byte."""
-    out = {}
+    def inc():
+        loopback_up()
+        return inc_first_byte("127.0.0.1", t0, retry_refused=True)
 
-    def body():
-        try:
-            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
-            try:
-                if _libc.setns(fd, CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), "setns")
-            finally:
-                os.close(fd)
-            loopback_up()
-            out["r"] = inc_first_byte("127.0.0.1", t0, retry_refused=True)
-        except BaseException as e:  # noqa: BLE001
-            out["e"] = e
-
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
-    if "e" in out:
-        raise out["e"]
-    return out["r"]
+    return in_netns(pid, inc)
 
 
 def call_in_netns(pid: int, cmds) -> list:
-    out = {}
+    def call():
+        bench.wait_actor("127.0.0.1", error=RunError)
+        return bench.actor_call("127.0.0.1", cmds, error=RunError)
 
-    def body():
-        try:
-            fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
-            try:
-                if _libc.setns(fd, CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), "setns")
-            finally:
-                os.close(fd)
-            bench.wait_actor("127.0.0.1", error=RunError)
-            out["r"] = bench.actor_call("127.0.0.1", cmds, error=RunError)
-        except BaseException as e:  # noqa: BLE001
-            out["e"] = e
-
-    t = threading.Thread(target=body)
-    t.start()
-    t.join()
-    if "e" in out:
-        raise out["e"]
-    return out["r"]
+    return in_netns(pid, call)
 
 
 def remove_container(cid: str) -> None:
@@ -743,9 +722,9 @@ def settle_memory_cgroups() -> None:
     the pods removed before: each lives on, dying, while page cache is
     charged to it, and hundreds of them (the clones leave about 15 per
     repetition) slow every pod and container made after."""
-    before = wakeups.memory_cgroups()
-    suspend_resume.drop_page_cache()
-    log(f"page cache dropped: memory cgroups {before} -> {wakeups.memory_cgroups()} (dying ones included)")
+    before = suspend_harness.memory_cgroups()
+    suspend_harness.drop_page_cache()
+    log(f"page cache dropped: memory cgroups {before} -> {suspend_harness.memory_cgroups()} (dying ones included)")
 
 
 def main():

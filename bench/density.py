@@ -35,9 +35,6 @@ import tempfile
 
 import bench
 
-BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
-REPO_ROOT = os.path.dirname(BENCH_DIR)
-RESULTS_PATH = os.environ.get("TORPOR_BENCH_RESULTS", os.path.join(BENCH_DIR, "results.json"))
 NAME = "actors_per_node"
 TEST = "density_sleeping_actors_fit_many_times_what_runc_fits"
 # the whole plain rig and cluster bring-up, the install and the test
@@ -52,7 +49,7 @@ def measure(actors):
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "density.json")
         env = dict(os.environ, TORPOR_DENSITY_RESULTS=out, TORPOR_DENSITY_ACTORS=str(actors))
-        argv = ["flock", "/tmp/torpor-itest.lock", os.path.join(REPO_ROOT, "test/rig/run-tests.sh"),
+        argv = ["flock", "/tmp/torpor-itest.lock", os.path.join(bench.REPO_ROOT, "test/rig/run-tests.sh"),
                 "--test", "k8s_native", "--", TEST, "--exact"]
         log(" ".join(argv))
         try:
@@ -94,7 +91,7 @@ def main():
     ap.add_argument("--actors", type=int, default=int(os.environ.get("TORPOR_DENSITY_ACTORS", "32")))
     args = ap.parse_args()
     entry = measure(args.actors)
-    bench.merge_results([entry], RESULTS_PATH)
+    bench.merge_results([entry])
     log(f"{NAME}: torpor={entry['torpor']} runc={entry['baseline']}"
         + (f"  [error: {entry['error']}]" if entry.get("error") else ""))
     return 1 if entry.get("error") else 0

@@ -42,7 +42,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
 from bench import (BASELINE, MIN_RUNS, TORPOR, RunError, RunFailed, TorporActor,  # noqa: E402
                    check_counter, inc_first_byte, log, ms, now_ns, pct)
-import suspend_resume  # noqa: E402
+import suspend_harness  # noqa: E402
 
 NAME = "resume_frozen_ms"
 MIB = 256
@@ -81,16 +81,16 @@ class TorporFrozen(TorporActor):
                                   "rest: wake, classify, proxy, reply": ms(t1, t_first) - thaw}}
 
 
-class BaselineFrozen(suspend_resume.BaselineActor):
+class BaselineFrozen(suspend_harness.BaselineActor):
     """runc-v2: `ctr task pause`, then `ctr task resume` on the request."""
 
     def __init__(self):
         super().__init__(MIB)
 
     def run(self) -> dict:
-        suspend_resume.ctr("tasks", "pause", self.cid)
+        suspend_harness.ctr("tasks", "pause", self.cid)
         t1 = now_ns()
-        suspend_resume.ctr("tasks", "resume", self.cid)
+        suspend_harness.ctr("tasks", "resume", self.cid)
         t_res = now_ns()
         _, t_first, got = inc_first_byte(self.ip, t1, retry_refused=False)
         check_counter(got, self.counter + 1)
@@ -140,7 +140,7 @@ def measure(runs: int) -> dict:
         extra[f"{key}_p99"] = pct(v, 99) if ok else None
         extra[f"{key}_n"] = len(v) if ok else None
         extra[f"{key}_samples_ms"] = [bench.rnd(x, 2) for x in v] or None
-        extra[f"{key}_phases_p50_ms"] = suspend_resume.phases_p50(rs, "resume_phases") if ok else None
+        extra[f"{key}_phases_p50_ms"] = suspend_harness.phases_p50(rs, "resume_phases") if ok else None
         extra[f"{key}_failed_runs"] = len(t.failures) if t else None
         if t and t.failures:
             extra[f"{key}_failures"] = t.failures

@@ -5,15 +5,18 @@ before each trigger, torpor and runc-v2 alike: the snapshot's pages, CRIU,
 runc and the shims are read from disk. Goal: p99 <= 200 ms.
 
     bench/resume_cold.py [--runs N] [--sizes 256]
+
+The same measurement as suspend_resume.py (suspend_harness.measure() with
+`cold`) and the same environment (TORPOR_BENCH_SR_RUNS,
+TORPOR_BENCH_SR_SIZES_MIB, default here "256", TORPOR_BENCH_SR_BUDGET_S, ...).
 """
 
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import suspend_resume  # noqa: E402
+import suspend_harness  # noqa: E402
 
 if __name__ == "__main__":
     os.environ.setdefault("TORPOR_BENCH_SR_SIZES_MIB", "256")
-    suspend_resume.COLD = True
-    suspend_resume.main()
+    suspend_harness.main(__doc__, cold=True)

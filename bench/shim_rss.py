@@ -21,21 +21,6 @@ import bench  # noqa: E402
 from bench import BASELINE, TORPOR, BenchPod, log  # noqa: E402
 
 
-def _cmdline(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError:
-        return []
-
-
-def shims_of(key: str, ids: set) -> tuple:
-    """(pids of this runtime's rig shims serving `ids`, all rig shims of it)."""
-    every = bench.rig_shim_pids(bench.RUNTIMES[key]["shim"])
-    mine = [p for p in every if ids.intersection(_cmdline(p))]
-    return mine, every
-
-
 def measure_one(key: str, n: int, settle: float) -> dict:
     pods = []
     try:
@@ -46,7 +31,7 @@ def measure_one(key: str, n: int, settle: float) -> dict:
             pod.start_container("main", ["sleep"])
         time.sleep(settle)
         ids = {p.id for p in pods} | {c for p in pods for c in p.containers}
-        pids, every = shims_of(key, ids)
+        pids, every = bench.shims_of(key, ids)
         note = None
         if not pids:
             # A shim that does not carry the pod/container id on its command

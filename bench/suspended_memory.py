@@ -25,7 +25,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
 from bench import BASELINE, TORPOR, RunError, TorporActor, log, pct  # noqa: E402
-import wakeups  # noqa: E402
+import suspend_harness  # noqa: E402
 
 GOAL = "<= 2 MiB per suspended actor (absolute)"
 GOAL_MAX = 2.0
@@ -46,24 +46,15 @@ def pod_cgroup_bytes(pod_name: str):
 
 
 def shim_pss_kib(key: str, ids: set) -> float:
-    every = bench.rig_shim_pids(bench.RUNTIMES[key]["shim"])
-    total = 0
-    for pid in every:
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = {a.decode(errors="replace") for a in f.read().split(b"\0") if a}
-        except OSError:
-            continue
-        if ids & argv:
-            total += bench.proc_pss_kib(pid) or 0
-    return total
+    mine, _ = bench.shims_of(key, ids)
+    return sum(bench.proc_pss_kib(pid) or 0 for pid in mine)
 
 
 def measure(key: str, n: int) -> dict:
     actors = []
     try:
         for i in range(n):
-            a = TorporActor(MIB) if key == TORPOR else wakeups.BaselineSleeper(MIB)
+            a = TorporActor(MIB) if key == TORPOR else suspend_harness.BaselineActor(MIB)
             actors.append(a)
             if key == TORPOR:
                 rec = a.ctl("suspend", a.pod.id)[0]["actor"]

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Unit tests of bench.py's run loop and statistics (no rig needed):
+"""Unit tests of bench.py's run loop and statistics, and of the entries
+suspend_harness.measure() makes (with stand-in actors; no rig needed):
 
     python3 -m unittest discover -s bench -p 'test_*.py'
 """
@@ -12,6 +13,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
 from bench import RunError, RunFailed, run_rounds  # noqa: E402
+import suspend_harness  # noqa: E402
 
 
 class RunRounds(unittest.TestCase):
@@ -99,6 +101,51 @@ class Statistics(unittest.TestCase):
         bench.check_counter("4", 4)
         with self.assertRaises(RunFailed):
             bench.check_counter("3", 4)
+
+    def test_size_name(self):
+        self.assertEqual([bench.size_name(m) for m in (16, 256, 1024, 2048)], ["16mib", "256mib", "1gib", "2gib"])
+
+
+class SuspendResumeEntries(unittest.TestCase):
+    """suspend_harness.measure() as suspend_resume.py and resume_cold.py run it."""
+
+    def measure(self, cold):
+        seen = set()
+
+        class Stand:
+            right_after = cold = False
+
+            def __init__(self, mib):
+                self.mib, self.rss_mib = mib, 1.0
+
+            def run(self):
+                seen.add((self.key, self.mib, self.cold, self.right_after))
+                return {"suspend": 900.0, "suspend_phases": {"s": 1.0}, "suspend_gone_polls": 0, "resume": 50.0,
+                        "resume_phases": {"r": 2.0}, "resume_right_after": 60.0, "resume_right_after_phases": {}}
+
+            def check_memory(self):
+                pass
+
+            def remove(self):
+                pass
+
+        saved = suspend_harness.TorporSuspendResume, suspend_harness.BaselineSuspendResume
+        suspend_harness.TorporSuspendResume = type("T", (Stand,), {"key": bench.TORPOR})
+        suspend_harness.BaselineSuspendResume = type("B", (Stand,), {"key": bench.BASELINE})
+        try:
+            entries = suspend_harness.measure(2, [256, 1024], 600, cold=cold)
+        finally:
+            suspend_harness.TorporSuspendResume, suspend_harness.BaselineSuspendResume = saved
+        return [e["name"] for e in entries], seen
+
+    def test_warm_and_cold(self):
+        names, seen = self.measure(cold=False)
+        self.assertEqual(names, ["resume_256mib_ms", "resume_1gib_ms", "suspend_1gib_ms",
+                                 "resume_256mib_right_after_suspend_ms"])
+        self.assertIn((bench.TORPOR, 256, False, True), seen)
+        names, seen = self.measure(cold=True)
+        self.assertEqual(names, ["resume_256mib_cold_ms", "resume_1gib_cold_ms"])
+        self.assertEqual({(c, ra) for _k, _m, c, ra in seen}, {(True, False)})
 
 
 if __name__ == "__main__":

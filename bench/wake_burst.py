@@ -48,8 +48,8 @@ import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
-from bench import (BASELINE, TORPOR, BenchPod, RunError, RunFailed, TorporActor, inc_first_byte,  # noqa: E402
-                   log, ms, now_ns, pct, wait_gone)
+from bench import (BASELINE, TORPOR, BenchPod, RunError, RunFailed, TorporActor, check_counter,  # noqa: E402
+                   inc_first_byte, log, ms, now_ns, pct)
 
 GOAL = "p99 of 100 clients at once <= 2x a single client's wake (p50)"
 GOAL_RATIO = 2.0
@@ -180,15 +180,6 @@ class TorporSubject:
         #: per round: what became of the burst's SYNs (syn_counters deltas)
         self.syns = []
 
-    def suspend(self) -> None:
-        a = self.a
-        a.wait_settled()
-        rec = a.ctl("suspend", a.pod.id)[0]["actor"]
-        if str(rec.get("state")).lower() != "suspended":
-            raise RunError(f"after torporctl suspend the actor is {rec.get('state')!r}")
-        wait_gone(a.netns_ino, a.mib)
-        a.wait_committed()
-
     def take_out_spare(self) -> None:
         """TORPOR_BENCH_BURST_NO_SPARE: the TPROXY pair of the pod's mangle
         table deleted (the SYN-drop pair alone stays, as before the spare)."""
@@ -201,14 +192,13 @@ class TorporSubject:
     def run(self, _i) -> list:
         a = self.a
         # Untimed: one client's wake, the goal's yardstick.
-        self.suspend()
+        a.suspend()
         t0 = now_ns()
         _, t1, reply = inc_first_byte(a.ip, t0, retry_refused=False)
-        if reply != str(a.counter + 1):
-            raise RunFailed(f"inc answered {reply!r}, expected {a.counter + 1}")
+        check_counter(reply, a.counter + 1)
         a.counter += 1
         self.single.append(ms(t0, t1))
-        self.suspend()
+        a.suspend()
         if NO_SPARE:
             self.take_out_spare()
         before = syn_counters(a.netns)

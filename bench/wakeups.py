@@ -41,33 +41,20 @@ import argparse
 import os
 import sys
 import threading
-import uuid
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench  # noqa: E402
 from bench import (BASELINE, TORPOR, RunError, TorporActor, check_counter, inc_first_byte,  # noqa: E402
-                   log, ms, now_ns, pct, remove_restore_dirs, wait_gone)
-import suspend_resume  # noqa: E402
+                   log, ms, now_ns, pct)
+import suspend_harness  # noqa: E402
 
-NAMESPACE = suspend_resume.NAMESPACE
 GOAL = ">= 50 wakeups/s (absolute, 40 actors of 64 MiB on 2 cores)"
 GOAL_MIN = 50.0
 
 
-def ctr(*args, timeout=bench.LONG_CALL_TIMEOUT_S, check=True) -> str:
-    return bench.ctr(NAMESPACE, *args, timeout=timeout, check=check)
-
-
 class TorporSleeper(TorporActor):
-    def suspend(self) -> None:
-        self.wait_settled()
-        rec = self.ctl("suspend", self.pod.id)[0]["actor"]
-        if str(rec.get("state")).lower() != "suspended":
-            raise RunError(f"after torporctl suspend the actor is {rec.get('state')!r}")
-        wait_gone(self.netns_ino, self.mib)
-        # Suspended and settled, as an actor woken seconds or minutes
-        # after its suspend is: its background commit is done.
-        self.wait_committed()
+    """The torpor actor; suspend() (TorporActor's) waits for the background
+    commit, as an actor woken seconds or minutes after its suspend finds it."""
 
     def wake(self, t0: int) -> int:
         _, t_first, got = inc_first_byte(self.ip, t0, retry_refused=False)
@@ -80,21 +67,13 @@ class TorporSleeper(TorporActor):
         return None if us is None else float(us) / 1000
 
 
-class BaselineSleeper(suspend_resume.BaselineActor):
-    """suspend_resume's runc-v2 actor (a `ctr run` container in a runc pod's
-    netns), checkpointed and restored in two steps."""
-
-    def suspend(self) -> None:
-        self.drop_images()
-        ref = f"{suspend_resume.IMAGE_PREFIX}{self.cid}:{uuid.uuid4().hex[:8]}"
-        self.refs.append(ref)
-        ctr("containers", "checkpoint", "--rw", "--task", self.cid, ref)
-        ctr("tasks", "delete", "-f", self.cid)
-        wait_gone(self.netns_ino, self.mib)
-        ctr("containers", "rm", self.cid)
+class BaselineSleeper(suspend_harness.BaselineActor):
+    """The runc-v2 actor (a `ctr run` container in a runc pod's netns),
+    checkpointed and restored in two steps: suspend() (BaselineActor's),
+    then wake()."""
 
     def wake(self, t0: int) -> int:
-        ctr("containers", "restore", "--rw", "--live", self.cid, self.refs[-1])
+        suspend_harness.ctr("containers", "restore", "--rw", "--live", self.cid, self.refs[-1])
         _, t_first, got = inc_first_byte(self.ip, t0, retry_refused=True)
         check_counter(got, self.counter + 1)
         self.counter += 1
@@ -102,22 +81,6 @@ class BaselineSleeper(suspend_resume.BaselineActor):
 
     def cpu_ms(self):
         return None
-
-    def drop_images(self) -> None:
-        for ref in list(self.refs):
-            ctr("images", "rm", "--sync", ref, check=False, timeout=120)
-            self.refs.remove(ref)
-        remove_restore_dirs(self.cid)
-
-
-def memory_cgroups():
-    """The memory controller's cgroups, dying ones included (/proc/cgroups)."""
-    with open("/proc/cgroups") as f:
-        for line in f:
-            cols = line.split()
-            if cols and cols[0] == "memory":
-                return int(cols[2])
-    return None
 
 
 def one_round(actors) -> dict:
@@ -166,9 +129,9 @@ def main():
             try:
                 # Untimed: the memory cgroups earlier runs left dying go
                 # with the page cache (see the module doc).
-                before = memory_cgroups()
-                suspend_resume.drop_page_cache()
-                log(f"wakeups {key}: page cache dropped: memory cgroups {before} -> {memory_cgroups()}")
+                before = suspend_harness.memory_cgroups()
+                suspend_harness.drop_page_cache()
+                log(f"wakeups {key}: page cache dropped: memory cgroups {before} -> {suspend_harness.memory_cgroups()}")
                 for _ in range(args.actors):
                     actors.append(make())
                 log(f"wakeups {key}: {len(actors)} actors of {args.mib} MiB up")
