@@ -26,6 +26,7 @@ use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 use serde_json::Value;
+use torpor_api::annotations::ON_STOP;
 use torporctl::control::Op;
 
 use crate::error::{Error, Result};
@@ -312,8 +313,14 @@ impl Agent {
                 };
                 self.metrics.resize("shrink", true);
                 let change = resize::describe(&originals, &target);
+                let unkept = if pod.annotations().get(ON_STOP).map(String::as_str) == Some("suspend") {
+                    String::new()
+                } else {
+                    // woken on a node that filled up, it runs over its requests: kubelet's first pick to evict
+                    format!("; without {ON_STOP}: suspend, an eviction after it wakes on a full node would lose what it did since")
+                };
                 let note = format!(
-                    "actor {} is suspended: its requests are lowered, giving its node back to the scheduler ({change}); limits unchanged;                      the originals, kept in {REQUESTS}, come back when it wakes",
+                    "actor {} is suspended: its requests are lowered, giving its node back to the scheduler ({change}); limits unchanged; the originals, kept in {REQUESTS}, come back when it wakes{unkept}",
                     actor.id()
                 );
                 tracing::info!(actor = %actor.id(), "{note}");

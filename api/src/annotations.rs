@@ -35,6 +35,12 @@ pub const REQUESTS: &str = "torpor.dev/requests";
 /// where the scheduler finds room; it continues there from its snapshot).
 pub const ON_NO_ROOM: &str = "torpor.dev/on-no-room";
 
+/// Actor configuration, read by the shim (`suspend`: kubelet's stop, as on
+/// an eviction, suspends the actor first); the agent reads it too, to warn
+/// when it lowers the requests of an actor whose eviction would lose state.
+/// Not one of [`AGENT_KEYS`].
+pub const ON_STOP: &str = "torpor.dev/on-stop";
+
 /// Every annotation of the agent and the plugin: what they report and what
 /// they are asked. The shim reads none of them.
 pub const AGENT_KEYS: [&str; 7] = [DESIRED, APPLIED, RESULT, SNAPSHOT, MOVED_FROM, REQUESTS, ON_NO_ROOM];

@@ -778,6 +778,7 @@ fn requests_of_a_suspended_actor_shrink_and_come_back() {
     let e = wait_event(&ns, "sleeper", "RequestsShrunk");
     let msg = e["message"].as_str().unwrap_or_default();
     assert!(msg.contains("cpu 200m -> 10m") && msg.contains("memory 64Mi -> 4Mi"), "{e}");
+    assert!(msg.contains("without torpor.dev/on-stop: suspend, an eviction"), "no on-stop: suspend, said: {e}");
     let c = wait_until("condition RequestsRestored=False Shrunk", LIVENESS, || {
         let c = condition_of(&ns.pod("sleeper"), RESTORED);
         (c["reason"] == "Shrunk").then_some(c)
@@ -1175,6 +1176,8 @@ fn density_an_evicted_actor_is_suspended_first() {
     let uid = p["metadata"]["uid"].clone();
     assert_eq!(counter(&format!("{}:8080", ip(&p)), "inc"), "1");
     suspend_by_annotation(&ns, "evictee-0", node);
+    let shrunk = wait_event(&ns, "evictee-0", "RequestsShrunk");
+    assert!(!shrunk["message"].as_str().unwrap_or_default().contains("without torpor.dev/on-stop"), "{shrunk}");
     wait_until("kubelet applied the lowered requests", LIVENESS, || {
         (ns.pod("evictee-0")["status"]["containerStatuses"][0]["resources"]["requests"]["memory"] == "4Mi").then_some(())
     });

@@ -31,7 +31,7 @@ pub const FREEZE_FIRST: &str = "torpor.dev/freeze-first";
 pub const KEEP_LOCAL: &str = "torpor.dev/keep-local";
 pub const ACTIVATE_ON: &str = "torpor.dev/activate-on";
 pub const RESTORE_FROM: &str = "torpor.dev/restore-from";
-pub const ON_STOP: &str = "torpor.dev/on-stop";
+pub use torpor_api::annotations::ON_STOP;
 pub const ON_RESTORE_FAILURE: &str = "torpor.dev/on-restore-failure";
 
 const KNOWN: [&str; 8] = [ACTOR, IDLE_AFTER, FREEZE_FIRST, KEEP_LOCAL, ACTIVATE_ON, RESTORE_FROM, ON_STOP, ON_RESTORE_FAILURE];
