@@ -356,7 +356,7 @@ fi
 
 # ------------------------------------------------------------------ 6. cgroups
 # Under systemd (TORPOR_RIG_SYSTEMD_CGROUP=1) the pods' slices
-# (<cgroup>-pod_<name>.slice, test/src/lib.rs) stay active once empty, as
+# (<cgroup>-pod_<name>.slice, test/src/rig.rs) stay active once empty, as
 # kubelet's pod slices would without kubelet stopping them: stopping the
 # rig's parent slice stops them all.
 rig_slice="${TORPOR_RIG_CGROUP//-/_}.slice"

@@ -40,7 +40,7 @@ LOG_LEVEL="${TORPOR_RIG_LOG_LEVEL:-info}"
 # TORPOR_RIG_PLAIN=1: containerd without torpor (see env.sh)
 PLAIN="${TORPOR_RIG_PLAIN:-0}"
 SNAPSHOTTER_LOG_LEVEL="${TORPOR_RIG_SNAPSHOTTER_LOG_LEVEL:-info}"
-export TORPOR_ROOTFS_CAPTURE_MAX_BYTES="${TORPOR_ROOTFS_CAPTURE_MAX_BYTES:-268435456}" # the shims' rootfs capture cap (256 MiB; default 1 GiB): tests/suspend.rs goes past it
+export TORPOR_ROOTFS_CAPTURE_MAX_BYTES="${TORPOR_ROOTFS_CAPTURE_MAX_BYTES:-268435456}" # the shims' rootfs capture cap (256 MiB; default 1 GiB): tests/suspend/rootfs.rs goes past it
 
 # ---------------------------------------------------------------- dependencies
 missing=()

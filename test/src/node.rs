@@ -18,7 +18,9 @@ use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
 
-use crate::{check_node, env_or, run_env, run_with, wait_container_state_on, wait_for, Output, Rig, COMMAND_LIMIT, LIVENESS};
+use crate::command::{run_env, run_with, wait_for, Output};
+use crate::rig::{env_or, Rig};
+use crate::{ACTOR_IMAGE, COMMAND_LIMIT, LIVENESS, PAUSE_IMAGE};
 
 /// One node of the rig.
 #[derive(Debug, Clone)]
@@ -341,6 +343,59 @@ impl Node {
             let _ = kill(Pid::from_raw(p), Signal::SIGKILL);
         }
         DeadNode { node: self, revived: false }
+    }
+}
+
+/// Whether `node`'s CRI answers, is ready and has the test images.
+fn check_node(node: &Node) -> Result<(), String> {
+    let r = &node.rig;
+    let info = std::panic::catch_unwind(|| node.crictl(&["info"]));
+    let info = match info {
+        Ok(o) if o.success() => o,
+        Ok(o) => {
+            return Err(format!(
+                "the CRI of node {} at {} does not answer (start the rig with test/rig/up.sh):\n{o}",
+                node.letter, r.cri_endpoint
+            ))
+        }
+        Err(_) => return Err(format!("cannot run crictl ({})", r.crictl)),
+    };
+    let v: Value = serde_json::from_str(&info.stdout).map_err(|e| format!("crictl info: {e}"))?;
+    let conds = v["status"]["conditions"].as_array().cloned().unwrap_or_default();
+    for want in ["RuntimeReady", "NetworkReady"] {
+        let ok = conds.iter().any(|c| c["type"] == want && c["status"] == true);
+        if !ok {
+            return Err(format!("node {}: CRI condition {want} is not true: {}", node.letter, v["status"]));
+        }
+    }
+    let images = node.crictl(&["images", "-o", "json"]);
+    if !images.success() {
+        return Err(format!("crictl images failed: {images}"));
+    }
+    for img in [ACTOR_IMAGE, PAUSE_IMAGE] {
+        if !images.stdout.contains(img) {
+            return Err(format!("image {img} is not in node {} (namespace k8s.io); run test/rig/up.sh", node.letter));
+        }
+    }
+    Ok(())
+}
+
+// --------------------------------------------------------------- polling
+
+fn wait_container_state_on(node: &Node, id: &str, state: &str) -> Value {
+    let mut last = Value::Null;
+    let what = format!("container {id} (node {}) to be {state}", node.letter);
+    let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(&what, LIVENESS, || {
+            let v = node.inspect_container(id);
+            let ok = v["status"]["state"] == state;
+            last = v.clone();
+            ok.then_some(v)
+        })
+    }));
+    match res {
+        Ok(v) => v,
+        Err(_) => panic!("timed out waiting for {what}; last status: {}", last["status"]),
     }
 }
 

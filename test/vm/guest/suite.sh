@@ -148,15 +148,16 @@ rig_pass() {
 		an_oom_kill_is_counted_in_memory_events_and_reported_as_oomkilled a_deleted_pod_leaves_no_scope_and_no_cgroup
 	run_tests "$pass" crictl_basic pod_and_container_lifecycle
 	run_tests "$pass" exit_codes oom_kill_is_reported_as_oomkilled
-	run_tests "$pass" suspend suspend_resume_keeps_state freeze_and_thaw exec_into_suspended_resumes_first \
-		stop_and_remove_suspended stats_are_the_containers_cgroup_and_zero_while_suspended
+	run_tests "$pass" suspend state::suspend_resume_keeps_state freeze::freeze_and_thaw \
+		while_suspended::exec_into_suspended_resumes_first while_suspended::stop_and_remove_suspended \
+		state::stats_are_the_containers_cgroup_and_zero_while_suspended
 	if [ "$pass" = systemd ]; then
 		documented_options_check
 		run_tests "$pass" networking a_connection_that_wakes_the_actor_comes_from_the_client_s_address
 		run_tests "$pass" crash crash_suspend_after_persist
 		run_tests "$pass" restart actors_survive_a_containerd_restart
-		run_tests "$pass" checkpoint cri_counter_continues_at_the_pod_ip_after_restore \
-			rootfs_changes_and_memory_survive_ctr_checkpoint_restore
+		run_tests "$pass" checkpoint stateful::cri_counter_continues_at_the_pod_ip_after_restore \
+			stateful::rootfs_changes_and_memory_survive_ctr_checkpoint_restore
 		run_tests "$pass" ctr run_detached_ls_ps_exec_kill_delete_rm
 	fi
 
