@@ -9,6 +9,23 @@ use crate::LIVENESS;
 
 // ------------------------------------------------------------ host checks
 
+/// The freezer state (THAWED / FROZEN / FREEZING) of a host pid's cgroup:
+/// cgroup v1's freezer, else v2's cgroup.freeze ("FROZEN" / "THAWED").
+pub fn freezer_state(pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    for line in text.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
+        if ctrls.split(',').any(|c| c == "freezer") {
+            let p = Path::new("/sys/fs/cgroup/freezer").join(path.trim_start_matches('/')).join("freezer.state");
+            return std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+        }
+    }
+    let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
+    let v = std::fs::read_to_string(Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/')).join("cgroup.freeze")).ok()?;
+    Some(if v.trim() == "1" { "FROZEN" } else { "THAWED" }.to_string())
+}
+
 /// Processes whose command line or working directory mentions `needle`
 /// (shims are started with `-id <id>` and run in their bundle dir).
 pub fn processes_mentioning(needle: &str) -> Vec<String> {

@@ -44,7 +44,7 @@ pub use command::{run, run_env, run_with, wait_for, write_json, Output, TempDir}
 pub use counter::{Counter, CounterSpec, COUNTER_PORT};
 pub use crictl::{crictl, crictl_json, crictl_ok, crictl_stdin};
 pub use ctr::{ctr, ctr_cgroup, ctr_ok, ctr_run, ctr_run_args, ctr_with, task_status, task_status_in, wait_task_status, CtrContainer};
-pub use host::{connect_with_retry, counter_cmd, files_below, mounts_mentioning, processes_in_cgroup, processes_mentioning};
+pub use host::{connect_with_retry, counter_cmd, files_below, freezer_state, mounts_mentioning, processes_in_cgroup, processes_mentioning};
 pub use names::{actor_name, unique_name};
 pub use node::{DeadNode, HungDaemon, Node};
 pub use pod::{

@@ -2,7 +2,6 @@
 //! 4 MiB file: "Can't dump ghost file") rolls back, also from FROZEN.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
 use std::thread;
 use std::time::Duration;
 
@@ -23,24 +22,6 @@ fn ghost_config(name: &str) -> Value {
     ]);
     c["args"] = serde_json::json!([]);
     c
-}
-
-/// The cgroup-v1 freezer state (THAWED / FROZEN / FREEZING) of a host pid's
-/// cgroup, or on cgroup v2 "FROZEN"/"THAWED" from cgroup.freeze.
-fn freezer_state(pid: u32) -> Option<String> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
-    for line in text.lines() {
-        let mut f = line.splitn(3, ':');
-        let (_, ctrls, path) = (f.next()?, f.next()?, f.next()?);
-        if ctrls.split(',').any(|c| c == "freezer") {
-            let p = Path::new("/sys/fs/cgroup/freezer").join(path.trim_start_matches('/')).join("freezer.state");
-            return std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
-        }
-    }
-    let path = text.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let p = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/')).join("cgroup.freeze");
-    let v = std::fs::read_to_string(p).ok()?;
-    Some(if v.trim() == "1" { "FROZEN" } else { "THAWED" }.to_string())
 }
 
 /// Whether the counter answers `get` within 1 s on a fresh connection

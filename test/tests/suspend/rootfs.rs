@@ -142,10 +142,9 @@ fn rig_capture_cap() -> Option<u64> {
 #[cfg_attr(not_torpor_runtime, ignore = "torpor-only: needs the torpor runtime")]
 fn a_rootfs_over_the_capture_cap_refuses_the_suspend_and_the_actor_runs_on() {
     torpor_only();
-    let Some(cap) = rig_capture_cap() else {
-        eprintln!("skipped: the rig's containerd has no TORPOR_ROOTFS_CAPTURE_MAX_BYTES (test/rig/up.sh sets it)");
-        return;
-    };
+    // a missing rig setting is a failure, never a pass (test/rig/up.sh always sets it)
+    let cap =
+        rig_capture_cap().unwrap_or_else(|| panic!("the rig's containerd has no TORPOR_ROOTFS_CAPTURE_MAX_BYTES (test/rig/up.sh sets it)"));
     assert!(cap <= 1 << 30, "the rig's cap is small enough to go past in a test: {cap}");
     let a = actor("susp-rootfs-cap", &[]);
     assert_eq!(a.inc(), 1);
